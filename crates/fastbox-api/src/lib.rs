@@ -1,0 +1,3 @@
+//! fastbox-api: wire types only (serde, no I/O).
+
+pub mod quantity;

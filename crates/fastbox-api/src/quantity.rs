@@ -1,0 +1,1 @@
+//! Kubernetes-style resource quantities (`500m`, `2Gi`).

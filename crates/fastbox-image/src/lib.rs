@@ -1,0 +1,1 @@
+//! Image resolution: image references to unpacked rootfs directories in a shared cache.

@@ -1,0 +1,1 @@
+//! Cgroup limits (v1 and v2): cpu, memory, pids.

@@ -1,0 +1,10 @@
+//! fastbox-runtime: the synchronous sandbox runtime.
+//!
+//! A sandbox is a process tree in its own pid, mount, network, ipc, uts, cgroup and time
+//! namespaces, rooted in an overlay that fastbox mounts outside the sandbox, limited by a
+//! cgroup and hardened (capabilities, `no_new_privs`, seccomp, masked kernel interfaces).
+//! Everything here is blocking code; callers run it on dedicated threads.
+
+pub mod cgroup;
+pub mod net;
+pub mod seccomp;

@@ -1,0 +1,1 @@
+//! Network slots: a network namespace with a veth pair, addresses, routes and NAT.

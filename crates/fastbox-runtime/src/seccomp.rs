@@ -1,0 +1,1 @@
+//! The seccomp policy: reviewed data compiled to a BPF filter.
