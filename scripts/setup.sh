@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Set up a machine (Debian bookworm, root) for building and testing fastbox. Idempotent: a
+# second run checks and does nothing (a few hundred milliseconds). See docs/setup.md.
+#
+#   scripts/setup.sh            # everything
+#   scripts/setup.sh --force    # reinstall the private parts (.deps/criu, .deps/registry, .deps/venv)
+#
+# Steps: Debian packages (apt-get only for missing ones) -> docker-registry binary unpacked into
+# .deps/registry (no system service) -> CRIU >= 4.2 (scripts/install-criu.sh) -> Python venv
+# .deps/venv (opensandbox SDK + pytest) -> sysctls. At the end it prints the paths the tests use
+# and writes them to .deps/env (`source .deps/env`); it exports nothing itself.
+set -euo pipefail
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+FB_LOG_TAG=setup
+
+FORCE=0
+for a in "$@"; do
+    case $a in
+    --force) FORCE=1 ;;
+    -h | --help)
+        sed -n '2,12p' "$0"
+        exit 0
+        ;;
+    *) fb_die "unknown option $a" ;;
+    esac
+done
+
+# Debian packages the project needs, and why (keep docs/setup.md in sync).
+PACKAGES=(
+    runc              # baseline runtime for the benchmarks
+    debootstrap       # built-in template recipe for offline machines
+    busybox-static    # tiny static rootfs for tests
+    nftables          # egress enforcement (nft -j)
+    iptables          # CRIU's default network locking (iptables-restore)
+    iproute2          # ip: netns/veth tooling; CRIU executes it to dump/restore netns
+    e2fsprogs         # mkfs.ext4 for disk-limited sandboxes
+    erofs-utils       # mkfs.erofs for read-only template images
+    python3-venv      # the SDK test venv
+    protobuf-compiler # protoc for -sys/-build crates (etcd-client)
+    libprotobuf-dev   # well-known .proto includes for protoc
+    pkg-config
+    curl
+    jq
+    util-linux        # unshare, nsenter, flock, setsid
+    ca-certificates
+)
+REGISTRY_PKG=docker-registry
+VENV_REQUIREMENTS=("opensandbox==1.1.1" "pytest")
+
+REGISTRY_DIR=$FASTBOX_DEPS/registry
+REGISTRY_BIN=$REGISTRY_DIR/bin/docker-registry
+VENV=$FASTBOX_DEPS/venv
+CRIU=$FASTBOX_DEPS/criu/bin/criu
+
+fb_require_root
+total_start=$(fb_now)
+mkdir -p "$FASTBOX_DEPS"
+
+step_packages() {
+    local missing
+    mapfile -t missing < <(fb_missing_pkgs "${PACKAGES[@]}")
+    if ((${#missing[@]} == 0)); then
+        fb_log "all ${#PACKAGES[@]} Debian packages present"
+        return 0
+    fi
+    fb_apt_install "${PACKAGES[@]}"
+}
+
+# docker-registry, as a binary only: `apt-get download` + `dpkg-deb -x`, so that no system
+# service is installed or started. Tests start it themselves on random loopback ports.
+step_registry() {
+    if ((FORCE == 0)) && [[ -x "$REGISTRY_BIN" ]] && "$REGISTRY_BIN" --version >/dev/null 2>&1; then
+        fb_log "docker-registry present: $("$REGISTRY_BIN" --version 2>&1 | head -n1)"
+        return 0
+    fi
+    local tmp
+    tmp=$(mktemp -d "$FASTBOX_DEPS/.registry-dl.XXXXXX")
+    if ! (cd "$tmp" && apt-get -q -o APT::Sandbox::User=root download "$REGISTRY_PKG") >/dev/null 2>&1; then
+        fb_apt_update
+        (cd "$tmp" && apt-get -q -o APT::Sandbox::User=root download "$REGISTRY_PKG")
+    fi
+    rm -rf "$REGISTRY_DIR.new"
+    mkdir -p "$REGISTRY_DIR.new/bin"
+    dpkg-deb -x "$tmp"/*.deb "$REGISTRY_DIR.new"
+    ln -s ../usr/bin/docker-registry "$REGISTRY_DIR.new/bin/docker-registry"
+    dpkg-deb -W --showformat='${Package} ${Version}\n' "$tmp"/*.deb >"$REGISTRY_DIR.new/VERSIONS"
+    rm -rf "$tmp" "$REGISTRY_DIR"
+    mv "$REGISTRY_DIR.new" "$REGISTRY_DIR"
+    "$REGISTRY_BIN" --version
+}
+
+step_criu() {
+    local args=()
+    if ((FORCE)); then args+=(--force); fi
+    "$FASTBOX_ROOT/scripts/install-criu.sh" "${args[@]}"
+}
+
+step_venv() {
+    local stamp=$VENV/.fastbox-requirements want py
+    want=$(printf '%s\n' "${VENV_REQUIREMENTS[@]}")
+    if ((FORCE == 0)) && [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+        fb_log "venv present: $VENV ($(tr '\n' ' ' <"$stamp"))"
+        return 0
+    fi
+    # Debian's python3 (python3-venv installed above) unless FASTBOX_PYTHON says otherwise; any
+    # python3 on PATH as a last resort. pip uses the machine's own index configuration.
+    py=${FASTBOX_PYTHON:-}
+    if [[ -z "$py" ]]; then
+        for py in /usr/bin/python3 python3; do
+            if "$py" -c 'import venv, ensurepip' >/dev/null 2>&1; then break; fi
+        done
+    fi
+    rm -rf "$VENV"
+    "$py" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${VENV_REQUIREMENTS[@]}"
+    "$VENV/bin/python" - <<'EOF'
+import importlib.metadata as m, sys
+print("venv python", sys.version.split()[0], "| opensandbox", m.version("opensandbox"), "| pytest", m.version("pytest"))
+EOF
+    printf '%s\n' "$want" >"$stamp"
+}
+
+step_sysctl() {
+    # Sandboxes reach the outside through the host's forwarding + NAT.
+    if [[ "$(cat /proc/sys/net/ipv4/ip_forward 2>/dev/null)" != 1 ]]; then
+        sysctl -q -w net.ipv4.ip_forward=1 || fb_warn "could not enable net.ipv4.ip_forward"
+    fi
+    fb_log "net.ipv4.ip_forward=$(cat /proc/sys/net/ipv4/ip_forward 2>/dev/null || echo '?')"
+}
+
+fb_step packages step_packages
+fb_step registry step_registry
+fb_step criu step_criu
+fb_step venv step_venv
+fb_step sysctl step_sysctl
+
+{
+    echo "# generated by scripts/setup.sh; source it: . .deps/env"
+    echo "export FASTBOX_REPO='$FASTBOX_ROOT'"
+    echo "export FASTBOX_CRIU='$CRIU'"
+    echo "export FASTBOX_REGISTRY_BIN='$REGISTRY_BIN'"
+    echo "export FASTBOX_VENV='$VENV'"
+    echo "export FASTBOX_PYTHON='$VENV/bin/python'"
+} >"$FASTBOX_DEPS/env.new"
+mv "$FASTBOX_DEPS/env.new" "$FASTBOX_DEPS/env"
+
+fb_log "setup done in $(fb_elapsed "$total_start")s"
+fb_print_step_times
+echo "Paths for the tests (also in .deps/env):"
+sed -n 's/^export //p' "$FASTBOX_DEPS/env"
