@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2016 # single-quoted ${...} are dpkg formats and sh -c scripts
 # Install CRIU >= 4.2 into the private prefix .deps/criu when the system's criu is missing or
 # older (Debian bookworm's 3.17 fails on recent kernels). See docs/setup.md and DESIGN §7.
 #
@@ -9,7 +10,8 @@
 # the machine's own configured Debian mirror with suite `unstable`; `apt-get download` of the
 # newest criu >= 4.2 with the closure of its library dependencies (glibc included), unpacked
 # with `dpkg-deb -x` into the prefix and run through the prefix's own dynamic loader. If no
-# binary package works, build CRIU from the same mirror's source package.
+# binary package works, build CRIU from the same mirror's source package (`apt-get source`;
+# the upstream tarball alone when the mirror lacks the Debian packaging tarball).
 #
 # Options: --force (reinstall), --from-source (skip the binary packages), --no-smoke (skip the
 # dump/restore smoke test). Environment: FASTBOX_CRIU_MIN (default 4.2), FASTBOX_CRIU_SUITES
@@ -34,7 +36,7 @@ for a in "$@"; do
     --from-source) FROM_SOURCE=1 FORCE=1 ;;
     --no-smoke) SMOKE=0 ;;
     -h | --help)
-        sed -n '2,20p' "$0"
+        fb_usage "$0"
         exit 0
         ;;
     *) fb_die "unknown option $a" ;;
@@ -166,11 +168,11 @@ smoke_test() {
     dir=$(mktemp -d /tmp/fastbox-criu-smoke.XXXXXX)
     # A session leader whose parent is not this shell; its stdio on /dev/null; not holding our
     # lock's fd (CRIU refuses to dump tasks that hold file locks).
-    local start=(setsid -f sh -c 'echo $$ >"$1"; exec sleep 1000' sh "$dir/orig.pid")
+    local starter=(setsid -f sh -c 'echo $$ >"$1"; exec sleep 1000' sh "$dir/orig.pid")
     if [[ -n "$FB_LOCK_FD" ]]; then
-        "${start[@]}" </dev/null >/dev/null 2>&1 {FB_LOCK_FD}>&-
+        "${starter[@]}" </dev/null >/dev/null 2>&1 {FB_LOCK_FD}>&-
     else
-        "${start[@]}" </dev/null >/dev/null 2>&1
+        "${starter[@]}" </dev/null >/dev/null 2>&1
     fi
     sleep 0.2
     pid=$(cat "$dir/orig.pid" 2>/dev/null || true)
@@ -186,8 +188,8 @@ smoke_test() {
         return 1
     fi
     # The dumped (killed) task keeps its pid until its parent (init) reaps it; restore reuses it.
-    local i
-    for i in $(seq 50); do
+    local _
+    for _ in $(seq 50); do
         [[ -e "/proc/$pid" ]] || break
         sleep 0.05
     done
@@ -299,9 +301,22 @@ install_source() {
     local src=$APTDIR/src stage=$PREFIX.new dir
     rm -rf "$src" "$stage"
     mkdir -p "$src" "$stage/usr/sbin"
-    (cd "$src" && apt-get -q "${FB_APT_OPTS[@]}" source --download-only criu) || return 1
-    (cd "$src" && dpkg-source -x ./*.dsc criu-src) >/dev/null || return 1
+    # The Debian packaging tarball is optional: without it (seen: a mirror that serves the
+    # .dsc and the upstream tarball but not the .debian.tar.xz), build the upstream sources.
+    (cd "$src" && apt-get -q "${FB_APT_OPTS[@]}" source --download-only criu) ||
+        fb_warn "apt-get source criu did not fetch every file; trying the upstream tarball"
     dir=$src/criu-src
+    if ! (cd "$src" && dpkg-source -x ./*.dsc criu-src) >/dev/null 2>&1; then
+        local origs=("$src"/criu_*.orig.tar.*) orig
+        orig=${origs[0]}
+        [[ -e "$orig" ]] || {
+            fb_warn "no CRIU source tarball could be fetched"
+            return 1
+        }
+        rm -rf "$dir"
+        mkdir -p "$dir"
+        tar -xf "$orig" -C "$dir" --strip-components=1
+    fi
     # Build dependencies from the system's own release (criu builds against bookworm's libraries).
     fb_apt_install build-essential pkg-config python3 python3-protobuf protobuf-c-compiler \
         libprotobuf-c-dev libprotobuf-dev protobuf-compiler libnl-3-dev libnet1-dev libcap-dev \
@@ -318,7 +333,7 @@ install_source() {
     {
         echo "source: built from the debian source package (private apt, suites: $SUITES)"
         grep -m1 '^URIs:' "$APTDIR/etc/sources.list.d/fastbox.sources" | sed 's/^URIs:/mirror:/'
-        echo "source package: $(cd "$src" && ls ./*.dsc | sed 's|^\./||')"
+        echo "files: $(cd "$src" && find . -maxdepth 1 -name 'criu_*' -printf '%f ')"
     } >"$stage/VERSIONS"
     finish "$stage"
 }

@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034 # variables here are used by the scripts that source this file
 # Shared helpers for fastbox's set-up and CI scripts. Source it; do not run it.
 #
 #   source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -80,6 +80,11 @@ fb_lock() {
         fb_log "waiting for lock $f"
         flock "$FB_LOCK_FD"
     fi
+}
+
+# fb_usage FILE : prints FILE's leading comment block (its help text).
+fb_usage() {
+    awk 'NR == 1 { next } /^# shellcheck/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$1"
 }
 
 fb_require_root() {

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2016 # single-quoted ${...} are dpkg formats
 # Set up a machine (Debian bookworm, root) for building and testing fastbox. Idempotent: a
 # second run checks and does nothing (a few hundred milliseconds). See docs/setup.md.
 #
@@ -19,7 +20,7 @@ for a in "$@"; do
     case $a in
     --force) FORCE=1 ;;
     -h | --help)
-        sed -n '2,12p' "$0"
+        fb_usage "$0"
         exit 0
         ;;
     *) fb_die "unknown option $a" ;;

@@ -18,7 +18,7 @@
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-FB_LOG_TAG=test
+FB_LOG_TAG="test"
 cd "$FASTBOX_ROOT"
 
 run_start=${FASTBOX_RUN_START:-$(fb_now)}
