@@ -1,1 +1,149 @@
 //! Network slots: a network namespace with a veth pair, addresses, routes and NAT.
+//!
+//! A sandbox lives in a **slot**: a named netns (`/run/netns/{prefix}-{index}`) whose
+//! `eth0` is one end of a veth pair; the other end stays on the host with the slot's
+//! gateway address. Each slot owns a `/31` of the instance's pool ([`Ipv4Pool`]). One nft
+//! table per instance ([`HostNetwork`]) confines every slot by interface-name wildcard:
+//! no sandbox reaches another, the host (except the DNS forwarder), or link-local
+//! addresses; everything else leaves masqueraded. DNS goes to a [`DnsForwarder`].
+//!
+//! Why subprocesses: `ip` and `nft` (text through `nft -f -`) keep this module small and
+//! its effects readable in `ip`/`nft` terms; each costs a few milliseconds. They are
+//! behind the [`NetSys`] seam, so a netlink backend can replace them. `ip netns exec` is
+//! never used (its mount namespace breaks CRIU): namespaces are entered with `setns` on a
+//! dedicated thread ([`in_netns`]) or `ip -netns NAME`, which only moves the `ip` process.
+//!
+//! Every host-wide name carries the instance prefix, so instances and parallel tests never
+//! collide, and [`HostNetwork::leaked`] can prove nothing is left behind. See
+//! `docs/networking.md` for the naming scheme, the table, and what is denied and why.
+
+pub mod dns_forwarder;
+mod host;
+pub mod names;
+pub mod netns;
+pub mod nft;
+mod pool;
+mod sys;
+
+use std::io;
+
+use serde::{Deserialize, Serialize};
+
+pub use dns_forwarder::{DnsForwarder, DnsForwarderConfig, parse_resolv_conf, system_upstreams};
+pub use host::{
+    HostNetwork, IP_FORWARD, Leftovers, NetSlot, leaked_with, purge_with, resolv_conf_for,
+};
+pub use netns::{enter_netns, in_netns, netns_inode};
+pub use pool::{Ipv4Pool, SLOT_PREFIX_LEN, SlotAddresses};
+pub use sys::{NetSys, RealNetSys};
+
+/// An instance's network configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetConfig {
+    /// Per-instance prefix of every host-wide name: 1..=8 bytes of `[a-z0-9]`, starting
+    /// with a letter (see [`names`]).
+    pub prefix: String,
+    /// Addresses for slots; must not overlap another instance's pool or a host network.
+    #[serde(default)]
+    pub pool: Ipv4Pool,
+    /// Port of the running DNS forwarder that the table redirects port 53 to.
+    pub dns_port: u16,
+}
+
+impl NetConfig {
+    /// Checks what the types cannot.
+    pub fn validate(&self) -> Result<(), NetError> {
+        names::validate_prefix(&self.prefix)
+    }
+}
+
+/// What failed in the network module.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    /// The configuration is unusable.
+    #[error("invalid network config: {0}")]
+    InvalidConfig(String),
+    /// The pool has no slot with this index.
+    #[error("slot index {index} is outside pool {pool} ({capacity} slots)")]
+    IndexOutOfPool {
+        /// Requested index.
+        index: u32,
+        /// The pool.
+        pool: Ipv4Pool,
+        /// Slots in the pool.
+        capacity: u32,
+    },
+    /// Some piece of the slot (netns or host interface) already exists.
+    #[error("slot {name} already exists")]
+    SlotExists {
+        /// Slot name.
+        name: String,
+    },
+    /// A command ran and failed.
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Command {
+        /// The command line.
+        command: String,
+        /// Exit status.
+        status: String,
+        /// Its stderr, trimmed.
+        stderr: String,
+    },
+    /// A command could not be run.
+    #[error("could not run `{command}`")]
+    Spawn {
+        /// The command line.
+        command: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A step on a named network namespace failed.
+    #[error("network namespace {name}: {op} failed")]
+    Netns {
+        /// Namespace name or path.
+        name: String,
+        /// The step.
+        op: &'static str,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Reading or writing a host file failed.
+    #[error("{path}: i/o failed")]
+    Io {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The DNS forwarder could not start.
+    #[error("dns forwarder: {op} failed")]
+    Dns {
+        /// The step.
+        op: &'static str,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_parses_with_the_default_pool_and_rejects_unknown_fields() {
+        let cfg: NetConfig =
+            serde_json::from_str(r#"{"prefix":"fb1a2b","dns_port":5353}"#).unwrap();
+        assert_eq!(cfg.pool, Ipv4Pool::default());
+        assert!(cfg.validate().is_ok());
+        assert!(
+            serde_json::from_str::<NetConfig>(r#"{"prefix":"fb","dns_port":1,"x":1}"#).is_err()
+        );
+        let bad: NetConfig = serde_json::from_str(r#"{"prefix":"FB","dns_port":1}"#).unwrap();
+        assert!(bad.validate().is_err());
+    }
+}

@@ -1,0 +1,544 @@
+//! A small DNS relay for sandboxes: UDP and TCP on one port, answers from the host's
+//! resolvers.
+//!
+//! Every sandbox's port-53 traffic is redirected here by the instance's nft table
+//! (`redirect to :PORT`), so the forwarder must listen on `0.0.0.0`: the redirect rewrites
+//! the destination to the gateway address of whichever slot the query came from. The
+//! table drops traffic to the port that arrives from anywhere but slots and `lo`.
+//!
+//! The relay does not parse or cache: it passes each query to the upstreams in order and
+//! returns the first answer whose id matches (SERVFAIL when none answers). One thread polls
+//! both listening sockets; each UDP query and each TCP connection is handled on its own
+//! short-lived thread, bounded by `max_in_flight`. The query's source address is the
+//! sandbox's own (the redirect does not change it), which is what per-sandbox name policy
+//! will key on. Dropping the [`DnsForwarder`] stops it.
+
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+
+use super::NetError;
+
+/// Largest DNS message (TCP length prefix is 16 bits; EDNS UDP stays below).
+const MAX_MESSAGE: usize = 65535;
+/// Length of the DNS header.
+const HEADER_LEN: usize = 12;
+/// How long a TCP client may stay idle between queries.
+const TCP_IDLE: Duration = Duration::from_secs(10);
+
+/// How to run the forwarder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DnsForwarderConfig {
+    /// Where to listen, UDP and TCP; port 0 picks a free port. Default `0.0.0.0:0`.
+    pub listen: SocketAddr,
+    /// Resolvers to ask, in order. Default: [`system_upstreams`].
+    pub upstreams: Vec<SocketAddr>,
+    /// How long to wait for one upstream before trying the next. Default 2 s.
+    pub timeout: Duration,
+    /// Queries (UDP) plus connections (TCP) served at once; more are dropped. Default 256.
+    pub max_in_flight: usize,
+}
+
+impl DnsForwarderConfig {
+    /// Listen on `0.0.0.0` on a free port, forwarding to `upstreams`.
+    pub fn new(upstreams: Vec<SocketAddr>) -> Self {
+        Self {
+            listen: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+            upstreams,
+            timeout: Duration::from_secs(2),
+            max_in_flight: 256,
+        }
+    }
+}
+
+/// A running forwarder. Drop (or [`DnsForwarder::stop`]) stops it.
+pub struct DnsForwarder {
+    local: SocketAddr,
+    /// Closing this wakes the loop, which then exits.
+    stop: Option<OwnedFd>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl DnsForwarder {
+    /// Binds UDP and TCP on `cfg.listen` (the same port for both) and starts serving.
+    pub fn start(cfg: DnsForwarderConfig) -> Result<Self, NetError> {
+        if cfg.upstreams.is_empty() {
+            return Err(NetError::InvalidConfig(
+                "dns forwarder needs at least one upstream".into(),
+            ));
+        }
+        let (udp, tcp) = bind_pair(cfg.listen)?;
+        let local = udp.local_addr().map_err(dns_err("local address"))?;
+        udp.set_nonblocking(true)
+            .map_err(dns_err("set nonblocking"))?;
+        tcp.set_nonblocking(true)
+            .map_err(dns_err("set nonblocking"))?;
+        let (wake_read, wake_write) =
+            nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| dns_err("pipe")(e.into()))?;
+        let thread = std::thread::Builder::new()
+            .name(format!("dns-fwd-{}", local.port()))
+            .spawn(move || serve(Arc::new(udp), tcp, wake_read, Arc::new(cfg)))
+            .map_err(dns_err("spawn"))?;
+        tracing::debug!(%local, "dns forwarder started");
+        Ok(Self {
+            local,
+            stop: Some(wake_write),
+            thread: Some(thread),
+        })
+    }
+
+    /// The port the nft redirect must target.
+    pub fn port(&self) -> u16 {
+        self.local.port()
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Stops serving and waits for the listening thread (in-flight queries finish on their
+    /// own within the upstream timeout).
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for DnsForwarder {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Nameservers named in resolv.conf text, on port 53. Scoped IPv6 addresses
+/// (`fe80::1%eth0`) are skipped: without their zone they are unusable.
+pub fn parse_resolv_conf(text: &str) -> Vec<SocketAddr> {
+    text.lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            (words.next() == Some("nameserver")).then_some(())?;
+            let ip: std::net::IpAddr = words.next()?.parse().ok()?;
+            Some(SocketAddr::new(ip, 53))
+        })
+        .collect()
+}
+
+/// The host's resolvers, from `/etc/resolv.conf`.
+pub fn system_upstreams() -> Result<Vec<SocketAddr>, NetError> {
+    let path = "/etc/resolv.conf";
+    let text = std::fs::read_to_string(path).map_err(|source| NetError::Io {
+        path: path.into(),
+        source,
+    })?;
+    Ok(parse_resolv_conf(&text))
+}
+
+fn dns_err(op: &'static str) -> impl Fn(io::Error) -> NetError {
+    move |source| NetError::Dns { op, source }
+}
+
+/// UDP and TCP on one port; with port 0 retries until a port is free for both.
+fn bind_pair(listen: SocketAddr) -> Result<(UdpSocket, TcpListener), NetError> {
+    let mut attempts = 0;
+    loop {
+        let udp = UdpSocket::bind(listen).map_err(dns_err("bind udp"))?;
+        let port = udp.local_addr().map_err(dns_err("local address"))?.port();
+        match TcpListener::bind(SocketAddr::new(listen.ip(), port)) {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(e)
+                if listen.port() == 0 && e.kind() == io::ErrorKind::AddrInUse && attempts < 20 =>
+            {
+                attempts += 1;
+            }
+            Err(e) => return Err(dns_err("bind tcp")(e)),
+        }
+    }
+}
+
+/// Counts one in-flight query or connection; released on drop.
+struct Permit(Arc<AtomicUsize>);
+
+impl Permit {
+    fn acquire(count: &Arc<AtomicUsize>, max: usize) -> Option<Self> {
+        let prev = count.fetch_add(1, Ordering::AcqRel);
+        if prev >= max {
+            count.fetch_sub(1, Ordering::AcqRel);
+            None
+        } else {
+            Some(Self(count.clone()))
+        }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn serve(udp: Arc<UdpSocket>, tcp: TcpListener, wake: OwnedFd, cfg: Arc<DnsForwarderConfig>) {
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    loop {
+        let mut fds = [
+            PollFd::new(udp.as_fd(), PollFlags::POLLIN),
+            PollFd::new(tcp.as_fd(), PollFlags::POLLIN),
+            PollFd::new(wake.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => {}
+            Err(Errno::EINTR) => continue,
+            Err(e) => {
+                tracing::error!(error = %e, "dns forwarder poll failed; stopping");
+                return;
+            }
+        }
+        let ready = |fd: &PollFd| fd.revents().is_some_and(|r| !r.is_empty());
+        if ready(&fds[2]) {
+            return;
+        }
+        let (udp_ready, tcp_ready) = (ready(&fds[0]), ready(&fds[1]));
+        if udp_ready {
+            drain_udp(&udp, &mut buf, &in_flight, &cfg);
+        }
+        if tcp_ready {
+            drain_tcp(&tcp, &in_flight, &cfg);
+        }
+    }
+}
+
+fn drain_udp(
+    udp: &Arc<UdpSocket>,
+    buf: &mut [u8],
+    in_flight: &Arc<AtomicUsize>,
+    cfg: &Arc<DnsForwarderConfig>,
+) {
+    loop {
+        let (len, client) = match udp.recv_from(buf) {
+            Ok(got) => got,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) => {
+                tracing::debug!(error = %e, "dns udp receive failed");
+                return;
+            }
+        };
+        if len < HEADER_LEN {
+            continue;
+        }
+        let Some(permit) = Permit::acquire(in_flight, cfg.max_in_flight) else {
+            tracing::debug!(%client, "dns forwarder busy; query dropped");
+            continue;
+        };
+        let query = buf[..len].to_vec();
+        let (udp, cfg) = (udp.clone(), cfg.clone());
+        let spawned = std::thread::Builder::new()
+            .name("dns-udp".into())
+            .spawn(move || {
+                let _permit = permit;
+                let reply = ask_upstreams_udp(&query, &cfg).unwrap_or_else(|| servfail(&query));
+                if let Err(e) = udp.send_to(&reply, client) {
+                    tracing::debug!(%client, error = %e, "dns udp reply failed");
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "dns forwarder could not spawn a worker");
+        }
+    }
+}
+
+fn drain_tcp(tcp: &TcpListener, in_flight: &Arc<AtomicUsize>, cfg: &Arc<DnsForwarderConfig>) {
+    loop {
+        let (stream, client) = match tcp.accept() {
+            Ok(got) => got,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) => {
+                tracing::debug!(error = %e, "dns tcp accept failed");
+                return;
+            }
+        };
+        let Some(permit) = Permit::acquire(in_flight, cfg.max_in_flight) else {
+            tracing::debug!(%client, "dns forwarder busy; connection closed");
+            continue;
+        };
+        let cfg = cfg.clone();
+        let spawned = std::thread::Builder::new()
+            .name("dns-tcp".into())
+            .spawn(move || {
+                let _permit = permit;
+                if let Err(e) = serve_tcp_client(stream, &cfg) {
+                    tracing::debug!(%client, error = %e, "dns tcp client ended");
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "dns forwarder could not spawn a worker");
+        }
+    }
+}
+
+fn serve_tcp_client(mut stream: TcpStream, cfg: &DnsForwarderConfig) -> io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(TCP_IDLE))?;
+    stream.set_write_timeout(Some(TCP_IDLE))?;
+    while let Some(query) = read_framed(&mut stream)? {
+        if query.len() < HEADER_LEN {
+            return Ok(());
+        }
+        let reply = ask_upstreams_tcp(&query, cfg).unwrap_or_else(|| servfail(&query));
+        write_framed(&mut stream, &reply)?;
+    }
+    Ok(())
+}
+
+/// One length-prefixed DNS message, or `None` at a clean end of stream.
+fn read_framed(stream: &mut impl Read) -> io::Result<Option<Vec<u8>>> {
+    let mut len = [0u8; 2];
+    match stream.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let mut msg = vec![0u8; u16::from_be_bytes(len) as usize];
+    stream.read_exact(&mut msg)?;
+    Ok(Some(msg))
+}
+
+fn write_framed(stream: &mut impl Write, msg: &[u8]) -> io::Result<()> {
+    let len = u16::try_from(msg.len()).map_err(|_| io::Error::other("dns message too long"))?;
+    let mut out = Vec::with_capacity(2 + msg.len());
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(msg);
+    stream.write_all(&out)
+}
+
+fn same_id(query: &[u8], reply: &[u8]) -> bool {
+    reply.len() >= HEADER_LEN && reply[..2] == query[..2]
+}
+
+fn ask_upstreams_udp(query: &[u8], cfg: &DnsForwarderConfig) -> Option<Vec<u8>> {
+    cfg.upstreams
+        .iter()
+        .find_map(|&upstream| match ask_udp(query, upstream, cfg.timeout) {
+            Ok(reply) => Some(reply),
+            Err(e) => {
+                tracing::debug!(%upstream, error = %e, "dns upstream (udp) failed");
+                None
+            }
+        })
+}
+
+fn ask_udp(query: &[u8], upstream: SocketAddr, timeout: Duration) -> io::Result<Vec<u8>> {
+    let local: SocketAddr = match upstream {
+        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let sock = UdpSocket::bind(local)?;
+    sock.connect(upstream)?;
+    sock.send(query)?;
+    let deadline = Instant::now() + timeout;
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        sock.set_read_timeout(Some(left))?;
+        let len = sock.recv(&mut buf)?;
+        if same_id(query, &buf[..len]) {
+            buf.truncate(len);
+            return Ok(buf);
+        }
+    }
+}
+
+fn ask_upstreams_tcp(query: &[u8], cfg: &DnsForwarderConfig) -> Option<Vec<u8>> {
+    cfg.upstreams
+        .iter()
+        .find_map(|&upstream| match ask_tcp(query, upstream, cfg.timeout) {
+            Ok(reply) => Some(reply),
+            Err(e) => {
+                tracing::debug!(%upstream, error = %e, "dns upstream (tcp) failed");
+                None
+            }
+        })
+}
+
+fn ask_tcp(query: &[u8], upstream: SocketAddr, timeout: Duration) -> io::Result<Vec<u8>> {
+    let mut stream = TcpStream::connect_timeout(&upstream, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    write_framed(&mut stream, query)?;
+    let reply = read_framed(&mut stream)?.ok_or(io::ErrorKind::UnexpectedEof)?;
+    if same_id(query, &reply) {
+        Ok(reply)
+    } else {
+        Err(io::Error::other("reply id does not match the query"))
+    }
+}
+
+/// The query turned into a SERVFAIL response (header flags rewritten, rest echoed).
+fn servfail(query: &[u8]) -> Vec<u8> {
+    let mut reply = query.to_vec();
+    // QR = response, keep opcode and RD; RA set, RCODE = 2 (server failure).
+    reply[2] = (reply[2] | 0x80) & 0xf9;
+    reply[3] = 0x80 | 0x02;
+    reply
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A query for `name` (type A, class IN) with id `id`.
+    fn query(id: u16, name: &str) -> Vec<u8> {
+        let mut q = Vec::new();
+        q.extend_from_slice(&id.to_be_bytes());
+        q.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
+        for label in name.split('.') {
+            q.push(label.len() as u8);
+            q.extend_from_slice(label.as_bytes());
+        }
+        q.extend_from_slice(&[0, 0, 1, 0, 1]);
+        q
+    }
+
+    /// The answer a fake upstream gives: the query with QR set and one A record.
+    fn answer(q: &[u8], ip: [u8; 4]) -> Vec<u8> {
+        let mut r = q.to_vec();
+        r[2] |= 0x80;
+        r[3] = 0x80;
+        r[7] = 1; // ANCOUNT
+        r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
+        r.extend_from_slice(&ip);
+        r
+    }
+
+    /// A fake upstream on 127.0.0.1 (UDP and TCP, same port) answering `ip` to anything.
+    fn fake_upstream(ip: [u8; 4]) -> SocketAddr {
+        let (udp, tcp) = bind_pair((Ipv4Addr::LOCALHOST, 0).into()).unwrap();
+        let addr = udp.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while let Ok((n, from)) = udp.recv_from(&mut buf) {
+                let _ = udp.send_to(&answer(&buf[..n], ip), from);
+            }
+        });
+        std::thread::spawn(move || {
+            for mut s in tcp.incoming().flatten() {
+                while let Ok(Some(q)) = read_framed(&mut s) {
+                    let _ = write_framed(&mut s, &answer(&q, ip));
+                }
+            }
+        });
+        addr
+    }
+
+    fn forwarder(upstreams: Vec<SocketAddr>) -> DnsForwarder {
+        let mut cfg = DnsForwarderConfig::new(upstreams);
+        cfg.listen = (Ipv4Addr::LOCALHOST, 0).into();
+        cfg.timeout = Duration::from_millis(300);
+        DnsForwarder::start(cfg).unwrap()
+    }
+
+    fn ask_forwarder_udp(fwd: SocketAddr, q: &[u8]) -> io::Result<Vec<u8>> {
+        let s = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        s.send_to(q, fwd)?;
+        let mut buf = [0u8; 512];
+        let n = s.recv(&mut buf)?;
+        Ok(buf[..n].to_vec())
+    }
+
+    #[test]
+    fn forwards_udp_queries_and_returns_the_upstream_answer() {
+        let fwd = forwarder(vec![fake_upstream([192, 0, 2, 7])]);
+        let q = query(0x1234, "example.test");
+        let r = ask_forwarder_udp(fwd.local_addr(), &q).unwrap();
+        assert_eq!(r, answer(&q, [192, 0, 2, 7]));
+    }
+
+    #[test]
+    fn forwards_tcp_queries_several_per_connection() {
+        let fwd = forwarder(vec![fake_upstream([192, 0, 2, 8])]);
+        let mut s = TcpStream::connect(fwd.local_addr()).unwrap();
+        for id in [1u16, 2, 3] {
+            let q = query(id, "a.example.test");
+            write_framed(&mut s, &q).unwrap();
+            assert_eq!(
+                read_framed(&mut s).unwrap().unwrap(),
+                answer(&q, [192, 0, 2, 8])
+            );
+        }
+    }
+
+    #[test]
+    fn falls_through_a_dead_upstream_to_the_next() {
+        // A bound but silent UDP socket: the first upstream never answers.
+        let silent = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let fwd = forwarder(vec![
+            silent.local_addr().unwrap(),
+            fake_upstream([192, 0, 2, 9]),
+        ]);
+        let q = query(7, "x.test");
+        assert_eq!(
+            ask_forwarder_udp(fwd.local_addr(), &q).unwrap(),
+            answer(&q, [192, 0, 2, 9])
+        );
+    }
+
+    #[test]
+    fn answers_servfail_when_no_upstream_answers() {
+        let silent = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let fwd = forwarder(vec![silent.local_addr().unwrap()]);
+        let q = query(9, "x.test");
+        let r = ask_forwarder_udp(fwd.local_addr(), &q).unwrap();
+        assert_eq!(&r[..2], &q[..2]);
+        assert_eq!(r[2] & 0x80, 0x80, "QR set");
+        assert_eq!(r[3] & 0x0f, 2, "SERVFAIL");
+    }
+
+    #[test]
+    fn drop_stops_serving() {
+        let fwd = forwarder(vec![fake_upstream([192, 0, 2, 10])]);
+        let addr = fwd.local_addr();
+        drop(fwd);
+        assert!(TcpStream::connect(addr).is_err(), "tcp still listening");
+        let s = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        s.send_to(&query(1, "x.test"), addr).unwrap();
+        assert!(s.recv(&mut [0u8; 512]).is_err(), "udp still answering");
+    }
+
+    #[test]
+    fn resolv_conf_nameservers_become_upstreams_on_port_53() {
+        let text = "# comment\nsearch example\nnameserver 10.255.255.53\nnameserver fe80::1%eth0\n\
+                    nameserver   127.0.0.53  \noptions edns0\nnameserver bogus\nnameserver 2001:db8::53\n";
+        let ups = parse_resolv_conf(text);
+        let want: Vec<SocketAddr> = vec![
+            "10.255.255.53:53".parse().unwrap(),
+            "127.0.0.53:53".parse().unwrap(),
+            "[2001:db8::53]:53".parse().unwrap(),
+        ];
+        assert_eq!(ups, want);
+    }
+
+    #[test]
+    fn start_without_upstreams_is_an_error() {
+        assert!(DnsForwarder::start(DnsForwarderConfig::new(vec![])).is_err());
+    }
+}

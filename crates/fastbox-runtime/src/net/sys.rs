@@ -1,0 +1,139 @@
+//! The kernel seam of the network module: subprocesses (`ip`, `nft`), named namespaces,
+//! host sysctls and interface listing. [`RealNetSys`] does the real thing; unit tests use
+//! a recording fake, so the order of operations and the clean-up on failure are tested
+//! without root.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::{NetError, netns};
+
+/// What the network module asks of the host.
+pub trait NetSys: Send + Sync {
+    /// Runs `program args..` with `stdin` piped in; returns stdout, or
+    /// [`NetError::Command`] with stderr when it exits non-zero.
+    fn run(&self, program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, NetError>;
+    /// Creates the named netns (IPv6 off inside); returns its path.
+    fn create_netns(&self, name: &str) -> Result<PathBuf, NetError>;
+    /// Removes the named netns; absent is fine.
+    fn remove_netns(&self, name: &str) -> Result<(), NetError>;
+    /// Whether a netns file (or mount) named `name` exists.
+    fn netns_exists(&self, name: &str) -> bool;
+    /// Whether the host namespace has an interface `name`.
+    fn link_exists(&self, name: &str) -> bool;
+    /// Names of the named network namespaces.
+    fn list_netns(&self) -> Result<Vec<String>, NetError>;
+    /// Names of the network interfaces in the host namespace.
+    fn list_links(&self) -> Result<Vec<String>, NetError>;
+    /// Writes a `/proc/sys` knob of the host namespace.
+    fn write_sysctl(&self, path: &str, value: &str) -> Result<(), NetError>;
+    /// Reads a `/proc/sys` knob of the host namespace.
+    fn read_sysctl(&self, path: &str) -> Result<String, NetError>;
+}
+
+/// The host itself.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RealNetSys;
+
+impl NetSys for RealNetSys {
+    fn run(&self, program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, NetError> {
+        let command = command_line(program, args);
+        let spawn_err = |source| NetError::Spawn {
+            command: command.clone(),
+            source,
+        };
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(spawn_err)?;
+        if let Some(input) = stdin {
+            let mut pipe = child.stdin.take().expect("stdin is piped");
+            // A failed write shows up as the command's own error below.
+            let _ = pipe.write_all(input.as_bytes());
+        }
+        let out = child.wait_with_output().map_err(spawn_err)?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(NetError::Command {
+                command,
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            })
+        }
+    }
+
+    fn create_netns(&self, name: &str) -> Result<PathBuf, NetError> {
+        netns::create(name)
+    }
+
+    fn remove_netns(&self, name: &str) -> Result<(), NetError> {
+        netns::remove(name)
+    }
+
+    fn netns_exists(&self, name: &str) -> bool {
+        netns::netns_path(name).symlink_metadata().is_ok()
+    }
+
+    fn link_exists(&self, name: &str) -> bool {
+        Path::new("/sys/class/net")
+            .join(name)
+            .symlink_metadata()
+            .is_ok()
+    }
+
+    fn list_netns(&self) -> Result<Vec<String>, NetError> {
+        netns::list()
+    }
+
+    fn list_links(&self) -> Result<Vec<String>, NetError> {
+        // /sys/class/net shows the namespace sysfs was mounted in: the host's.
+        let dir = "/sys/class/net";
+        let io_err = |source| NetError::Io {
+            path: dir.into(),
+            source,
+        };
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(io_err)? {
+            names.push(
+                entry
+                    .map_err(io_err)?
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    fn write_sysctl(&self, path: &str, value: &str) -> Result<(), NetError> {
+        netns::write_sysctl(Path::new(path), value).map_err(|source| NetError::Io {
+            path: path.into(),
+            source,
+        })
+    }
+
+    fn read_sysctl(&self, path: &str) -> Result<String, NetError> {
+        netns::read_sysctl(Path::new(path)).map_err(|source: io::Error| NetError::Io {
+            path: path.into(),
+            source,
+        })
+    }
+}
+
+/// `program arg1 arg2` for error messages.
+pub fn command_line(program: &str, args: &[&str]) -> String {
+    std::iter::once(program)
+        .chain(args.iter().copied())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
