@@ -301,6 +301,11 @@ install_source() {
     local src=$APTDIR/src stage=$PREFIX.new dir
     rm -rf "$src" "$stage"
     mkdir -p "$src" "$stage/usr/sbin"
+    # Build dependencies from the system's own release: CRIU builds against bookworm's libraries.
+    fb_apt_install build-essential dpkg-dev xz-utils pkg-config python3 python3-protobuf \
+        protobuf-c-compiler libprotobuf-c-dev libprotobuf-dev protobuf-compiler libnl-3-dev \
+        libnet1-dev libcap-dev libbsd-dev libnftables-dev libgnutls28-dev libaio-dev uuid-dev \
+        libdrm-dev
     # The Debian packaging tarball is optional: without it (seen: a mirror that serves the
     # .dsc and the upstream tarball but not the .debian.tar.xz), build the upstream sources.
     (cd "$src" && apt-get -q "${FB_APT_OPTS[@]}" source --download-only criu) ||
@@ -317,10 +322,6 @@ install_source() {
         mkdir -p "$dir"
         tar -xf "$orig" -C "$dir" --strip-components=1
     fi
-    # Build dependencies from the system's own release (criu builds against bookworm's libraries).
-    fb_apt_install build-essential pkg-config python3 python3-protobuf protobuf-c-compiler \
-        libprotobuf-c-dev libprotobuf-dev protobuf-compiler libnl-3-dev libnet1-dev libcap-dev \
-        libbsd-dev libnftables-dev libgnutls28-dev libaio-dev uuid-dev libdrm-dev
     fb_log "make criu (this takes a few minutes)"
     make -C "$dir" -j"$(nproc)" criu >"$src/build.log" 2>&1 || {
         tail -n 40 "$src/build.log" >&2

@@ -125,7 +125,8 @@ EOF
 step_sysctl() {
     # Sandboxes reach the outside through the host's forwarding + NAT.
     if [[ "$(cat /proc/sys/net/ipv4/ip_forward 2>/dev/null)" != 1 ]]; then
-        sysctl -q -w net.ipv4.ip_forward=1 || fb_warn "could not enable net.ipv4.ip_forward"
+        sysctl -q -w net.ipv4.ip_forward=1 2>/dev/null || echo 1 >/proc/sys/net/ipv4/ip_forward ||
+            fb_warn "could not enable net.ipv4.ip_forward"
     fi
     fb_log "net.ipv4.ip_forward=$(cat /proc/sys/net/ipv4/ip_forward 2>/dev/null || echo '?')"
 }
