@@ -1,1 +1,106 @@
-fn main() {}
+//! Entry point: flags, environment, process-level setup (OOM score, subreaper, signals), then
+//! the HTTP listeners. Everything else lives in the library so tests can drive it.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use fastbox_execd::cli::{self, CliError};
+use fastbox_execd::reaper::ReapScope;
+use fastbox_execd::{AppState, Config, app, code_port, entrypoint, shutdown};
+use tokio::signal::unix::{SignalKind, signal};
+
+/// How long a SIGTERM waits for children and streams before execd exits anyway.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+fn main() -> ExitCode {
+    let cli = match cli::parse(std::env::args_os().skip(1)) {
+        Ok(c) => c,
+        Err(CliError::Help) => {
+            println!("{}", cli::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("fastbox-execd: {e}\n{}", cli::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    let access_token = std::env::var("EXECD_ACCESS_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty());
+    // SAFETY: no other thread exists yet (the tokio runtime is built below), so nothing can
+    // read the environment concurrently. Children never see the token.
+    unsafe { std::env::remove_var("EXECD_ACCESS_TOKEN") };
+    let daemon_env: Vec<(String, String)> = std::env::vars().collect();
+
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("EXECD_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    // The last process the OOM killer should pick. Lowering the score needs
+    // CAP_SYS_RESOURCE; without it execd simply runs at the default.
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", "-1000") {
+        tracing::debug!(error = %e, "cannot lower oom_score_adj");
+    }
+    let pid1 = std::process::id() == 1;
+    if !pid1 {
+        // Orphans of the commands we start come to us instead of an init that may not reap.
+        // SAFETY: prctl with integer arguments only.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    }
+
+    let mut config = Config::with_env(daemon_env);
+    config.access_token = access_token;
+    config.reap_scope = ReapScope::AnyChild;
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("fastbox-execd: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(cli, config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "execd failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(cli: cli::Cli, config: Config) -> std::io::Result<()> {
+    let state = AppState::new(config)?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let listener =
+        tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, cli.port))).await?;
+    tracing::info!(port = cli.port, pid = std::process::id(), "execd listening");
+    if cli.code_port != 0 {
+        code_port::spawn(cli.code_port).await;
+    }
+    if !cli.entrypoint.is_empty() {
+        entrypoint::start(&state, cli.entrypoint.clone(), cli.log_dir.clone());
+    }
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, app(state.clone())).with_graceful_shutdown(async {
+        let _ = stop_rx.await;
+    });
+    let server = tokio::spawn(async move { server.await });
+    tokio::select! {
+        _ = sigterm.recv() => tracing::info!("SIGTERM, shutting down"),
+        _ = sigint.recv() => tracing::info!("SIGINT, shutting down"),
+    }
+    let _ = stop_tx.send(());
+    shutdown::terminate_children(&state, SHUTDOWN_GRACE).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
+    Ok(())
+}

@@ -1,0 +1,34 @@
+//! fastbox-execd: the daemon inside every sandbox, serving the OpenSandbox execd API.
+//!
+//! It runs as PID 1 of the sandbox's pid namespace (or as the direct child of a tiny init),
+//! starts the user's entrypoint, runs commands, sessions and code, serves files, and proxies
+//! to in-sandbox ports. It is built as a static binary and injected read-only into arbitrary
+//! root filesystems, so it relies on nothing there: no NSS (see [`identity`]), no DNS, no
+//! shell except to run the user's commands. It is checkpointed and cloned by CRIU, so it seeds
+//! nothing at start (see [`ids`]) and keeps no file open while idle.
+
+pub mod app;
+pub mod auth;
+pub mod cli;
+pub mod clock;
+pub mod code_port;
+pub mod command;
+pub mod entrypoint;
+pub mod env;
+pub mod error;
+pub mod extract;
+pub mod files;
+pub mod identity;
+pub mod ids;
+pub mod lines;
+pub mod logbuf;
+pub mod output;
+pub mod process;
+pub mod query;
+pub mod reaper;
+pub mod shutdown;
+pub mod sse;
+pub mod state;
+
+pub use app::app;
+pub use state::{AppState, Config};

@@ -1,0 +1,116 @@
+//! Configuration and the state every handler shares.
+
+use std::collections::HashMap;
+use std::ops::Deref;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use crate::command::store::CommandStore;
+use crate::entrypoint::Entrypoint;
+use crate::env::{self, EnvError, EnvList};
+use crate::identity::{Accounts, Credentials};
+use crate::reaper::{ReapScope, Reaper};
+
+/// Everything execd is told at start-up. Built by `main` from flags and the environment;
+/// the library itself never reads the environment.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Required in `X-EXECD-ACCESS-TOKEN` on every request when set.
+    pub access_token: Option<String>,
+    /// The environment children inherit (execd's own, without the access token).
+    pub daemon_env: EnvList,
+    /// The `EXECD_ENVS` file, re-read at every spawn.
+    pub envs_file: Option<PathBuf>,
+    pub reap_scope: ReapScope,
+}
+
+impl Config {
+    /// A configuration for tests and embedding: the given environment, no token.
+    pub fn with_env(daemon_env: EnvList) -> Self {
+        let envs_file = env::get(&daemon_env, "EXECD_ENVS").map(PathBuf::from);
+        Config {
+            access_token: None,
+            daemon_env,
+            envs_file,
+            reap_scope: ReapScope::Registered,
+        }
+    }
+}
+
+/// The environment, working directory and identity of a child about to be spawned.
+pub struct ChildContext {
+    pub env: EnvList,
+    pub cwd: Option<String>,
+    pub user: Option<Credentials>,
+}
+
+#[derive(Clone)]
+pub struct AppState(Arc<Shared>);
+
+pub struct Shared {
+    pub config: Config,
+    pub reaper: Reaper,
+    pub commands: CommandStore,
+    pub entrypoint: OnceLock<Arc<Entrypoint>>,
+}
+
+impl Deref for AppState {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+impl AppState {
+    /// Starts the reaper; must be called inside a tokio runtime.
+    pub fn new(config: Config) -> std::io::Result<Self> {
+        let reaper = Reaper::start(config.reap_scope)?;
+        Ok(AppState(Arc::new(Shared {
+            config,
+            reaper,
+            commands: CommandStore::default(),
+            entrypoint: OnceLock::new(),
+        })))
+    }
+
+    /// The home directory `~` expands to: the daemon's `HOME`, else `/`.
+    pub fn home(&self) -> String {
+        env::get(&self.config.daemon_env, "HOME")
+            .unwrap_or("/")
+            .to_string()
+    }
+
+    /// Builds a child's context: daemon env < `EXECD_ENVS` file < `overrides`; the user's
+    /// `HOME`/`USER`/`LOGNAME` when switching identity; `cwd` expanded against the result.
+    pub fn child_context(
+        &self,
+        overrides: &HashMap<String, String>,
+        cwd: Option<&str>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> Result<ChildContext, EnvError> {
+        let mut env = self.config.daemon_env.clone();
+        if let Some(file) = &self.config.envs_file {
+            let from_file = env::load_env_file(file, &env);
+            env::overlay(&mut env, from_file.iter().map(|(k, v)| (k, v)));
+        }
+        let user = uid.map(|uid| {
+            let accounts = Accounts::system();
+            if let Some(u) = accounts.user_by_uid(uid) {
+                env::set(&mut env, "HOME", &u.home);
+                env::set(&mut env, "USER", &u.name);
+                env::set(&mut env, "LOGNAME", &u.name);
+            }
+            accounts.credentials(uid, gid)
+        });
+        env::overlay(&mut env, overrides);
+        if env::get(&env, "PATH").is_none() {
+            env::set(&mut env, "PATH", crate::process::DEFAULT_PATH);
+        }
+        let cwd = match cwd.filter(|c| !c.is_empty()) {
+            None => None,
+            Some(raw) => Some(env::expand_path(raw, &env, &self.home())?),
+        };
+        Ok(ChildContext { env, cwd, user })
+    }
+}
