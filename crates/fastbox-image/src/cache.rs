@@ -509,7 +509,7 @@ fn canonical_path(reference: &str, path: &Path) -> Result<PathBuf, ImageError> {
             ImageError::Io {
                 what: "cannot resolve path",
                 path: path.to_owned(),
-                source: e,
+                error: e,
             }
         }
     })

@@ -1,5 +1,6 @@
 //! The one error type of the crate: every variant says what failed and, where a user can act,
-//! what to do about it.
+//! what to do about it. Messages are self-contained (the underlying I/O or transport cause is
+//! part of the text, not a `source()`), so printing the chain prints each cause once.
 
 use std::path::PathBuf;
 
@@ -39,12 +40,11 @@ pub enum ImageError {
     },
 
     /// No connection to the registry (DNS, refused, timeout, TLS).
-    #[error("registry {registry} is unreachable at {url}: {source}")]
+    #[error("registry {registry} is unreachable at {url}: {reason}")]
     Unreachable {
         registry: String,
         url: String,
-        #[source]
-        source: reqwest::Error,
+        reason: String,
     },
 
     /// The registry answered with something this client does not understand.
@@ -89,12 +89,11 @@ pub enum ImageError {
     },
 
     /// An I/O failure while applying a layer entry.
-    #[error("cannot unpack entry {entry:?} of layer {layer}: {source}")]
+    #[error("cannot unpack entry {entry:?} of layer {layer}: {error}")]
     Unpack {
         layer: String,
         entry: String,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 
     /// `debootstrap` exited with an error; `log_tail` holds the end of its output.
@@ -119,12 +118,11 @@ pub enum ImageError {
     NoDebianMirror { searched: String },
 
     /// A filesystem operation of the cache or of a local image source failed.
-    #[error("{what} {}: {source}", path.display())]
+    #[error("{what} {}: {error}", path.display())]
     Io {
         what: &'static str,
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -134,7 +132,7 @@ impl ImageError {
         path: impl Into<PathBuf>,
     ) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();
-        move |source| ImageError::Io { what, path, source }
+        move |error| ImageError::Io { what, path, error }
     }
 
     pub(crate) fn invalid_image(what: impl Into<String>, reason: impl std::fmt::Display) -> Self {

@@ -107,7 +107,7 @@ impl<'a> RegistryClient<'a> {
         ImageError::Unreachable {
             registry: self.registry(),
             url: url.to_owned(),
-            source: source.without_url(),
+            reason: error_chain(&source.without_url()),
         }
     }
 
@@ -402,6 +402,21 @@ impl<'a> RegistryClient<'a> {
         }
         result
     }
+}
+
+/// "error sending request: tcp connect error: Connection refused (os error 111)".
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut current = Some(error);
+    while let Some(e) = current {
+        let text = e.to_string();
+        // Transport errors repeat their cause in their own text; keep each piece once.
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        current = e.source();
+    }
+    parts.join(": ")
 }
 
 /// `CODE: message` from a registry error body, or the start of the body.

@@ -178,7 +178,7 @@ impl Applier<'_> {
         ImageError::Unpack {
             layer: self.layer.to_owned(),
             entry: entry.into(),
-            source,
+            error: source,
         }
     }
 
@@ -481,11 +481,11 @@ impl Applier<'_> {
             match fs::set_permissions(&path, fs::Permissions::from_mode(mode)) {
                 Ok(()) => set_mtime(&path, mtime),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(source) => {
+                Err(error) => {
                     return Err(ImageError::Unpack {
                         layer: self.layer.to_owned(),
                         entry: path.display().to_string(),
-                        source,
+                        error,
                     });
                 }
             }
@@ -602,10 +602,10 @@ pub(crate) fn apply_layer_blob<R: Read>(
     expected_diff_id: Option<&str>,
     as_root: bool,
 ) -> Result<LayerStats, ImageError> {
-    let io_err = |source| ImageError::Unpack {
+    let io_err = |error| ImageError::Unpack {
         layer: layer_name.to_owned(),
         entry: "<stream>".into(),
-        source,
+        error,
     };
     let mut compressed =
         BufReader::with_capacity(256 * 1024, crate::digest::HashingReader::new(blob));

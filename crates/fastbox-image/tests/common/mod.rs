@@ -1,6 +1,8 @@
 //! Test images built in the test (no network), and a real distribution registry on loopback.
 #![allow(dead_code)]
 
+pub mod fake_http;
+
 use std::fs;
 use std::io::Write;
 use std::net::TcpListener;
