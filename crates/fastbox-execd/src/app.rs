@@ -8,7 +8,7 @@ use axum::routing::{any, get};
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{auth, command, entrypoint, files};
+use crate::{auth, command, entrypoint, files, metrics, proxy, session};
 
 /// The complete execd HTTP API.
 pub fn app(state: AppState) -> Router {
@@ -17,6 +17,9 @@ pub fn app(state: AppState) -> Router {
         .merge(command::routes())
         .merge(files::routes())
         .merge(entrypoint::routes())
+        .merge(session::routes())
+        .merge(metrics::routes())
+        .merge(proxy::routes())
         .nest("/v1/filesystem/{uid}/{gid}", files::routes())
         .route("/v1/isolated", any(not_supported))
         .route("/v1/isolated/{*rest}", any(not_supported))

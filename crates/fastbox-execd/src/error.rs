@@ -11,6 +11,8 @@ use serde::Serialize;
 use crate::command::CommandError;
 use crate::extract::RequestError;
 use crate::files::FilesError;
+use crate::proxy::ProxyError;
+use crate::session::SessionError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -26,6 +28,10 @@ pub enum ApiError {
     Command(#[from] CommandError),
     #[error(transparent)]
     Files(#[from] FilesError),
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    #[error(transparent)]
+    Proxy(#[from] ProxyError),
 }
 
 #[derive(Serialize)]
@@ -64,6 +70,17 @@ impl ApiError {
                 FilesError::Identity(_) => (S::FORBIDDEN, "RUNTIME_ERROR"),
                 FilesError::Io { .. } | FilesError::Internal(_) => {
                     (S::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR")
+                }
+            },
+            ApiError::Session(e) => match e {
+                SessionError::NotFound(_) => (S::NOT_FOUND, "SESSION_NOT_FOUND"),
+                SessionError::Invalid(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),
+                SessionError::Spawn(_) => (S::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
+            },
+            ApiError::Proxy(e) => match e {
+                ProxyError::InvalidPort(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),
+                ProxyError::Connect { .. } | ProxyError::Upstream { .. } => {
+                    (S::BAD_GATEWAY, "SERVICE_UNAVAILABLE")
                 }
             },
         }

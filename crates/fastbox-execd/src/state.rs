@@ -9,7 +9,9 @@ use crate::command::store::CommandStore;
 use crate::entrypoint::Entrypoint;
 use crate::env::{self, EnvError, EnvList};
 use crate::identity::{Accounts, Credentials};
+use crate::metrics::MetricsSource;
 use crate::reaper::{ReapScope, Reaper};
+use crate::session::SessionStore;
 
 /// Everything execd is told at start-up. Built by `main` from flags and the environment;
 /// the library itself never reads the environment.
@@ -52,6 +54,8 @@ pub struct Shared {
     pub reaper: Reaper,
     pub commands: CommandStore,
     pub entrypoint: OnceLock<Arc<Entrypoint>>,
+    pub sessions: SessionStore,
+    pub metrics: MetricsSource,
 }
 
 impl Deref for AppState {
@@ -70,6 +74,8 @@ impl AppState {
             reaper,
             commands: CommandStore::default(),
             entrypoint: OnceLock::new(),
+            sessions: SessionStore::default(),
+            metrics: MetricsSource::default(),
         })))
     }
 
