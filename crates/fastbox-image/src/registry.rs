@@ -126,10 +126,12 @@ impl<'a> RegistryClient<'a> {
         }
     }
 
-    /// GET with the current credentials; a 401 runs the challenge it carries and retries once
-    /// per scheme.
+    /// GET with the session's credentials. A 401 runs the challenge it carries and retries:
+    /// at most one fresh bearer token per call (tokens expire during long pulls) and one
+    /// switch to basic credentials.
     fn get(&self, url: &str, accept: &[&str]) -> Result<Response, ImageError> {
-        for attempt in 0..3 {
+        let mut fetched_token = false;
+        loop {
             let mut request = self.http.get(url);
             if !accept.is_empty() {
                 request = request.header(reqwest::header::ACCEPT, accept.join(", "));
@@ -141,58 +143,49 @@ impl<'a> RegistryClient<'a> {
                 _ => request,
             };
             let response = request.send().map_err(|e| self.unreachable(url, e))?;
-            match response.status() {
-                StatusCode::UNAUTHORIZED if attempt < 2 => {
-                    let challenges: Vec<Challenge> = response
-                        .headers()
-                        .get_all(reqwest::header::WWW_AUTHENTICATE)
-                        .iter()
-                        .filter_map(|v| v.to_str().ok())
-                        .flat_map(parse_challenges)
-                        .collect();
-                    self.authenticate(&challenges, &state, response.status())?;
-                }
-                StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
-                    return Err(self.denied(response.status()));
-                }
-                _ => return Ok(response),
+            let status = response.status();
+            if status == StatusCode::FORBIDDEN {
+                return Err(self.denied(status));
             }
+            if status != StatusCode::UNAUTHORIZED {
+                return Ok(response);
+            }
+            let challenges: Vec<Challenge> = response
+                .headers()
+                .get_all(reqwest::header::WWW_AUTHENTICATE)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(parse_challenges)
+                .collect();
+            let next = if let Some(bearer) = challenges.iter().find(|c| c.scheme == "bearer") {
+                if fetched_token {
+                    return Err(self.denied(status));
+                }
+                fetched_token = true;
+                AuthState::Bearer(self.fetch_token(bearer)?)
+            } else if challenges.iter().any(|c| c.scheme == "basic") {
+                if self.auth.is_none() || matches!(state, AuthState::Basic) {
+                    return Err(self.denied(status));
+                }
+                AuthState::Basic
+            } else if challenges.is_empty() {
+                return Err(self.denied(status));
+            } else {
+                return Err(ImageError::Registry {
+                    registry: self.registry(),
+                    url: url.to_owned(),
+                    status: status.as_u16(),
+                    detail: format!(
+                        "unsupported authentication challenge {:?}",
+                        challenges
+                            .iter()
+                            .map(|c| c.scheme.as_str())
+                            .collect::<Vec<_>>()
+                    ),
+                });
+            };
+            *self.state.lock().unwrap_or_else(|e| e.into_inner()) = next;
         }
-        unreachable!("the loop returns on its last attempt")
-    }
-
-    fn authenticate(
-        &self,
-        challenges: &[Challenge],
-        tried: &AuthState,
-        status: StatusCode,
-    ) -> Result<(), ImageError> {
-        let next = if let Some(bearer) = challenges.iter().find(|c| c.scheme == "bearer") {
-            if matches!(tried, AuthState::Bearer(_)) {
-                return Err(self.denied(status));
-            }
-            AuthState::Bearer(self.fetch_token(bearer)?)
-        } else if challenges.iter().any(|c| c.scheme == "basic") {
-            if self.auth.is_none() || matches!(tried, AuthState::Basic) {
-                return Err(self.denied(status));
-            }
-            AuthState::Basic
-        } else {
-            return Err(ImageError::Registry {
-                registry: self.registry(),
-                url: self.base.clone(),
-                status: status.as_u16(),
-                detail: format!(
-                    "unsupported authentication challenge {:?}",
-                    challenges
-                        .iter()
-                        .map(|c| c.scheme.as_str())
-                        .collect::<Vec<_>>()
-                ),
-            });
-        };
-        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = next;
-        Ok(())
     }
 
     /// The token dance: GET realm?service=..&scope=.. (with basic credentials if any).

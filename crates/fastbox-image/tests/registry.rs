@@ -230,11 +230,22 @@ struct BearerRegistry {
     token_requests: Arc<Mutex<Vec<Request>>>,
 }
 
-const TOKEN: &str = "tok-9f8e7d";
-
 fn bearer_registry(image: &TestImage, manifest: Vec<u8>, corrupt_layer: bool) -> BearerRegistry {
+    bearer_registry_with_budget(image, manifest, corrupt_layer, u32::MAX)
+}
+
+/// Each issued token is good for `token_budget` registry requests (then "expires").
+fn bearer_registry_with_budget(
+    image: &TestImage,
+    manifest: Vec<u8>,
+    corrupt_layer: bool,
+    token_budget: u32,
+) -> BearerRegistry {
     let token_requests = Arc::new(Mutex::new(Vec::new()));
     let seen = token_requests.clone();
+    // (current token, requests it may still serve)
+    let current: Arc<Mutex<(String, u32)>> = Arc::new(Mutex::new((String::new(), 0)));
+    let issuer = current.clone();
     let expected_basic = format!(
         "Basic {}",
         base64::engine::general_purpose::STANDARD.encode("bob:hunter2")
@@ -246,7 +257,9 @@ fn bearer_registry(image: &TestImage, manifest: Vec<u8>, corrupt_layer: bool) ->
         }
         match req.header("authorization") {
             Some(a) if a == expected_basic => {
-                Response::new(200, format!(r#"{{"token":"{TOKEN}","expires_in":300}}"#))
+                let token = format!("tok-{}", seen.lock().unwrap().len());
+                *issuer.lock().unwrap() = (token.clone(), token_budget);
+                Response::new(200, format!(r#"{{"token":"{token}","expires_in":300}}"#))
             }
             Some(_) => Response::new(401, r#"{"details":"incorrect username or password"}"#),
             // Anonymous tokens exist, but grant nothing on this private repository.
@@ -278,7 +291,17 @@ fn bearer_registry(image: &TestImage, manifest: Vec<u8>, corrupt_layer: bool) ->
         let challenge = format!(
             r#"Bearer realm="{realm}",service="fake-registry",scope="repository:private/app:pull""#
         );
-        if req.header("authorization") != Some(&format!("Bearer {TOKEN}")) {
+        let valid = {
+            let mut cur = current.lock().unwrap();
+            let ok = !cur.0.is_empty()
+                && cur.1 > 0
+                && req.header("authorization") == Some(&format!("Bearer {}", cur.0));
+            if ok {
+                cur.1 -= 1;
+            }
+            ok
+        };
+        if !valid {
             return Response::new(
                 401,
                 r#"{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}"#,
@@ -318,6 +341,24 @@ fn bearer_token_dance_with_credentials() {
         target.contains("scope=repository%3Aprivate%2Fapp%3Apull"),
         "{target}"
     );
+}
+
+#[test]
+fn expired_bearer_token_is_renewed_mid_pull() {
+    let image = TestImage::sample();
+    let fake = bearer_registry_with_budget(&image, image.manifest.clone(), false, 2);
+    let (_tmp, cache) = cache();
+    let reference = format!("{}/private/app:v1", fake.registry.addr);
+    let resolved = cache
+        .resolve(
+            &reference,
+            Some(&RegistryAuth::new("bob", "hunter2")),
+            &NoProgress,
+        )
+        .unwrap();
+    TestImage::check_sample_rootfs(&resolved.rootfs);
+    // manifest + config + 2 layers = 4 requests at 2 per token.
+    assert_eq!(fake.token_requests.lock().unwrap().len(), 2);
 }
 
 #[test]
@@ -431,4 +472,60 @@ fn digest_pinned_reference_must_match_the_manifest() {
         )
         .unwrap_err();
     assert!(matches!(err, ImageError::NotFound { .. }), "{err}");
+}
+
+#[test]
+fn blob_redirects_to_another_host_do_not_carry_credentials() {
+    let image = TestImage::sample();
+    let cdn_auth_headers = Arc::new(Mutex::new(Vec::new()));
+    let seen = cdn_auth_headers.clone();
+    let blobs: HashMap<String, Vec<u8>> = image
+        .blobs()
+        .into_iter()
+        .map(|b| (format!("/cdn/{}", sha256(b)), b.to_vec()))
+        .collect();
+    let cdn = FakeServer::start(Arc::new(move |req: &Request| {
+        seen.lock()
+            .unwrap()
+            .push(req.header("authorization").map(str::to_owned));
+        match blobs.get(req.path()) {
+            Some(b) => Response::new(200, b.clone()),
+            None => Response::new(404, ""),
+        }
+    }));
+    let cdn_addr = cdn.addr.clone();
+    let manifest = image.manifest.clone();
+    let expected = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode("carol:pw")
+    );
+    let registry = FakeServer::start(Arc::new(move |req: &Request| {
+        if req.header("authorization") != Some(expected.as_str()) {
+            return Response::new(401, "").header("WWW-Authenticate", r#"Basic realm="fake""#);
+        }
+        if req.path() == "/v2/team/app/manifests/v1" {
+            return Response::new(200, manifest.clone()).header("Content-Type", OCI_MANIFEST);
+        }
+        match req.path().strip_prefix("/v2/team/app/blobs/") {
+            Some(digest) => Response::new(307, "")
+                .header("Location", &format!("http://{cdn_addr}/cdn/{digest}")),
+            None => Response::new(404, ""),
+        }
+    }));
+    let (_tmp, cache) = cache();
+    let reference = format!("{}/team/app:v1", registry.addr);
+    let resolved = cache
+        .resolve(
+            &reference,
+            Some(&RegistryAuth::new("carol", "pw")),
+            &NoProgress,
+        )
+        .unwrap();
+    TestImage::check_sample_rootfs(&resolved.rootfs);
+    let headers = cdn_auth_headers.lock().unwrap();
+    assert_eq!(headers.len(), 3, "config and two layers came from the cdn");
+    assert!(
+        headers.iter().all(Option::is_none),
+        "credentials leaked to the cdn: {headers:?}"
+    );
 }

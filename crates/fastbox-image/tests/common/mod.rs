@@ -287,6 +287,7 @@ pub fn registry_binary() -> Result<PathBuf, String> {
     }
     if let Ok(repo) = std::env::var("FASTBOX_REPO") {
         candidates.push(Path::new(&repo).join(".deps/registry/usr/bin/docker-registry"));
+        candidates.push(Path::new(&repo).join(".deps/registry/bin/docker-registry"));
     }
     candidates.push(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.deps/registry/usr/bin/docker-registry"),
