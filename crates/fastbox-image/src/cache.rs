@@ -264,6 +264,20 @@ impl ImageCache {
         blobs: &dyn BlobSource,
         progress: &dyn Progress,
     ) -> Result<ResolvedImage, ImageError> {
+        // Only the variant-less os/arch is compared: configs rarely record the variant.
+        let wanted: String = self
+            .cfg
+            .platform
+            .split('/')
+            .take(2)
+            .collect::<Vec<_>>()
+            .join("/");
+        if let Some(platform) = prepared.platform.as_deref().filter(|p| *p != wanted) {
+            progress.message(&format!(
+                "warning: {canonical} is built for {platform}, not {wanted}; its programs may not run here"
+            ));
+            tracing::warn!(image = %canonical, platform, wanted = %wanted, "image platform differs from the host's");
+        }
         let (meta, rootfs, cached) =
             self.materialize(&prepared.config_digest, &canonical, progress, |rootfs| {
                 crate::oci::unpack_layers(prepared, blobs, rootfs, progress)?;

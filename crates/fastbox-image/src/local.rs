@@ -390,6 +390,7 @@ pub(crate) fn prepare_docker_archive(
         config_digest: sha256_digest(&config_bytes),
         manifest_digest: None,
         runtime: config.runtime(),
+        platform: config.platform(),
         layers: entry
             .layers
             .iter()

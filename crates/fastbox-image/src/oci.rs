@@ -91,6 +91,10 @@ pub(crate) struct Manifest {
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct ConfigBlob {
     #[serde(default)]
+    pub os: String,
+    #[serde(default)]
+    pub architecture: String,
+    #[serde(default)]
     pub config: Option<ContainerConfig>,
     #[serde(default)]
     pub rootfs: Option<RootFs>,
@@ -118,6 +122,11 @@ pub(crate) struct RootFs {
 }
 
 impl ConfigBlob {
+    pub(crate) fn platform(&self) -> Option<String> {
+        (!self.os.is_empty() && !self.architecture.is_empty())
+            .then(|| format!("{}/{}", self.os, self.architecture))
+    }
+
     pub(crate) fn runtime(&self) -> ImageRuntimeConfig {
         let c = self.config.as_ref();
         ImageRuntimeConfig {
@@ -299,6 +308,8 @@ pub(crate) struct PreparedImage {
     pub manifest_digest: Option<String>,
     pub runtime: ImageRuntimeConfig,
     pub layers: Vec<LayerSpec>,
+    /// `os/architecture` from the config, when it says.
+    pub platform: Option<String>,
 }
 
 /// Reads the config a manifest points at and lists its layers.
@@ -365,6 +376,7 @@ pub(crate) fn prepare_manifest(
         config_digest: manifest.config.digest.clone(),
         manifest_digest: Some(manifest_digest.to_owned()),
         runtime: config.runtime(),
+        platform: config.platform(),
         layers,
     })
 }

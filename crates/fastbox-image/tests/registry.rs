@@ -167,6 +167,26 @@ fn index_resolution_picks_linux_amd64() {
         Some(expected.manifest_digest().as_str())
     );
     TestImage::check_sample_rootfs(&resolved.rootfs);
+
+    // A single-platform image for another architecture resolves, with a warning.
+    if fastbox_image::host_platform() == "linux/amd64" {
+        let progress = Recorder::default();
+        let other = cache
+            .resolve(
+                &format!("{}/multi/app:arm64-only", registry.addr),
+                None,
+                &progress,
+            )
+            .unwrap();
+        assert_eq!(other.digest, arm64.config_digest());
+        let messages = progress.messages.lock().unwrap();
+        assert!(
+            messages
+                .iter()
+                .any(|m| m.contains("built for linux/arm64, not linux/amd64")),
+            "{messages:?}"
+        );
+    }
 }
 
 #[test]
