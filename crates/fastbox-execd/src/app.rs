@@ -8,7 +8,7 @@ use axum::routing::{any, get};
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{auth, command, entrypoint, files, metrics, proxy, session};
+use crate::{auth, code, command, entrypoint, files, metrics, proxy, session};
 
 /// The complete execd HTTP API.
 pub fn app(state: AppState) -> Router {
@@ -18,6 +18,7 @@ pub fn app(state: AppState) -> Router {
         .merge(files::routes())
         .merge(entrypoint::routes())
         .merge(session::routes())
+        .merge(code::routes())
         .merge(metrics::routes())
         .merge(proxy::routes())
         .nest("/v1/filesystem/{uid}/{gid}", files::routes())

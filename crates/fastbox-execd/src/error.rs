@@ -8,6 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use crate::code::CodeError;
 use crate::command::CommandError;
 use crate::extract::RequestError;
 use crate::files::FilesError;
@@ -32,6 +33,8 @@ pub enum ApiError {
     Session(#[from] SessionError),
     #[error(transparent)]
     Proxy(#[from] ProxyError),
+    #[error(transparent)]
+    Code(#[from] CodeError),
 }
 
 #[derive(Serialize)]
@@ -76,6 +79,13 @@ impl ApiError {
                 SessionError::NotFound(_) => (S::NOT_FOUND, "SESSION_NOT_FOUND"),
                 SessionError::Invalid(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),
                 SessionError::Spawn(_) => (S::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
+            },
+            ApiError::Code(e) => match e {
+                CodeError::NotFound(_) => (S::NOT_FOUND, "CONTEXT_NOT_FOUND"),
+                CodeError::UnsupportedLanguage(_) => (S::NOT_IMPLEMENTED, "NOT_SUPPORTED"),
+                CodeError::Unavailable(_) => (S::SERVICE_UNAVAILABLE, "SERVICE_UNAVAILABLE"),
+                CodeError::Invalid(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),
+                CodeError::Spawn(_) => (S::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
             },
             ApiError::Proxy(e) => match e {
                 ProxyError::InvalidPort(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),

@@ -11,6 +11,7 @@ pub mod app;
 pub mod auth;
 pub mod cli;
 pub mod clock;
+pub mod code;
 pub mod code_port;
 pub mod command;
 pub mod entrypoint;

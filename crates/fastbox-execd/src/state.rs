@@ -5,6 +5,7 @@ use std::ops::Deref;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
+use crate::code::CodeStore;
 use crate::command::store::CommandStore;
 use crate::entrypoint::Entrypoint;
 use crate::env::{self, EnvError, EnvList};
@@ -56,6 +57,7 @@ pub struct Shared {
     pub entrypoint: OnceLock<Arc<Entrypoint>>,
     pub sessions: SessionStore,
     pub metrics: MetricsSource,
+    pub code: CodeStore,
 }
 
 impl Deref for AppState {
@@ -76,6 +78,7 @@ impl AppState {
             entrypoint: OnceLock::new(),
             sessions: SessionStore::default(),
             metrics: MetricsSource::default(),
+            code: CodeStore::default(),
         })))
     }
 

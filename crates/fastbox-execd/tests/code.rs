@@ -1,0 +1,228 @@
+//! `/code`: python contexts keep state and report results and errors; bash contexts; default
+//! contexts; context management; interrupt.
+
+mod common;
+
+use axum::http::StatusCode;
+use common::*;
+use serde_json::{Value, json};
+
+fn have_python() -> bool {
+    let found = ["python3", "python"].iter().any(|p| {
+        std::env::var("PATH")
+            .unwrap_or_default()
+            .split(':')
+            .any(|d| std::path::Path::new(d).join(p).exists())
+    });
+    if !found {
+        eprintln!("skipped: python3 is not installed on this machine");
+    }
+    found
+}
+
+async fn run(app: &TestApp, body: Value) -> Vec<Value> {
+    let r = app.post_json("/code", body).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    r.events()
+}
+
+#[tokio::test]
+async fn python_context_keeps_state_and_reports_results() {
+    if !have_python() {
+        return;
+    }
+    let app = test_app();
+    let r = app
+        .post_json("/code/context", json!({"language": "python"}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let ctx = r.json();
+    assert_eq!(ctx["language"], "python");
+    let id = ctx["id"].as_str().unwrap().to_string();
+    let context = json!({"id": id, "language": "python"});
+
+    let ev = run(
+        &app,
+        json!({"code": "x = 40\nprint('hello')\nprint()\nx + 2", "context": context}),
+    )
+    .await;
+    assert_eq!(
+        types(&ev),
+        [
+            "init",
+            "stdout",
+            "stdout",
+            "execution_count",
+            "result",
+            "execution_complete"
+        ]
+    );
+    assert_eq!(ev[0]["text"], id);
+    assert_eq!(texts(&ev, "stdout"), ["hello\n", "\n"]);
+    assert_eq!(ev[3]["execution_count"], 1);
+    assert_eq!(ev[4]["results"]["text"], "42");
+
+    let ev = run(
+        &app,
+        json!({"code": "import sys\nprint('warn', file=sys.stderr)\n'x' * x", "context": context}),
+    )
+    .await;
+    assert_eq!(texts(&ev, "stderr"), ["warn\n"]);
+    let result = ev.iter().find(|e| e["type"] == "result").unwrap();
+    assert_eq!(result["results"]["text"], format!("'{}'", "x".repeat(40)));
+    assert_eq!(
+        ev.iter().find(|e| e["type"] == "execution_count").unwrap()["execution_count"],
+        2
+    );
+
+    let ev = run(
+        &app,
+        json!({"code": "print('before')\n1/0", "context": context}),
+    )
+    .await;
+    assert_eq!(types(&ev).last().unwrap(), "error");
+    assert!(!types(&ev).contains(&"execution_complete".to_string()));
+    let err = &ev.last().unwrap()["error"];
+    assert_eq!(err["ename"], "ZeroDivisionError");
+    assert_eq!(err["evalue"], "division by zero");
+    assert!(
+        err["traceback"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l.as_str().unwrap().contains("ZeroDivisionError"))
+    );
+
+    let ev = run(&app, json!({"code": "def f(:\n  pass", "context": context})).await;
+    assert_eq!(ev.last().unwrap()["error"]["ename"], "SyntaxError");
+
+    // input() sees EOF rather than the protocol.
+    let ev = run(
+        &app,
+        json!({"code": "try:\n  input()\nexcept EOFError:\n  print('eof')", "context": context}),
+    )
+    .await;
+    assert_eq!(texts(&ev, "stdout"), ["eof\n"]);
+
+    let got = app.get(&format!("/code/contexts/{id}")).await;
+    assert_eq!(got.json()["id"], id);
+    let list = app.get("/code/contexts?language=python").await.json();
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    assert_eq!(
+        app.delete(&format!("/code/contexts/{id}")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        app.get(&format!("/code/contexts/{id}")).await.status,
+        StatusCode::NOT_FOUND
+    );
+    let r = app
+        .post_json("/code", json!({"code": "1", "context": context}))
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert_eq!(r.json()["code"], "CONTEXT_NOT_FOUND");
+}
+
+#[tokio::test]
+async fn default_context_per_language_and_interrupt() {
+    if !have_python() {
+        return;
+    }
+    let app = std::sync::Arc::new(test_app());
+    let ev = run(
+        &app,
+        json!({"code": "counter = 1", "context": {"language": "python"}}),
+    )
+    .await;
+    let default_id = ev[0]["text"].as_str().unwrap().to_string();
+    let ev = run(
+        &app,
+        json!({"code": "counter + 1", "context": {"language": "python"}}),
+    )
+    .await;
+    assert_eq!(ev[0]["text"], default_id);
+    assert_eq!(
+        ev.iter().find(|e| e["type"] == "result").unwrap()["results"]["text"],
+        "2"
+    );
+
+    let app2 = std::sync::Arc::clone(&app);
+    let id = default_id.clone();
+    let interrupter = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        app2.delete(&format!("/code?id={id}")).await.status
+    });
+    let ev = run(&app, json!({"code": "import time\ntime.sleep(30)", "context": {"id": default_id, "language": "python"}})).await;
+    assert_eq!(interrupter.await.unwrap(), StatusCode::OK);
+    assert_eq!(ev.last().unwrap()["error"]["ename"], "KeyboardInterrupt");
+    let ev = run(
+        &app,
+        json!({"code": "counter", "context": {"id": default_id, "language": "python"}}),
+    )
+    .await;
+    assert_eq!(
+        ev.iter().find(|e| e["type"] == "result").unwrap()["results"]["text"],
+        "1",
+        "state survives"
+    );
+
+    assert_eq!(
+        app.delete("/code/contexts?language=python").await.status,
+        StatusCode::OK
+    );
+    assert!(
+        app.get("/code/contexts?language=python")
+            .await
+            .json()
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn bash_context_keeps_state() {
+    let app = test_app();
+    let r = app
+        .post_json("/code/context", json!({"language": "bash"}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    let context = json!({"id": id, "language": "bash"});
+    run(
+        &app,
+        json!({"code": "export N=7; cd /", "context": context}),
+    )
+    .await;
+    let ev = run(&app, json!({"code": "echo $N; pwd", "context": context})).await;
+    assert_eq!(
+        types(&ev),
+        [
+            "init",
+            "stdout",
+            "stdout",
+            "execution_count",
+            "execution_complete"
+        ]
+    );
+    assert_eq!(texts(&ev, "stdout"), ["7\n", "/\n"]);
+    let ev = run(&app, json!({"code": "false", "context": context})).await;
+    assert_eq!(ev.last().unwrap()["error"]["evalue"], "1");
+}
+
+#[tokio::test]
+async fn no_context_runs_a_command_and_unknown_languages_are_refused() {
+    let app = test_app();
+    let ev = run(&app, json!({"code": "echo plain"})).await;
+    assert_eq!(texts(&ev, "stdout"), ["plain"]);
+    assert_eq!(types(&ev).last().unwrap(), "execution_complete");
+    let r = app
+        .post_json("/code/context", json!({"language": "cobol"}))
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_IMPLEMENTED);
+    assert_eq!(r.json()["code"], "NOT_SUPPORTED");
+    assert_eq!(
+        app.delete("/code?id=nope").await.status,
+        StatusCode::NOT_FOUND
+    );
+}
