@@ -8,7 +8,7 @@ use axum::routing::{any, get};
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{auth, code, command, entrypoint, files, metrics, proxy, session};
+use crate::{auth, code, command, entrypoint, files, metrics, proxy, pty, session};
 
 /// The complete execd HTTP API.
 pub fn app(state: AppState) -> Router {
@@ -21,6 +21,7 @@ pub fn app(state: AppState) -> Router {
         .merge(code::routes())
         .merge(metrics::routes())
         .merge(proxy::routes())
+        .merge(pty::routes())
         .nest("/v1/filesystem/{uid}/{gid}", files::routes())
         .route("/v1/isolated", any(not_supported))
         .route("/v1/isolated/{*rest}", any(not_supported))

@@ -13,6 +13,7 @@ use crate::command::CommandError;
 use crate::extract::RequestError;
 use crate::files::FilesError;
 use crate::proxy::ProxyError;
+use crate::pty::PtyError;
 use crate::session::SessionError;
 
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +36,8 @@ pub enum ApiError {
     Proxy(#[from] ProxyError),
     #[error(transparent)]
     Code(#[from] CodeError),
+    #[error(transparent)]
+    Pty(#[from] PtyError),
 }
 
 #[derive(Serialize)]
@@ -86,6 +89,11 @@ impl ApiError {
                 CodeError::Unavailable(_) => (S::SERVICE_UNAVAILABLE, "SERVICE_UNAVAILABLE"),
                 CodeError::Invalid(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),
                 CodeError::Spawn(_) => (S::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
+            },
+            ApiError::Pty(e) => match e {
+                PtyError::NotFound(_) => (S::NOT_FOUND, "CONTEXT_NOT_FOUND"),
+                PtyError::AlreadyConnected(_) => (S::CONFLICT, "ALREADY_CONNECTED"),
+                PtyError::Start(_) => (S::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
             },
             ApiError::Proxy(e) => match e {
                 ProxyError::InvalidPort(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),

@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod output;
 pub mod process;
 pub mod proxy;
+pub mod pty;
 pub mod query;
 pub mod reaper;
 pub mod repl;

@@ -11,6 +11,7 @@ use crate::entrypoint::Entrypoint;
 use crate::env::{self, EnvError, EnvList};
 use crate::identity::{Accounts, Credentials};
 use crate::metrics::MetricsSource;
+use crate::pty::PtyStore;
 use crate::reaper::{ReapScope, Reaper};
 use crate::session::SessionStore;
 
@@ -58,6 +59,7 @@ pub struct Shared {
     pub sessions: SessionStore,
     pub metrics: MetricsSource,
     pub code: CodeStore,
+    pub ptys: PtyStore,
 }
 
 impl Deref for AppState {
@@ -79,6 +81,7 @@ impl AppState {
             sessions: SessionStore::default(),
             metrics: MetricsSource::default(),
             code: CodeStore::default(),
+            ptys: PtyStore::default(),
         })))
     }
 
