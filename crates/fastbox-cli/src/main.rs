@@ -1,1 +1,71 @@
-fn main() {}
+//! The `fastbox` binary: client commands today, the server roles as they land. It is also the
+//! sandbox starter: re-executed with the helper argument, it becomes the single-threaded
+//! process that builds a sandbox's namespaces (see `fastbox_runtime::init`).
+
+use clap::{Parser, Subcommand};
+use fastbox_cli::{bench, paths, sandbox_run};
+
+#[derive(Parser)]
+#[command(name = "fastbox", version, about = "Restore-only Linux sandboxes")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Work with sandboxes directly on this machine (no server needed).
+    Sandbox {
+        #[command(subcommand)]
+        command: SandboxCommand,
+    },
+    /// Benchmarks, reported as percentiles from one run.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+    /// Check that this machine can run fastbox (root, CRIU >= 4.2, cgroups, execd).
+    Check(paths::HostArgs),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Cold start (no checkpoint) -> execd /ping, next to `runc run` of the same rootfs.
+    ColdStart(bench::ColdStartArgs),
+}
+
+#[derive(Subcommand)]
+enum SandboxCommand {
+    /// Start a sandbox from an image, run a command in it through execd, remove it.
+    Run(sandbox_run::RunArgs),
+}
+
+fn main() {
+    if std::env::args().nth(1).as_deref() == Some(fastbox_runtime::init::HELPER_ARG) {
+        fastbox_runtime::init::helper_main();
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FASTBOX_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Sandbox {
+            command: SandboxCommand::Run(args),
+        } => sandbox_run::run(args),
+        Command::Bench {
+            command: BenchCommand::ColdStart(args),
+        } => bench::cold_start(args),
+        Command::Check(args) => paths::check(&args),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("fastbox: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}

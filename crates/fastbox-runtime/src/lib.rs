@@ -6,5 +6,12 @@
 //! Everything here is blocking code; callers run it on dedicated threads.
 
 pub mod cgroup;
+pub mod checkpoint;
+pub mod criu;
+pub mod execd_binary;
+pub mod init;
 pub mod net;
+pub mod rootfs;
+pub mod sandbox;
 pub mod seccomp;
+pub mod spec;

@@ -1,1 +1,57 @@
-//! placeholder
+//! Dev-only helpers shared by fastbox's tests: the privileged-test guard and per-run names.
+//!
+//! Privileged tests run for real as root in CI. When a prerequisite is truly missing they
+//! report `skipped: <reason>` on stderr and return, never pass silently: `skip_unless!` prints
+//! the reason in a form the test log shows.
+
+use std::path::PathBuf;
+
+/// Why a privileged test cannot run here, or None when it can.
+pub fn privileged_unavailable() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("needs root (namespaces, mounts, cgroups)".into());
+    }
+    None
+}
+
+/// Return early from a test, printing why, when `$reason` (an `Option<String>`) is Some.
+#[macro_export]
+macro_rules! skip_unless {
+    ($reason:expr) => {
+        if let Some(reason) = $reason {
+            eprintln!("skipped: {reason}");
+            return;
+        }
+    };
+}
+
+/// The per-run prefix of host-wide names: `FASTBOX_TEST_PREFIX` when CI sets it, otherwise
+/// `fbt` + 4 random hex digits. Tests append their own short tag so parallel tests differ.
+pub fn run_prefix(tag: &str) -> String {
+    let base = std::env::var("FASTBOX_TEST_PREFIX")
+        .unwrap_or_else(|_| format!("fbt{:04x}", rand::random::<u16>()));
+    format!("{base}{tag}")
+}
+
+/// The repository root (`FASTBOX_REPO`, else derived from this crate's location).
+pub fn repo_root() -> PathBuf {
+    std::env::var_os("FASTBOX_REPO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."))
+}
+
+/// The CRIU binary the tests use: `FASTBOX_CRIU`, else the one `scripts/setup.sh` installs.
+pub fn criu_path() -> Option<PathBuf> {
+    std::env::var_os("FASTBOX_CRIU")
+        .map(PathBuf::from)
+        .or_else(|| Some(repo_root().join(".deps/criu/bin/criu")))
+        .filter(|p| p.exists())
+}
+
+/// The static execd binary: `FASTBOX_EXECD_BIN`, else the repository's static build.
+pub fn execd_path() -> Option<PathBuf> {
+    std::env::var_os("FASTBOX_EXECD_BIN")
+        .map(PathBuf::from)
+        .or_else(|| Some(repo_root().join("target/x86_64-unknown-linux-gnu/release/fastbox-execd")))
+        .filter(|p| p.exists())
+}

@@ -1,0 +1,175 @@
+//! `fastbox bench cold-start`: start -> execd `/ping` 200 for cold starts from an image,
+//! side by side with `runc run` of the same rootfs running the same execd, measured in one run.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use fastbox_runtime::execd_binary::ExecdBinary;
+use fastbox_runtime::spec::EXECD_SANDBOX_PATH;
+
+use crate::execd_client::ExecdClient;
+use crate::local_sandbox::{LocalHost, StartOptions};
+use crate::paths::HostArgs;
+
+#[derive(clap::Args, Debug)]
+pub struct ColdStartArgs {
+    #[command(flatten)]
+    pub host: HostArgs,
+    /// Image to start.
+    #[arg(long, default_value = "python:3.12")]
+    pub image: String,
+    /// Number of starts of each kind.
+    #[arg(long, default_value_t = 20)]
+    pub n: usize,
+    /// Skip the runc baseline.
+    #[arg(long)]
+    pub no_runc: bool,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Latency percentiles of one series, in milliseconds.
+#[derive(Debug, serde::Serialize)]
+pub struct Percentiles {
+    pub n: usize,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub min_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Percentiles {
+    pub fn of(samples: &[Duration]) -> Self {
+        let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+        ms.sort_by(f64::total_cmp);
+        let at = |q: f64| ms[((ms.len() as f64 - 1.0) * q).round() as usize];
+        Self {
+            n: ms.len(),
+            p50_ms: at(0.5),
+            p90_ms: at(0.9),
+            p99_ms: at(0.99),
+            min_ms: ms[0],
+            max_ms: ms[ms.len() - 1],
+        }
+    }
+}
+
+pub fn cold_start(args: ColdStartArgs) -> anyhow::Result<i32> {
+    crate::paths::require_root()?;
+    anyhow::ensure!(args.n > 0, "--n must be at least 1");
+    let cache = fastbox_image::ImageCache::try_new(fastbox_image::ImageConfig {
+        cache_dir: args.host.cache_dir.clone(),
+        ..Default::default()
+    })?;
+    let image = cache.resolve(&args.image, None, &fastbox_image::StderrProgress::new())?;
+    let execd_path = args.host.execd()?;
+    let execd = ExecdBinary::import(&execd_path, &args.host.data_dir)?;
+    let prefix = format!("fbb{:04x}", rand::random::<u16>());
+    let data_dir = args.host.data_dir.join(&prefix);
+    let pool = fastbox_runtime::net::Ipv4Pool::try_new(std::net::Ipv4Addr::new(10, 89, 0, 0), 16)?;
+    let host = LocalHost::try_new(&prefix, &data_dir, &std::env::current_exe()?, pool)?;
+
+    let mut fastbox = Vec::with_capacity(args.n);
+    let measured = (0..args.n).try_for_each(|i| {
+        let opts = StartOptions {
+            id: format!("{prefix}-{i}"),
+            ..Default::default()
+        };
+        let start = Instant::now();
+        let sandbox = host.start(&image.rootfs, &execd, i as u32, &opts)?;
+        fastbox.push(start.elapsed());
+        host.destroy(&sandbox)
+    });
+    let torn_down = host.teardown();
+    let _ = std::fs::remove_dir_all(&data_dir);
+    measured?;
+    torn_down?;
+
+    let runc = if args.no_runc {
+        None
+    } else {
+        Some(runc_series(&image.rootfs, &execd.path, args.n)?)
+    };
+    let report = serde_json::json!({
+        "image": args.image,
+        "served_by": image.served_by,
+        "fastbox_cold_start_to_ping": Percentiles::of(&fastbox),
+        "runc_run_to_ping": runc.as_deref().map(Percentiles::of),
+    });
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        let line = |name: &str, p: &Percentiles| {
+            println!(
+                "{name:<28} n={:<4} p50 {:>8.1} ms  p90 {:>8.1} ms  p99 {:>8.1} ms  (min {:.1}, max {:.1})",
+                p.n, p.p50_ms, p.p90_ms, p.p99_ms, p.min_ms, p.max_ms
+            )
+        };
+        println!("cold start -> execd /ping 200, image {}", args.image);
+        line("fastbox sandbox start", &Percentiles::of(&fastbox));
+        if let Some(runc) = &runc {
+            line("runc run (same rootfs)", &Percentiles::of(runc));
+        }
+    }
+    Ok(0)
+}
+
+/// `runc run -d` of `rootfs` with execd (bind-mounted read-only, host network namespace, a
+/// free port) as the container process, timed until `/ping` answers; `n` times.
+fn runc_series(rootfs: &Path, execd: &Path, n: usize) -> anyhow::Result<Vec<Duration>> {
+    let bundle = tempfile::tempdir()?;
+    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let status = Command::new("runc")
+        .arg("spec")
+        .current_dir(bundle.path())
+        .status()
+        .context("runc spec (is runc installed?)")?;
+    if !status.success() {
+        bail!("runc spec failed");
+    }
+    let config_path = bundle.path().join("config.json");
+    let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(&config_path)?)?;
+    config["root"] = serde_json::json!({ "path": rootfs, "readonly": true });
+    config["process"]["terminal"] = false.into();
+    config["process"]["args"] = serde_json::json!([EXECD_SANDBOX_PATH, "--port", port.to_string()]);
+    config["mounts"].as_array_mut().context("runc spec has mounts")?.push(serde_json::json!({
+        "destination": EXECD_SANDBOX_PATH, "type": "bind", "source": execd, "options": ["bind", "ro"]
+    }));
+    config["mounts"].as_array_mut().unwrap().push(serde_json::json!({
+        "destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]
+    }));
+    if let Some(ns) = config["linux"]["namespaces"].as_array_mut() {
+        ns.retain(|n| n["type"] != "network");
+    }
+    std::fs::write(&config_path, serde_json::to_vec_pretty(&config)?)?;
+    let client = ExecdClient::new(format!("http://127.0.0.1:{port}"), None)?;
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n {
+        let id = format!("fastbox-bench-runc-{}-{i}", std::process::id());
+        let start = Instant::now();
+        let status = Command::new("runc")
+            .args(["run", "-d", "--bundle"])
+            .arg(bundle.path())
+            .arg(&id)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()?;
+        let ready = status
+            .success()
+            .then(|| client.wait_ready(Duration::from_secs(20)));
+        samples.push(start.elapsed());
+        let _ = Command::new("runc").args(["delete", "-f", &id]).status();
+        match ready {
+            Some(Ok(_)) => {}
+            Some(Err(e)) => return Err(e.context("runc container's execd")),
+            None => bail!("runc run failed ({status})"),
+        }
+    }
+    Ok(samples)
+}

@@ -1,0 +1,245 @@
+//! One sandbox on this machine without a server: a network slot, the runtime start, and
+//! teardown that leaves nothing behind. Used by `fastbox sandbox run` and by the end-to-end
+//! tests.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use fastbox_runtime::cgroup::{CgroupLimits, CgroupRoot};
+use fastbox_runtime::checkpoint::RestoreTarget;
+use fastbox_runtime::criu::Criu;
+use fastbox_runtime::execd_binary::ExecdBinary;
+use fastbox_runtime::net::{
+    DnsForwarder, DnsForwarderConfig, HostNetwork, Ipv4Pool, NetConfig, NetSlot, system_upstreams,
+};
+use fastbox_runtime::sandbox::{self, SandboxHandle};
+use fastbox_runtime::spec::{EXECD_PORT, SandboxSpec};
+
+use crate::execd_client::ExecdClient;
+
+/// Everything one fastbox instance owns on the host, named with its prefix.
+pub struct LocalHost {
+    pub prefix: String,
+    pub data_dir: PathBuf,
+    pub helper: PathBuf,
+    pub cgroups: CgroupRoot,
+    pub network: HostNetwork,
+    dns: DnsForwarder,
+}
+
+/// What a sandbox start asks for, beyond the image.
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    pub id: String,
+    pub limits: CgroupLimits,
+    pub disk_bytes: Option<u64>,
+    pub env: Vec<String>,
+    pub entrypoint: Vec<String>,
+    pub execd_token: Option<String>,
+}
+
+/// A started sandbox and its slot.
+pub struct LocalSandbox {
+    pub handle: SandboxHandle,
+    pub slot: NetSlot,
+    pub execd: ExecdClient,
+    pub ready_after: Duration,
+}
+
+impl LocalHost {
+    /// Set up the instance: cgroup root, DNS forwarder and the nft table of `prefix`, with
+    /// slot addresses from `pool`.
+    pub fn try_new(
+        prefix: &str,
+        data_dir: &Path,
+        helper: &Path,
+        pool: Ipv4Pool,
+    ) -> anyhow::Result<Self> {
+        let cgroups = CgroupRoot::detect().context("detect cgroups")?;
+        let dns = DnsForwarder::start(DnsForwarderConfig::new(system_upstreams()?))
+            .context("start the DNS forwarder")?;
+        let cfg = NetConfig {
+            prefix: prefix.to_string(),
+            pool,
+            dns_port: dns.port(),
+        };
+        let network = HostNetwork::try_new(cfg).context("host network")?;
+        Ok(Self {
+            prefix: prefix.to_string(),
+            data_dir: data_dir.to_path_buf(),
+            helper: helper.to_path_buf(),
+            cgroups,
+            network,
+            dns,
+        })
+    }
+
+    /// Start a sandbox of `rootfs` with `execd` in network slot `slot_index` and wait for
+    /// execd's `/ping`.
+    pub fn start(
+        &self,
+        rootfs: &Path,
+        execd: &ExecdBinary,
+        slot_index: u32,
+        opts: &StartOptions,
+    ) -> anyhow::Result<LocalSandbox> {
+        let slot = self
+            .network
+            .create_slot(slot_index)
+            .context("create network slot")?;
+        let mut env =
+            vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()];
+        env.extend(opts.env.iter().cloned());
+        if let Some(token) = &opts.execd_token {
+            env.push(format!("EXECD_ACCESS_TOKEN={token}"));
+        }
+        let spec = SandboxSpec {
+            id: opts.id.clone(),
+            prefix: self.prefix.clone(),
+            lower: rootfs.to_path_buf(),
+            dir: self.data_dir.join("sandboxes").join(&opts.id),
+            hostname: opts.id.clone(),
+            netns: slot.netns_path.clone(),
+            resolv_conf: Some(slot.resolv_conf()),
+            execd: execd.clone(),
+            execd_args: vec![],
+            entrypoint: opts.entrypoint.clone(),
+            env,
+            limits: opts.limits.clone(),
+            disk_bytes: opts
+                .disk_bytes
+                .unwrap_or(fastbox_runtime::spec::DEFAULT_DISK_BYTES),
+        };
+        let handle = match sandbox::start(&spec, &self.helper, &self.cgroups) {
+            Ok(h) => h,
+            Err(e) => {
+                let _ = self.network.destroy_slot(&slot);
+                return Err(e.into());
+            }
+        };
+        self.ready(handle, slot, opts)
+    }
+
+    /// Checkpoint `sandbox` into `out` with CRIU (the sandbox stops) and free its slot.
+    pub fn checkpoint(
+        &self,
+        criu: &Criu,
+        sandbox: &LocalSandbox,
+        out: &Path,
+    ) -> anyhow::Result<()> {
+        fastbox_runtime::checkpoint::checkpoint(criu, &sandbox.handle, out)?;
+        self.destroy(sandbox)
+    }
+
+    /// Restore the checkpoint in `checkpoint` (taken over `rootfs`) as sandbox `id` in network
+    /// slot `slot_index`, and wait for its execd.
+    pub fn restore(
+        &self,
+        criu: &Criu,
+        checkpoint: &Path,
+        rootfs: &Path,
+        execd_store: &Path,
+        slot_index: u32,
+        opts: &StartOptions,
+    ) -> anyhow::Result<LocalSandbox> {
+        let slot = self
+            .network
+            .create_slot(slot_index)
+            .context("create network slot")?;
+        let dir = self.data_dir.join("sandboxes").join(&opts.id);
+        let target = RestoreTarget {
+            id: &opts.id,
+            prefix: &self.prefix,
+            lower: rootfs,
+            dir: &dir,
+            netns: &slot.netns_path,
+            limits: &opts.limits,
+            disk_bytes: opts
+                .disk_bytes
+                .unwrap_or(fastbox_runtime::spec::DEFAULT_DISK_BYTES),
+            execd_store,
+            tcp_close: true,
+        };
+        let handle =
+            match fastbox_runtime::checkpoint::restore(criu, &self.cgroups, checkpoint, &target) {
+                Ok(h) => h,
+                Err(e) => {
+                    let _ = self.network.destroy_slot(&slot);
+                    return Err(e.into());
+                }
+            };
+        self.ready(handle, slot, opts)
+    }
+
+    /// Wrap a started sandbox, wait for its execd, and tear it down if it never answers.
+    fn ready(
+        &self,
+        handle: SandboxHandle,
+        slot: NetSlot,
+        opts: &StartOptions,
+    ) -> anyhow::Result<LocalSandbox> {
+        let execd = ExecdClient::new(
+            format!("http://{}:{EXECD_PORT}", slot.address),
+            opts.execd_token.clone(),
+        )?;
+        let sandbox = LocalSandbox {
+            handle,
+            slot,
+            execd,
+            ready_after: Duration::ZERO,
+        };
+        match sandbox.execd.wait_ready(Duration::from_secs(20)) {
+            Ok(after) => Ok(LocalSandbox {
+                ready_after: after,
+                ..sandbox
+            }),
+            Err(e) => {
+                let _ = self.destroy(&sandbox);
+                Err(e)
+            }
+        }
+    }
+
+    /// Kill and remove a sandbox and its slot.
+    pub fn destroy(&self, sandbox: &LocalSandbox) -> anyhow::Result<()> {
+        sandbox::destroy(&sandbox.handle, &self.cgroups)?;
+        self.network.destroy_slot(&sandbox.slot)?;
+        Ok(())
+    }
+
+    /// Remove the instance's host-wide state (nft table, DNS forwarder).
+    pub fn teardown(self) -> anyhow::Result<()> {
+        self.dns.stop();
+        self.network.teardown()?;
+        fastbox_runtime::cgroup::remove_prefix(&self.cgroups, &self.prefix)?;
+        Ok(())
+    }
+}
+
+/// Host-wide state still carrying `prefix`: network namespaces, links, nft tables, cgroups,
+/// mounts. Empty after a clean teardown.
+pub fn leftovers(prefix: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    match HostNetwork::leaked(prefix) {
+        Ok(net) => {
+            found.extend(net.netns.into_iter().map(|n| format!("netns {n}")));
+            found.extend(net.links.into_iter().map(|n| format!("link {n}")));
+            found.extend(net.nft_tables.into_iter().map(|n| format!("nft table {n}")));
+        }
+        Err(e) => found.push(format!("could not list network state: {e}")),
+    }
+    if let Ok(root) = CgroupRoot::detect() {
+        found.extend(
+            fastbox_runtime::cgroup::leaked(&root, prefix)
+                .into_iter()
+                .map(|p| format!("cgroup {}", p.display())),
+        );
+    }
+    found.extend(
+        fastbox_runtime::rootfs::mounts_containing(prefix)
+            .into_iter()
+            .map(|m| format!("mount {m}")),
+    );
+    found
+}

@@ -1,0 +1,95 @@
+//! Where fastbox finds what it runs with on this host: CRIU, the execd binary, its state.
+//! Every path can be given by flag or environment; the defaults follow the repository layout
+//! that `scripts/setup.sh` creates, then the system.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use fastbox_runtime::criu::Criu;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct HostArgs {
+    /// The CRIU binary (>= 4.2). Default: `.deps/criu/bin/criu` of the repository, then `criu`.
+    #[arg(long, env = "FASTBOX_CRIU")]
+    pub criu: Option<PathBuf>,
+    /// The static execd binary. Default: `fastbox-execd` beside this executable or in the
+    /// repository's static build directory.
+    #[arg(long, env = "FASTBOX_EXECD_BIN")]
+    pub execd: Option<PathBuf>,
+    /// State directory (sandboxes, execd store).
+    #[arg(long, env = "FASTBOX_DATA_DIR", default_value = "/var/lib/fastbox")]
+    pub data_dir: PathBuf,
+    /// Host-wide image cache shared by every fastbox instance.
+    #[arg(
+        long,
+        env = "FASTBOX_CACHE_DIR",
+        default_value = "/var/lib/fastbox/cache"
+    )]
+    pub cache_dir: PathBuf,
+}
+
+/// The repository root when this executable runs from its `target/` directory.
+fn repo_root() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    exe.ancestors()
+        .find(|p| p.join("target").is_dir() && p.join("Cargo.toml").is_file())
+        .map(Path::to_path_buf)
+}
+
+impl HostArgs {
+    pub fn criu(&self) -> anyhow::Result<Criu> {
+        let candidates: Vec<PathBuf> = match &self.criu {
+            Some(p) => vec![p.clone()],
+            None => repo_root()
+                .map(|r| r.join(".deps/criu/bin/criu"))
+                .into_iter()
+                .chain([
+                    PathBuf::from("/usr/local/sbin/criu"),
+                    PathBuf::from("/usr/sbin/criu"),
+                ])
+                .filter(|p| p.exists())
+                .collect(),
+        };
+        let Some(first) = candidates.first() else {
+            bail!(
+                "CRIU is not installed: run scripts/setup.sh (it installs CRIU >= 4.2 into .deps/criu)"
+            );
+        };
+        Ok(Criu::at(first)?)
+    }
+
+    pub fn execd(&self) -> anyhow::Result<PathBuf> {
+        if let Some(p) = &self.execd {
+            return Ok(p.clone());
+        }
+        let exe = std::env::current_exe()?;
+        let beside = exe.with_file_name("fastbox-execd-static");
+        let mut candidates = vec![beside];
+        if let Some(root) = repo_root() {
+            candidates.push(root.join("target/x86_64-unknown-linux-gnu/release/fastbox-execd"));
+        }
+        candidates.into_iter().find(|p| p.exists()).context(
+            "no static fastbox-execd found: build it with scripts/build-execd.sh or pass --execd",
+        )
+    }
+}
+
+/// Fail with a clear message unless running as root.
+pub fn require_root() -> anyhow::Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!("fastbox must run as root (namespaces, mounts, cgroups, CRIU)");
+    }
+    Ok(())
+}
+
+/// `fastbox check`: report what this host offers, fail on what is missing.
+pub fn check(args: &HostArgs) -> anyhow::Result<i32> {
+    require_root()?;
+    let criu = args.criu()?;
+    println!("criu: {} ({})", criu.version, criu.path.display());
+    let execd = args.execd()?;
+    println!("execd: {}", execd.display());
+    let cgroups = fastbox_runtime::cgroup::CgroupRoot::detect()?;
+    println!("cgroups: {cgroups:?}");
+    Ok(0)
+}

@@ -1,0 +1,113 @@
+//! The privileged end-to-end fixture: one fastbox instance (its own prefix and address
+//! pool), a busybox-only rootfs and the static execd. Every test builds its own instance and
+//! tears it down, then checks that nothing carrying its prefix is left on the host.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use fastbox_cli::local_sandbox::{LocalHost, LocalSandbox, StartOptions};
+use fastbox_runtime::execd_binary::ExecdBinary;
+
+pub struct Fixture {
+    pub host: Option<LocalHost>,
+    pub rootfs: PathBuf,
+    pub execd: ExecdBinary,
+    pub prefix: String,
+    pub dir: tempfile::TempDir,
+}
+
+/// Why these tests cannot run here, if they cannot.
+pub fn unavailable() -> Option<String> {
+    if let Some(reason) = fastbox_testkit::privileged_unavailable() {
+        return Some(reason);
+    }
+    if fastbox_testkit::execd_path().is_none() {
+        return Some(
+            "no static execd: build it with scripts/build-execd.sh or set FASTBOX_EXECD_BIN".into(),
+        );
+    }
+    None
+}
+
+/// A fresh instance for one test. `pool` picks the test's own /24 (10.213.<pool>.0/24) so
+/// parallel tests never share addresses.
+pub fn fixture(tag: &str, pool: u8) -> Fixture {
+    let prefix = fastbox_testkit::run_prefix(tag);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = fastbox_image::ImageCache::try_new(fastbox_image::ImageConfig {
+        cache_dir: std::env::temp_dir().join("fastbox-test-cache"),
+        ..Default::default()
+    })
+    .expect("image cache");
+    let rootfs = cache
+        .resolve("fastbox/busybox", None, &fastbox_image::NoProgress)
+        .expect("busybox rootfs")
+        .rootfs;
+    let execd = ExecdBinary::import(&fastbox_testkit::execd_path().unwrap(), dir.path())
+        .expect("import execd");
+    let pool =
+        fastbox_runtime::net::Ipv4Pool::try_new(std::net::Ipv4Addr::new(10, 213, pool, 0), 24)
+            .unwrap();
+    let host = LocalHost::try_new(
+        &prefix,
+        dir.path(),
+        env!("CARGO_BIN_EXE_fastbox").as_ref(),
+        pool,
+    )
+    .expect("host network");
+    Fixture {
+        host: Some(host),
+        rootfs,
+        execd,
+        prefix,
+        dir,
+    }
+}
+
+impl Fixture {
+    pub fn host(&self) -> &LocalHost {
+        self.host.as_ref().unwrap()
+    }
+
+    pub fn start(&self, slot: u32, opts: StartOptions) -> LocalSandbox {
+        let opts = StartOptions {
+            id: if opts.id.is_empty() {
+                format!("{}-{slot}", self.prefix)
+            } else {
+                opts.id
+            },
+            ..opts
+        };
+        self.host()
+            .start(&self.rootfs, &self.execd, slot, &opts)
+            .expect("sandbox starts")
+    }
+
+    /// Run a shell command in the sandbox; returns (exit code, stdout, stderr).
+    pub fn sh(sandbox: &LocalSandbox, script: &str) -> (i32, String, String) {
+        let (mut out, mut err) = (String::new(), String::new());
+        let argv = vec!["/bin/sh".to_string(), "-c".to_string(), script.to_string()];
+        let code = sandbox
+            .execd
+            .run(&argv, |e| {
+                let text = e.text.clone().unwrap_or_default();
+                let text = if text == "\n" { String::new() } else { text };
+                match e.kind.as_str() {
+                    "stdout" => out.push_str(&format!("{text}\n")),
+                    "stderr" => err.push_str(&format!("{text}\n")),
+                    _ => {}
+                }
+            })
+            .expect("command runs");
+        (code, out, err)
+    }
+
+    /// Tear the instance down and assert nothing with its prefix is left on the host.
+    pub fn finish(mut self) {
+        let host = self.host.take().unwrap();
+        host.teardown().expect("teardown");
+        let leftovers = fastbox_cli::local_sandbox::leftovers(&self.prefix);
+        assert!(leftovers.is_empty(), "leaked host state: {leftovers:?}");
+    }
+}

@@ -1,0 +1,271 @@
+//! Privileged end-to-end tests of the runtime: real namespaces, cgroups, overlay, seccomp,
+//! network slots and execd, driven through execd's HTTP API like a user would.
+
+mod common;
+
+use common::{Fixture, fixture, unavailable};
+use fastbox_cli::local_sandbox::StartOptions;
+use fastbox_runtime::cgroup::CgroupLimits;
+use fastbox_testkit::skip_unless;
+
+#[test]
+fn sandbox_runs_execd_as_pid1_and_sees_only_itself() {
+    skip_unless!(unavailable());
+    let f = fixture("a", 1);
+    let sb = f.start(0, StartOptions::default());
+    let (code, out, _) = Fixture::sh(
+        &sb,
+        "cat /proc/1/cmdline | tr '\\0' ' '; echo; hostname; ls /proc | grep -c '^[0-9]'",
+    );
+    assert_eq!(code, 0);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("/.fastbox/execd"),
+        "pid 1 is {:?}",
+        lines[0]
+    );
+    assert_eq!(lines[1], sb.handle.id, "hostname");
+    let pids: u32 = lines[2].trim().parse().unwrap();
+    assert!(
+        pids <= 5,
+        "the sandbox sees only its own processes, saw {pids}"
+    );
+    let (code, out, _) = Fixture::sh(
+        &sb,
+        "cat /etc/hostname; cat /proc/self/oom_score_adj; cat /proc/1/oom_score_adj; touch /.fastbox/execd 2>/dev/null && echo writable || echo readonly",
+    );
+    assert_eq!(code, 0);
+    // Lowering execd's OOM score needs CAP_SYS_RESOURCE, which some hosts withhold.
+    let execd_oom = if host_has_cap_sys_resource() {
+        "-1000"
+    } else {
+        "0"
+    };
+    assert_eq!(out, format!("{}\n0\n{execd_oom}\nreadonly\n", sb.handle.id));
+    f.host().destroy(&sb).unwrap();
+    f.finish();
+}
+
+fn host_has_cap_sys_resource() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .unwrap()
+        .trim();
+    u64::from_str_radix(eff, 16).unwrap() & (1 << 24) != 0
+}
+
+#[test]
+fn kernel_interfaces_are_masked_and_escapes_fail() {
+    skip_unless!(unavailable());
+    let f = fixture("b", 2);
+    let sb = f.start(0, StartOptions::default());
+    let checks = [
+        (
+            "echo '|/tmp/x' > /proc/sys/kernel/core_pattern",
+            "core_pattern is read-only",
+        ),
+        ("echo 1 > /proc/sysrq-trigger", "sysrq-trigger is read-only"),
+        ("unshare -n true", "no new network namespace"),
+        ("unshare -m true", "no new mount namespace"),
+        ("mount -t tmpfs none /mnt", "no mounts"),
+        ("insmod /nonexistent.ko", "no module loading"),
+        ("test -s /proc/kcore", "kcore is masked"),
+        ("ls /sys/firmware | grep -q .", "firmware is masked"),
+        ("touch /sys/kernel/x", "sys is read-only"),
+        ("ping -c1 -W1 127.0.0.1", "no raw sockets (NET_RAW dropped)"),
+    ];
+    for (script, what) in checks {
+        let (code, out, err) = Fixture::sh(&sb, script);
+        assert_ne!(code, 0, "{what}: `{script}` succeeded: {out}{err}");
+    }
+    let (code, out, _) = Fixture::sh(
+        &sb,
+        "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status",
+    );
+    assert_eq!(code, 0);
+    assert!(out.contains("NoNewPrivs:\t1"), "{out}");
+    assert!(out.contains("Seccomp:\t2"), "{out}");
+    // Docker's default set (0xa80425fb) minus NET_RAW (bit 13).
+    assert!(out.contains("CapEff:\t00000000a80405fb"), "{out}");
+    f.host().destroy(&sb).unwrap();
+    f.finish();
+}
+
+#[test]
+fn memory_pids_and_disk_limits_hold_inside_the_sandbox() {
+    skip_unless!(unavailable());
+    let f = fixture("c", 3);
+    let limits = CgroupLimits {
+        cpu_millis: Some(500),
+        memory_bytes: Some(64 << 20),
+        pids: Some(32),
+    };
+    let sb = f.start(
+        0,
+        StartOptions {
+            limits,
+            disk_bytes: Some(32 << 20),
+            ..Default::default()
+        },
+    );
+    // A memory hog (a shell variable grown past the limit) is OOM-killed; execd survives.
+    let (code, _, _) = Fixture::sh(
+        &sb,
+        "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo ${#x}",
+    );
+    assert_ne!(code, 0, "the memory hog must be killed");
+    assert_eq!(
+        Fixture::sh(&sb, "echo alive").0,
+        0,
+        "execd survives the OOM kill"
+    );
+    // A fork bomb hits the pids limit.
+    let (_, out, _) = Fixture::sh(
+        &sb,
+        "for i in $(seq 60); do sleep 3 & done 2>/dev/null; jobs -p | wc -l; kill $(jobs -p) 2>/dev/null; true",
+    );
+    let started: u32 = out.trim().parse().unwrap_or(0);
+    assert!(started < 32, "pids limit 32 let {started} sleeps start");
+    // A disk filler gets ENOSPC inside; the host is untouched.
+    let (code, _, err) = Fixture::sh(&sb, "dd if=/dev/zero of=/fill bs=1M count=100");
+    assert_ne!(code, 0);
+    assert!(err.contains("No space left"), "{err}");
+    assert_eq!(Fixture::sh(&sb, "rm /fill && echo ok").0, 0);
+    f.host().destroy(&sb).unwrap();
+    f.finish();
+}
+
+#[test]
+fn a_checkpointed_sandbox_restores_into_a_new_root_and_network_namespace() {
+    skip_unless!(unavailable());
+    let Some(criu_path) = fastbox_testkit::criu_path() else {
+        eprintln!("skipped: no CRIU (run scripts/setup.sh)");
+        return;
+    };
+    let criu = fastbox_runtime::criu::Criu::at(&criu_path).expect("CRIU >= 4.2");
+    let f = fixture("d", 4);
+    let sb = f.start(0, StartOptions::default());
+    // State to carry across: a file in the writable layer and a process holding a value in
+    // memory only.
+    let (code, _, _) = Fixture::sh(
+        &sb,
+        "echo on-disk > /marker; (secret=in-memory-$$; while sleep 1; do :; done) >/dev/null 2>&1 & echo started",
+    );
+    assert_eq!(code, 0);
+    let (_, before, _) = Fixture::sh(
+        &sb,
+        "ps -o pid,args | grep 'while sleep' | grep -v grep | wc -l",
+    );
+    let checkpoint = f.dir.path().join("ckpt");
+    let old_address = sb.slot.address;
+    f.host()
+        .checkpoint(&criu, &sb, &checkpoint)
+        .expect("checkpoint");
+
+    let restored = f
+        .host()
+        .restore(
+            &criu,
+            &checkpoint,
+            &f.rootfs,
+            f.dir.path(),
+            1,
+            &StartOptions {
+                id: format!("{}-r", f.prefix),
+                ..Default::default()
+            },
+        )
+        .expect("restore answers");
+    assert_ne!(
+        restored.slot.address, old_address,
+        "restored into another slot"
+    );
+    let (code, out, _) = Fixture::sh(
+        &restored,
+        "cat /marker; ps -o pid,args | grep 'while sleep' | grep -v grep | wc -l; cat /proc/1/cmdline | tr '\\0' ' '",
+    );
+    assert_eq!(code, 0);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "on-disk");
+    assert_eq!(
+        lines[1].trim(),
+        before.trim(),
+        "the background process was restored"
+    );
+    assert!(lines[2].starts_with("/.fastbox/execd"), "{}", lines[2]);
+    f.host().destroy(&restored).unwrap();
+    f.finish();
+}
+
+#[test]
+fn sandboxes_cannot_reach_the_host_or_each_other() {
+    skip_unless!(unavailable());
+    let f = fixture("e", 5);
+    let a = f.start(0, StartOptions::default());
+    let b = f.start(1, StartOptions::default());
+    // A host server on every address.
+    let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        listener.set_nonblocking(true).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        let mut accepted = 0;
+        while std::time::Instant::now() < deadline {
+            if listener.accept().is_ok() {
+                accepted += 1;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        accepted
+    });
+    let targets = [
+        (
+            a.slot.gateway.to_string(),
+            port,
+            "the host through the gateway",
+        ),
+        (
+            b.slot.gateway.to_string(),
+            port,
+            "the host through another slot's gateway",
+        ),
+        (
+            b.slot.address.to_string(),
+            fastbox_runtime::spec::EXECD_PORT,
+            "another sandbox's execd",
+        ),
+        (
+            "169.254.169.254".to_string(),
+            80,
+            "the link-local metadata address",
+        ),
+    ];
+    for (addr, port, what) in &targets {
+        let (code, out, err) = Fixture::sh(
+            &a,
+            &format!("timeout 3 nc -w 2 {addr} {port} </dev/null && echo connected"),
+        );
+        assert!(
+            !out.contains("connected"),
+            "{what} ({addr}:{port}) was reachable: {out}{err} (exit {code})"
+        );
+    }
+    // The host itself can reach b's execd (positive control: the drops are the filter's).
+    assert!(
+        std::net::TcpStream::connect((b.slot.address, fastbox_runtime::spec::EXECD_PORT)).is_ok()
+    );
+    let (_, resolv, _) = Fixture::sh(&a, "cat /etc/resolv.conf");
+    assert_eq!(resolv.trim(), format!("nameserver {}", a.slot.gateway));
+    let (_, v6, _) = Fixture::sh(&a, "cat /proc/sys/net/ipv6/conf/all/disable_ipv6");
+    assert_eq!(v6.trim(), "1", "IPv6 is off inside");
+    assert_eq!(
+        server.join().unwrap(),
+        0,
+        "the host server saw no connection"
+    );
+    f.host().destroy(&a).unwrap();
+    f.host().destroy(&b).unwrap();
+    f.finish();
+}

@@ -1,0 +1,208 @@
+//! Checkpoint a sandbox (CRIU images + its writable layer) and restore one into a new slot,
+//! root and cgroup. The checkpoint directory is self-describing (`checkpoint.json`), so a
+//! restore needs only the directory, the image rootfs and the execd of the recorded digest.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cgroup::{Cgroup, CgroupError, CgroupLimits, CgroupRoot};
+use crate::criu::{Criu, CriuError, DumpRequest, RestoreRequest};
+use crate::execd_binary::ExecdBinary;
+use crate::rootfs::{Rootfs, RootfsError};
+use crate::sandbox::{SandboxHandle, process_start_ticks};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("checkpoint of {id}: {source}")]
+    Criu { id: String, source: CriuError },
+    #[error("checkpoint of {id}: rootfs: {source}")]
+    Rootfs { id: String, source: RootfsError },
+    #[error("checkpoint of {id}: cgroup: {source}")]
+    Cgroup { id: String, source: CgroupError },
+    #[error("checkpoint of {id}: {what} {path}: {source}")]
+    Io {
+        id: String,
+        what: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("checkpoint {0} has no readable checkpoint.json")]
+    BadMetadata(PathBuf),
+    #[error("checkpoint needs execd {digest}, which is not in the store")]
+    MissingExecd { digest: String },
+}
+
+/// What `checkpoint.json` records.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckpointMeta {
+    /// The sandbox the checkpoint was taken of.
+    pub source_id: String,
+    /// Digest of the execd binary inside the images (restored with exactly that one).
+    pub execd_digest: String,
+    /// CRIU version that wrote the images.
+    pub criu_version: String,
+}
+
+/// Paths inside a checkpoint directory.
+pub fn images_dir(checkpoint: &Path) -> PathBuf {
+    checkpoint.join("criu")
+}
+fn upper_dir(checkpoint: &Path) -> PathBuf {
+    checkpoint.join("upper")
+}
+
+/// Dump `handle` into `out` (the sandbox is killed by the dump) and save its writable layer.
+pub fn checkpoint(
+    criu: &Criu,
+    handle: &SandboxHandle,
+    out: &Path,
+) -> Result<CheckpointMeta, CheckpointError> {
+    let id = handle.id.clone();
+    let images = images_dir(out);
+    criu.dump(&DumpRequest {
+        init_pid: handle.init_pid,
+        netns: &handle.netns,
+        images: &images,
+        leave_running: false,
+    })
+    .map_err(|source| CheckpointError::Criu {
+        id: id.clone(),
+        source,
+    })?;
+    copy_tree(&id, &handle.rootfs().upper, &upper_dir(out))?;
+    let meta = CheckpointMeta {
+        source_id: id.clone(),
+        execd_digest: handle.execd_digest.clone(),
+        criu_version: criu.version.clone(),
+    };
+    let path = out.join("checkpoint.json");
+    fs::write(
+        &path,
+        serde_json::to_vec_pretty(&meta).expect("metadata serializes"),
+    )
+    .map_err(|source| CheckpointError::Io {
+        id,
+        what: "write",
+        path,
+        source,
+    })?;
+    Ok(meta)
+}
+
+/// Where and how a checkpoint is restored.
+#[derive(Debug, Clone)]
+pub struct RestoreTarget<'a> {
+    pub id: &'a str,
+    pub prefix: &'a str,
+    /// The image rootfs the checkpoint was taken over.
+    pub lower: &'a Path,
+    /// The new sandbox's directory.
+    pub dir: &'a Path,
+    pub netns: &'a Path,
+    pub limits: &'a CgroupLimits,
+    pub disk_bytes: u64,
+    /// The execd store (`ExecdBinary::lookup`).
+    pub execd_store: &'a Path,
+    /// Close established TCP connections (a clone) instead of restoring them.
+    pub tcp_close: bool,
+}
+
+/// Restore the checkpoint at `checkpoint` as a new sandbox.
+pub fn restore(
+    criu: &Criu,
+    cgroups: &CgroupRoot,
+    checkpoint: &Path,
+    target: &RestoreTarget<'_>,
+) -> Result<SandboxHandle, CheckpointError> {
+    let id = target.id.to_string();
+    let meta: CheckpointMeta = fs::read(checkpoint.join("checkpoint.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| CheckpointError::BadMetadata(checkpoint.to_path_buf()))?;
+    let execd = ExecdBinary::lookup(target.execd_store, &meta.execd_digest).ok_or_else(|| {
+        CheckpointError::MissingExecd {
+            digest: meta.execd_digest.clone(),
+        }
+    })?;
+    // CRIU writes its restore log and pidfile next to the images: work on a private copy so
+    // one checkpoint can be restored many times, concurrently.
+    let images = target.dir.join("restore-images");
+    let rootfs = Rootfs::create(
+        target.dir,
+        target.lower,
+        target.disk_bytes,
+        Some(&upper_dir(checkpoint)),
+    )
+    .map_err(|source| CheckpointError::Rootfs {
+        id: id.clone(),
+        source,
+    })?;
+    let result = copy_tree(&id, &images_dir(checkpoint), &images).and_then(|()| {
+        let cgroup =
+            Cgroup::create(cgroups, target.prefix, target.id, target.limits).map_err(|source| {
+                CheckpointError::Cgroup {
+                    id: id.clone(),
+                    source,
+                }
+            })?;
+        criu.restore(&RestoreRequest {
+            images: &images,
+            root: &rootfs.root,
+            netns: target.netns,
+            execd_host: &execd.path,
+            cgroup_procs: cgroup.procs_files(),
+            tcp_close: target.tcp_close,
+        })
+        .map_err(|source| {
+            let _ = cgroup.kill_all();
+            let _ = cgroup.remove();
+            CheckpointError::Criu {
+                id: id.clone(),
+                source,
+            }
+        })
+    });
+    match result {
+        Ok(init_pid) => Ok(SandboxHandle {
+            id,
+            prefix: target.prefix.to_string(),
+            init_pid,
+            init_start_ticks: process_start_ticks(init_pid).unwrap_or_default(),
+            dir: target.dir.to_path_buf(),
+            execd_digest: meta.execd_digest,
+            netns: target.netns.to_path_buf(),
+        }),
+        Err(e) => {
+            let _ = rootfs.destroy();
+            let _ = fs::remove_dir_all(target.dir);
+            Err(e)
+        }
+    }
+}
+
+/// `cp -a` (keeps ownership, modes, xattrs, device nodes and overlay whiteouts).
+fn copy_tree(id: &str, from: &Path, to: &Path) -> Result<(), CheckpointError> {
+    let io_err = |source| CheckpointError::Io {
+        id: id.to_string(),
+        what: "copy",
+        path: from.to_path_buf(),
+        source,
+    };
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .map_err(io_err)?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(io_err(io::Error::other(format!(
+            "cp -a exited with {status}"
+        ))))
+    }
+}

@@ -1,0 +1,319 @@
+//! CRIU, driven through its command line: version checks, dump and restore of a sandbox's
+//! process tree. The CLI keeps the full log of every run next to the images, which is what
+//! makes failures debuggable.
+//!
+//! A sandbox lives in a network namespace and behind a read-only execd bind mount that both
+//! come from the host; they are dumped as *external* resources with fixed keys and supplied
+//! anew at restore (`--inherit-fd` for the namespace, `--external mnt[..]` for execd), so a
+//! checkpoint can be restored into another slot, another root and with exactly the execd
+//! binary it was taken with.
+
+use std::fs;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::spec::EXECD_SANDBOX_PATH;
+
+/// The oldest CRIU that works on the kernels fastbox runs on (DESIGN §7).
+pub const MIN_VERSION: (u32, u32) = (4, 2);
+/// The command that installs a suitable CRIU.
+pub const SETUP_COMMAND: &str = "scripts/setup.sh";
+
+const NETNS_KEY: &str = "fastbox-net";
+const EXECD_KEY: &str = "fastbox-execd";
+/// The descriptor number under which the target network namespace is passed to a restore.
+const NETNS_FD: i32 = 3;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CriuError {
+    #[error("criu not found at {0}: run {SETUP_COMMAND} to install CRIU >= 4.2")]
+    Missing(PathBuf),
+    #[error("criu {found} at {path} is too old: fastbox needs CRIU >= 4.2 (run {SETUP_COMMAND})")]
+    TooOld { path: PathBuf, found: String },
+    #[error("could not read the version of {path}: {output}")]
+    Version { path: PathBuf, output: String },
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("criu {action} failed ({status}); log {log}:\n{tail}")]
+    Failed {
+        action: &'static str,
+        status: String,
+        log: PathBuf,
+        tail: String,
+    },
+    #[error("criu restore wrote no pidfile {0}")]
+    NoPid(PathBuf),
+}
+
+/// A CRIU binary known to be new enough.
+#[derive(Debug, Clone)]
+pub struct Criu {
+    pub path: PathBuf,
+    pub version: String,
+}
+
+/// What a dump needs to know about the sandbox.
+#[derive(Debug, Clone)]
+pub struct DumpRequest<'a> {
+    pub init_pid: i32,
+    pub netns: &'a Path,
+    pub images: &'a Path,
+    /// Keep the sandbox running after the dump (a live snapshot) instead of killing it.
+    pub leave_running: bool,
+}
+
+/// What a restore needs: the images, and the new home of the tree.
+#[derive(Debug, Clone)]
+pub struct RestoreRequest<'a> {
+    pub images: &'a Path,
+    /// The mounted overlay that becomes the restored tree's root.
+    pub root: &'a Path,
+    /// The network namespace file of the target slot.
+    pub netns: &'a Path,
+    /// The execd binary on the host (same digest as at dump time).
+    pub execd_host: &'a Path,
+    /// `cgroup.procs` files the restored tree is put into.
+    pub cgroup_procs: Vec<PathBuf>,
+    /// Close established TCP connections instead of restoring them (clones).
+    pub tcp_close: bool,
+}
+
+impl Criu {
+    /// Use the CRIU at `path`, refusing versions older than [`MIN_VERSION`].
+    pub fn at(path: &Path) -> Result<Self, CriuError> {
+        let output = Command::new(path)
+            .arg("--version")
+            .output()
+            .map_err(|_| CriuError::Missing(path.to_path_buf()))?;
+        let text = String::from_utf8_lossy(&output.stdout).to_string();
+        let version = parse_version(&text).ok_or_else(|| CriuError::Version {
+            path: path.to_path_buf(),
+            output: text.trim().to_string(),
+        })?;
+        let found = format!(
+            "{}.{}{}",
+            version.0,
+            version.1,
+            version.2.map(|p| format!(".{p}")).unwrap_or_default()
+        );
+        if (version.0, version.1) < MIN_VERSION {
+            return Err(CriuError::TooOld {
+                path: path.to_path_buf(),
+                found,
+            });
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            version: found,
+        })
+    }
+
+    /// Dump the tree rooted at the sandbox init into `images`.
+    pub fn dump(&self, req: &DumpRequest<'_>) -> Result<(), CriuError> {
+        fs::create_dir_all(req.images).map_err(|source| CriuError::Io {
+            what: "create",
+            path: req.images.to_path_buf(),
+            source,
+        })?;
+        let netns_inode = fs::metadata(req.netns)
+            .map_err(|source| CriuError::Io {
+                what: "stat",
+                path: req.netns.to_path_buf(),
+                source,
+            })?
+            .ino();
+        let mut cmd = Command::new(&self.path);
+        cmd.arg("dump")
+            .arg("--tree")
+            .arg(req.init_pid.to_string())
+            .arg("--images-dir")
+            .arg(req.images)
+            .args(["--log-file", "dump.log", "-v4"])
+            .arg("--external")
+            .arg(format!("net[{netns_inode}]:{NETNS_KEY}"))
+            .arg("--external")
+            .arg(format!("mnt[{EXECD_SANDBOX_PATH}]:{EXECD_KEY}"))
+            .args(COMMON_OPTIONS);
+        if req.leave_running {
+            cmd.arg("--leave-running");
+        }
+        run(cmd, "dump", &req.images.join("dump.log"))
+    }
+
+    /// Restore `images` into the given root, network namespace and cgroups; returns the host
+    /// pid of the restored init.
+    pub fn restore(&self, req: &RestoreRequest<'_>) -> Result<i32, CriuError> {
+        let pidfile = req.images.join("restore.pid");
+        let _ = fs::remove_file(&pidfile);
+        let netns = fs::File::open(req.netns).map_err(|source| CriuError::Io {
+            what: "open",
+            path: req.netns.to_path_buf(),
+            source,
+        })?;
+        let procs = req
+            .cgroup_procs
+            .iter()
+            .map(|p| {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(p)
+                    .map_err(|source| CriuError::Io {
+                        what: "open",
+                        path: p.clone(),
+                        source,
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut cmd = Command::new(&self.path);
+        cmd.arg("restore")
+            .arg("--images-dir")
+            .arg(req.images)
+            .args(["--log-file", "restore.log", "-v4"])
+            .arg("--root")
+            .arg(req.root)
+            .arg("--inherit-fd")
+            .arg(format!("fd[{NETNS_FD}]:{NETNS_KEY}"))
+            .arg("--external")
+            .arg(format!("mnt[{EXECD_KEY}]:{}", req.execd_host.display()))
+            .arg("--restore-detached")
+            .arg("--pidfile")
+            .arg(&pidfile)
+            .args(COMMON_OPTIONS);
+        if req.tcp_close {
+            cmd.arg("--tcp-close");
+        }
+        let netns_fd = netns.as_raw_fd();
+        let proc_fds: Vec<i32> = procs.iter().map(|f| f.as_raw_fd()).collect();
+        // SAFETY: the closure only calls async-signal-safe functions (getpid, write, dup2)
+        // on descriptors opened before the fork, and formats into a stack buffer.
+        unsafe {
+            cmd.pre_exec(move || {
+                let mut buf = [0u8; 12];
+                let text = format_pid(libc::getpid(), &mut buf);
+                for fd in &proc_fds {
+                    if libc::write(*fd, text.as_ptr().cast(), text.len()) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                if libc::dup2(netns_fd, NETNS_FD) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        run(cmd, "restore", &req.images.join("restore.log"))?;
+        drop((netns, procs));
+        let pid = fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or_else(|| CriuError::NoPid(pidfile.clone()))?;
+        Ok(pid)
+    }
+}
+
+/// Options every dump and restore shares.
+const COMMON_OPTIONS: &[&str] = &[
+    // Restored tasks go into the cgroup fastbox prepared; CRIU leaves cgroups alone.
+    "--manage-cgroups=ignore",
+    // Listening and established sockets of execd and user code.
+    "--tcp-established",
+    "--file-locks",
+    // The slot's namespace is fresh and unshared: there is nothing to lock.
+    "--network-lock",
+    "skip",
+];
+
+/// Writes the decimal `pid` into `buf` and returns the used part (no allocation).
+fn format_pid(pid: i32, buf: &mut [u8; 12]) -> &[u8] {
+    let mut n = pid.unsigned_abs();
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    &buf[i..]
+}
+
+fn run(mut cmd: Command, action: &'static str, log: &Path) -> Result<(), CriuError> {
+    let output = cmd.output().map_err(|source| CriuError::Io {
+        what: "run",
+        path: PathBuf::from(format!("criu {action}")),
+        source,
+    })?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let text = fs::read_to_string(log)
+        .unwrap_or_else(|_| String::from_utf8_lossy(&output.stderr).to_string());
+    let tail: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("Error") || l.contains("rror ("))
+        .collect();
+    let tail = if tail.is_empty() {
+        text.lines()
+            .rev()
+            .take(15)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
+    } else {
+        tail.join("\n")
+    };
+    Err(CriuError::Failed {
+        action,
+        status: output.status.to_string(),
+        log: log.to_path_buf(),
+        tail,
+    })
+}
+
+/// `Version: 4.2` or `Version: 4.2.1` in `criu --version` output.
+fn parse_version(text: &str) -> Option<(u32, u32, Option<u32>)> {
+    let line = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Version:"))?;
+    let mut parts = line.trim().split('.').map(|p| p.parse::<u32>().ok());
+    Some((parts.next()??, parts.next()??, parts.next().flatten()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_parse_from_criu_output() {
+        assert_eq!(parse_version("Version: 4.2\n"), Some((4, 2, None)));
+        assert_eq!(
+            parse_version("Version: 3.17.1\nGitID: x\n"),
+            Some((3, 17, Some(1)))
+        );
+        assert_eq!(parse_version("nonsense"), None);
+    }
+
+    #[test]
+    fn pids_format_without_allocation() {
+        let mut buf = [0u8; 12];
+        assert_eq!(format_pid(1, &mut buf), b"1");
+        assert_eq!(format_pid(4194304, &mut buf), b"4194304");
+    }
+
+    #[test]
+    fn missing_criu_names_the_setup_command() {
+        let err = Criu::at(Path::new("/nonexistent/criu")).unwrap_err();
+        assert!(err.to_string().contains(SETUP_COMMAND), "{err}");
+    }
+}

@@ -1,0 +1,203 @@
+//! The sandbox root: an overlay whose lower layer is the image rootfs and whose upper layer
+//! lives on a per-sandbox, size-limited filesystem (a sparse ext4 image on a loop device), so
+//! a full sandbox gets ENOSPC inside while the host disk is untouched.
+//!
+//! The overlay is mounted here, in the host mount namespace, and handed to the sandbox as its
+//! root: a restore can then be pointed at a new root (`criu restore --root`).
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RootfsError {
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("{command} failed: {stderr}")]
+    Command { command: String, stderr: String },
+    #[error("mount {what} at {path}: {source}")]
+    Mount {
+        what: &'static str,
+        path: PathBuf,
+        source: nix::Error,
+    },
+    #[error("image rootfs {0} does not exist")]
+    MissingLower(PathBuf),
+}
+
+/// The mounted root of one sandbox.
+#[derive(Debug, Clone)]
+pub struct Rootfs {
+    /// The overlay mount point: the sandbox's `/`.
+    pub root: PathBuf,
+    /// The overlay's upper directory (the sandbox's changes).
+    pub upper: PathBuf,
+    layer_mount: PathBuf,
+    layer_image: PathBuf,
+}
+
+impl Rootfs {
+    /// Paths used for the sandbox directory `dir` (nothing is created).
+    pub fn at(dir: &Path) -> Self {
+        let layer_mount = dir.join("layer");
+        Self {
+            root: dir.join("rootfs"),
+            upper: layer_mount.join("upper"),
+            layer_image: dir.join("layer.img"),
+            layer_mount,
+        }
+    }
+
+    /// Create the writable layer (`disk_bytes` large) and mount the overlay over `lower`.
+    /// `seed_upper`, when given, is copied into the new upper layer first (a restore of a
+    /// sandbox whose writable layer was saved).
+    pub fn create(
+        dir: &Path,
+        lower: &Path,
+        disk_bytes: u64,
+        seed_upper: Option<&Path>,
+    ) -> Result<Self, RootfsError> {
+        if !lower.is_dir() {
+            return Err(RootfsError::MissingLower(lower.to_path_buf()));
+        }
+        let this = Self::at(dir);
+        create_dir(dir)?;
+        let image = fs::File::create(&this.layer_image).map_err(io("create", &this.layer_image))?;
+        image
+            .set_len(disk_bytes)
+            .map_err(io("size", &this.layer_image))?;
+        drop(image);
+        run(Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-O", "^has_journal", "-m", "0"])
+            .args(["-E", "lazy_itable_init=1,nodiscard"])
+            .arg(&this.layer_image))?;
+        create_dir(&this.layer_mount)?;
+        run(Command::new("mount")
+            .args(["-o", "loop,noatime"])
+            .arg(&this.layer_image)
+            .arg(&this.layer_mount))?;
+        let work = this.layer_mount.join("work");
+        create_dir(&work)?;
+        match seed_upper {
+            Some(seed) => run(Command::new("cp").arg("-a").arg(seed).arg(&this.upper))?,
+            None => create_dir(&this.upper)?,
+        }
+        create_dir(&this.root)?;
+        let options = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            this.upper.display(),
+            work.display()
+        );
+        mount(
+            Some("overlay"),
+            &this.root,
+            Some("overlay"),
+            MsFlags::empty(),
+            Some(options.as_str()),
+        )
+        .map_err(|source| RootfsError::Mount {
+            what: "overlay",
+            path: this.root.clone(),
+            source,
+        })?;
+        Ok(this)
+    }
+
+    /// Unmount the overlay and the writable layer and delete the sandbox's files.
+    /// Idempotent: missing pieces are skipped.
+    pub fn destroy(&self) -> Result<(), RootfsError> {
+        for point in [&self.root, &self.layer_mount] {
+            unmount_if_mounted(point)?;
+        }
+        for file in [&self.layer_image] {
+            if let Err(e) = fs::remove_file(file)
+                && e.kind() != io::ErrorKind::NotFound
+            {
+                return Err(RootfsError::Io {
+                    what: "remove",
+                    path: file.clone(),
+                    source: e,
+                });
+            }
+        }
+        for dir in [&self.root, &self.layer_mount] {
+            let _ = fs::remove_dir(dir);
+        }
+        Ok(())
+    }
+}
+
+/// Detach-unmount `path` if something is mounted there.
+pub(crate) fn unmount_if_mounted(path: &Path) -> Result<(), RootfsError> {
+    if !is_mount_point(path) {
+        return Ok(());
+    }
+    umount2(path, MntFlags::MNT_DETACH).map_err(|source| RootfsError::Mount {
+        what: "unmount",
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// True when `path` is listed as a mount point in this process's mount table.
+pub fn is_mount_point(path: &Path) -> bool {
+    let Ok(table) = fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let wanted = path.to_string_lossy();
+    table
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|p| unescape_mount_path(p) == wanted)
+}
+
+/// Mount points under `/proc/self/mountinfo` containing `needle` (leak checks by prefix).
+pub fn mounts_containing(needle: &str) -> Vec<String> {
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape_mount_path)
+        .filter(|p| p.contains(needle))
+        .collect()
+}
+
+fn unescape_mount_path(p: &str) -> String {
+    p.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+fn create_dir(path: &Path) -> Result<(), RootfsError> {
+    fs::create_dir_all(path).map_err(io("create", path))
+}
+
+fn io(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> RootfsError {
+    let path = path.to_path_buf();
+    move |source| RootfsError::Io { what, path, source }
+}
+
+fn run(cmd: &mut Command) -> Result<(), RootfsError> {
+    let command = format!("{cmd:?}");
+    let out = cmd.output().map_err(|e| RootfsError::Command {
+        command: command.clone(),
+        stderr: e.to_string(),
+    })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(RootfsError::Command {
+            command,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
