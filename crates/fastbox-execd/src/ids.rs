@@ -28,10 +28,26 @@ pub fn random_hex(n: usize) -> String {
     hex(&b)
 }
 
+/// Fills `buf` from getrandom(2), called directly: in a static glibc binary the `getrandom`
+/// crate cannot find the libc symbol (it looks it up with dlsym) and falls back to opening
+/// `/dev/urandom`, which may not exist in the sandbox and would stay open afterwards.
 fn fill(buf: &mut [u8]) {
-    // getrandom(2) only fails if the kernel has no entropy source at all; an id that is not
-    // random would silently break clone safety, so there is no fallback.
-    getrandom::fill(buf).expect("getrandom(2) failed");
+    let mut filled = 0;
+    while filled < buf.len() {
+        let rest = &mut buf[filled..];
+        // SAFETY: `rest` is valid for writes of `rest.len()` bytes.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            // Only a kernel without getrandom(2) or a seccomp filter denying it gets here; an
+            // id that is not random would silently break clone safety, so there is no fallback.
+            panic!("getrandom(2) failed: {err}");
+        }
+        filled += n as usize;
+    }
 }
 
 fn hex(bytes: &[u8]) -> String {

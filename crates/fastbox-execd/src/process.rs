@@ -25,7 +25,7 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 
 /// Where the child's standard streams go.
 pub enum Stdio3 {
-    /// stdout and stderr are pipes; stdin is a pipe when `stdin` is true, else /dev/null.
+    /// stdout and stderr are pipes; stdin is a pipe when `stdin` is true, else empty.
     Pipes { stdin: bool },
     /// All three are this terminal, which also becomes the controlling tty of a new session.
     Tty(OwnedFd),
@@ -71,7 +71,18 @@ pub fn launch(reaper: &Reaper, launch: Launch) -> Result<Spawned, LaunchError> {
     }
     let tty = match launch.stdio {
         Stdio3::Pipes { stdin } => {
-            cmd.stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+            // Not /dev/null: the sandbox's root filesystem may have no /dev at all. A pipe
+            // whose write end is closed reads as EOF just the same.
+            let stdin = if stdin {
+                Stdio::piped()
+            } else {
+                let (reader, _writer) = std::io::pipe().map_err(|source| LaunchError::Spawn {
+                    program: launch.program.to_string_lossy().into_owned(),
+                    source,
+                })?;
+                Stdio::from(reader)
+            };
+            cmd.stdin(stdin)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
             false
