@@ -4,10 +4,14 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
 
 use fastbox_cli::local_sandbox::{LocalHost, LocalSandbox, StartOptions};
+use fastbox_runtime::criu::Criu;
 use fastbox_runtime::execd_binary::ExecdBinary;
+use fastbox_runtime::net::NetSlot;
+use fastbox_runtime::sandbox::SandboxHandle;
 
 pub struct Fixture {
     pub host: Option<LocalHost>,
@@ -15,6 +19,8 @@ pub struct Fixture {
     pub execd: ExecdBinary,
     pub prefix: String,
     pub dir: tempfile::TempDir,
+    /// Sandboxes not yet destroyed: removed by `Drop` when a test fails half-way.
+    live: RefCell<Vec<(SandboxHandle, NetSlot)>>,
 }
 
 /// Why these tests cannot run here, if they cannot.
@@ -62,6 +68,7 @@ pub fn fixture(tag: &str, pool: u8) -> Fixture {
         execd,
         prefix,
         dir,
+        live: RefCell::new(Vec::new()),
     }
 }
 
@@ -79,9 +86,47 @@ impl Fixture {
             },
             ..opts
         };
-        self.host()
+        let sb = self
+            .host()
             .start(&self.rootfs, &self.execd, slot, &opts)
-            .expect("sandbox starts")
+            .expect("sandbox starts");
+        self.track(&sb);
+        sb
+    }
+
+    /// Restore `checkpoint` as a new sandbox in `slot`.
+    pub fn restore(&self, criu: &Criu, checkpoint: &Path, slot: u32, id: &str) -> LocalSandbox {
+        let opts = StartOptions {
+            id: id.to_string(),
+            ..Default::default()
+        };
+        let sb = self
+            .host()
+            .restore(criu, checkpoint, &self.rootfs, self.dir.path(), slot, &opts)
+            .expect("restore answers");
+        self.track(&sb);
+        sb
+    }
+
+    /// Checkpoint `sb` into `out` (the sandbox stops and is removed).
+    pub fn checkpoint(&self, criu: &Criu, sb: &LocalSandbox, out: &Path) {
+        self.host().checkpoint(criu, sb, out).expect("checkpoint");
+        self.untrack(sb);
+    }
+
+    pub fn destroy(&self, sb: &LocalSandbox) {
+        self.host().destroy(sb).expect("destroy");
+        self.untrack(sb);
+    }
+
+    fn track(&self, sb: &LocalSandbox) {
+        self.live
+            .borrow_mut()
+            .push((sb.handle.clone(), sb.slot.clone()));
+    }
+
+    fn untrack(&self, sb: &LocalSandbox) {
+        self.live.borrow_mut().retain(|(h, _)| h.id != sb.handle.id);
     }
 
     /// Run a shell command in the sandbox; returns (exit code, stdout, stderr).
@@ -96,6 +141,7 @@ impl Fixture {
                 match e.kind.as_str() {
                     "stdout" => out.push_str(&format!("{text}\n")),
                     "stderr" => err.push_str(&format!("{text}\n")),
+                    "error" => err.push_str(&format!("error event: {e:?}\n")),
                     _ => {}
                 }
             })
@@ -105,9 +151,26 @@ impl Fixture {
 
     /// Tear the instance down and assert nothing with its prefix is left on the host.
     pub fn finish(mut self) {
+        assert!(
+            self.live.borrow().is_empty(),
+            "the test left sandboxes running"
+        );
         let host = self.host.take().unwrap();
         host.teardown().expect("teardown");
         let leftovers = fastbox_cli::local_sandbox::leftovers(&self.prefix);
         assert!(leftovers.is_empty(), "leaked host state: {leftovers:?}");
+    }
+}
+
+impl Drop for Fixture {
+    /// A failed test still removes what it made, so later runs start clean.
+    fn drop(&mut self) {
+        let Some(host) = self.host.take() else { return };
+        for (handle, slot) in self.live.borrow_mut().drain(..) {
+            let _ = fastbox_runtime::sandbox::destroy(&handle, &host.cgroups);
+            let _ = host.network.destroy_slot(&slot);
+        }
+        let _ = host.teardown();
+        let _ = fastbox_runtime::net::HostNetwork::purge(&self.prefix);
     }
 }
