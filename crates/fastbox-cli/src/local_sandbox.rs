@@ -106,7 +106,7 @@ impl LocalHost {
             execd_args: vec![],
             entrypoint: opts.entrypoint.clone(),
             env,
-            limits: opts.limits.clone(),
+            limits: opts.limits,
             disk_bytes: opts
                 .disk_bytes
                 .unwrap_or(fastbox_runtime::spec::DEFAULT_DISK_BYTES),
