@@ -96,6 +96,7 @@ pub fn start(
                 execd_host: spec.execd.path.clone(),
                 argv: execd_argv(spec),
                 env: spec.env.clone(),
+                keep_mknod: cgroups.version() == crate::cgroup::CgroupVersion::V1,
             };
             run_helper(&id, helper, &config, &cgroup).inspect_err(|_| {
                 let _ = cgroup.kill_all();

@@ -40,8 +40,12 @@ pub(super) fn protect_from_oom() -> Result<(), String> {
     }
 }
 
-pub(super) fn apply(seccomp: &seccompiler::BpfProgram) -> Result<(), String> {
-    let keep: CapsHashSet = SANDBOX_CAPABILITIES.iter().copied().collect();
+pub(super) fn apply(seccomp: &seccompiler::BpfProgram, keep_mknod: bool) -> Result<(), String> {
+    let keep: CapsHashSet = SANDBOX_CAPABILITIES
+        .iter()
+        .copied()
+        .filter(|c| keep_mknod || *c != Capability::CAP_MKNOD)
+        .collect();
     for cap in caps::all() {
         if !keep.contains(&cap) {
             caps::drop(None, CapSet::Bounding, cap)

@@ -41,6 +41,9 @@ pub struct InitConfig {
     pub argv: Vec<String>,
     /// Environment of the init (`KEY=VALUE`).
     pub env: Vec<String>,
+    /// Keep `CAP_MKNOD`: only where a devices cgroup confines which nodes can be opened
+    /// (cgroup v1); on v2 a sandbox with `CAP_MKNOD` could make and open a host disk's node.
+    pub keep_mknod: bool,
 }
 
 /// The helper's one-line answer on stdout.
@@ -168,7 +171,7 @@ fn child_main(config: &InitConfig, prepared: &Prepared) -> String {
     if let Err(e) = redirect_stdio() {
         return e;
     }
-    if let Err(e) = hardening::apply(&prepared.seccomp) {
+    if let Err(e) = hardening::apply(&prepared.seccomp, config.keep_mknod) {
         return e;
     }
     let err = nix::unistd::execve(&prepared.argv[0], &prepared.argv, &prepared.env)
