@@ -45,6 +45,8 @@ export FASTBOX_CRIU=${FASTBOX_CRIU:-$FASTBOX_DEPS/criu/bin/criu}
 export FASTBOX_EXECD_BIN=$FASTBOX_ROOT/target/x86_64-unknown-linux-gnu/release/fastbox-execd
 FASTBOX_TEST_PREFIX=fbt$(od -An -N2 -tx1 /dev/urandom | tr -d ' \n')
 export FASTBOX_TEST_PREFIX
+# The offline Debian recipe is built for real (about a minute; the debootstrap test).
+export FASTBOX_TEST_DEBOOTSTRAP=${FASTBOX_TEST_DEBOOTSTRAP:-1}
 fb_log "FASTBOX_REPO=$FASTBOX_REPO"
 fb_log "FASTBOX_CRIU=$FASTBOX_CRIU ($("$FASTBOX_CRIU" --version 2>/dev/null | head -n1 || echo 'not runnable'))"
 fb_log "FASTBOX_EXECD_BIN=$FASTBOX_EXECD_BIN"

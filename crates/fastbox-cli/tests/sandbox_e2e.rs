@@ -42,6 +42,15 @@ fn sandbox_runs_execd_as_pid1_and_sees_only_itself() {
         "0"
     };
     assert_eq!(out, format!("{}\n0\n{execd_oom}\nreadonly\n", sb.handle.id));
+    // Idle execd holds no open file on the writable layer (a checkpoint must not depend on
+    // one): its descriptors are /dev/null, pipes, sockets and anonymous inodes only.
+    let (code, out, _) = Fixture::sh(&sb, "for fd in /proc/1/fd/*; do readlink $fd; done");
+    assert_eq!(code, 0);
+    let files: Vec<&str> = out
+        .lines()
+        .filter(|t| t.starts_with('/') && *t != "/dev/null")
+        .collect();
+    assert!(files.is_empty(), "execd holds files open: {files:?}");
     f.destroy(&sb);
     f.finish();
 }
