@@ -84,10 +84,18 @@ impl LocalHost {
         slot_index: u32,
         opts: &StartOptions,
     ) -> anyhow::Result<LocalSandbox> {
-        let slot = self
-            .network
-            .create_slot(slot_index)
-            .context("create network slot")?;
+        self.in_new_slot(slot_index, opts, |slot| {
+            self.start_in(slot, rootfs, execd, opts)
+        })
+    }
+
+    fn start_in(
+        &self,
+        slot: &NetSlot,
+        rootfs: &Path,
+        execd: &ExecdBinary,
+        opts: &StartOptions,
+    ) -> anyhow::Result<SandboxHandle> {
         let mut env =
             vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()];
         env.extend(opts.env.iter().cloned());
@@ -111,14 +119,7 @@ impl LocalHost {
                 .disk_bytes
                 .unwrap_or(fastbox_runtime::spec::DEFAULT_DISK_BYTES),
         };
-        let handle = match sandbox::start(&spec, &self.helper, &self.cgroups) {
-            Ok(h) => h,
-            Err(e) => {
-                let _ = self.network.destroy_slot(&slot);
-                return Err(e.into());
-            }
-        };
-        self.ready(handle, slot, opts)
+        Ok(sandbox::start(&spec, &self.helper, &self.cgroups)?)
     }
 
     /// Checkpoint `sandbox` into `out` with CRIU (the sandbox stops) and free its slot.
@@ -143,33 +144,49 @@ impl LocalHost {
         slot_index: u32,
         opts: &StartOptions,
     ) -> anyhow::Result<LocalSandbox> {
+        self.in_new_slot(slot_index, opts, |slot| {
+            let dir = self.data_dir.join("sandboxes").join(&opts.id);
+            let target = RestoreTarget {
+                id: &opts.id,
+                prefix: &self.prefix,
+                lower: rootfs,
+                dir: &dir,
+                netns: &slot.netns_path,
+                limits: &opts.limits,
+                disk_bytes: opts
+                    .disk_bytes
+                    .unwrap_or(fastbox_runtime::spec::DEFAULT_DISK_BYTES),
+                execd_store,
+                tcp_close: true,
+            };
+            Ok(fastbox_runtime::checkpoint::restore(
+                criu,
+                &self.cgroups,
+                checkpoint,
+                &target,
+            )?)
+        })
+    }
+
+    /// Create network slot `index`, run `place` to put a sandbox into it, wait for its execd;
+    /// the slot is removed again when placing fails.
+    fn in_new_slot(
+        &self,
+        index: u32,
+        opts: &StartOptions,
+        place: impl FnOnce(&NetSlot) -> anyhow::Result<SandboxHandle>,
+    ) -> anyhow::Result<LocalSandbox> {
         let slot = self
             .network
-            .create_slot(slot_index)
+            .create_slot(index)
             .context("create network slot")?;
-        let dir = self.data_dir.join("sandboxes").join(&opts.id);
-        let target = RestoreTarget {
-            id: &opts.id,
-            prefix: &self.prefix,
-            lower: rootfs,
-            dir: &dir,
-            netns: &slot.netns_path,
-            limits: &opts.limits,
-            disk_bytes: opts
-                .disk_bytes
-                .unwrap_or(fastbox_runtime::spec::DEFAULT_DISK_BYTES),
-            execd_store,
-            tcp_close: true,
-        };
-        let handle =
-            match fastbox_runtime::checkpoint::restore(criu, &self.cgroups, checkpoint, &target) {
-                Ok(h) => h,
-                Err(e) => {
-                    let _ = self.network.destroy_slot(&slot);
-                    return Err(e.into());
-                }
-            };
-        self.ready(handle, slot, opts)
+        match place(&slot) {
+            Ok(handle) => self.ready(handle, slot, opts),
+            Err(e) => {
+                let _ = self.network.destroy_slot(&slot);
+                Err(e)
+            }
+        }
     }
 
     /// Wrap a started sandbox, wait for its execd, and tear it down if it never answers.

@@ -69,7 +69,7 @@ impl HostArgs {
             candidates.push(root.join("target/x86_64-unknown-linux-gnu/release/fastbox-execd"));
         }
         candidates.into_iter().find(|p| p.exists()).context(
-            "no static fastbox-execd found: build it with scripts/build-execd.sh or pass --execd",
+            "no static fastbox-execd found: scripts/fastbox builds it (or pass --execd / FASTBOX_EXECD_BIN)",
         )
     }
 }

@@ -30,7 +30,7 @@ pub fn unavailable() -> Option<String> {
     }
     if fastbox_testkit::execd_path().is_none() {
         return Some(
-            "no static execd: build it with scripts/build-execd.sh or set FASTBOX_EXECD_BIN".into(),
+            "no static execd: scripts/test.sh builds it (or set FASTBOX_EXECD_BIN)".into(),
         );
     }
     None
