@@ -156,29 +156,15 @@ impl ImageCache {
             ImageSource::Recipe(r) => self.resolve_recipe(reference, r, progress),
             ImageSource::OciLayout { path, selector } => {
                 let path = canonical_path(reference, &path)?;
-                let tree = DirTree(path.clone());
                 let canonical = with_selector("oci", &path, selector.as_deref());
-                let prepared = crate::local::prepare_oci_layout(
-                    &tree,
-                    selector.as_deref(),
-                    &self.cfg.platform,
-                    reference,
-                    progress,
-                )?;
-                self.resolve_prepared(reference, canonical, &prepared, &TreeBlobs(&tree), progress)
+                let tree = DirTree(path);
+                self.resolve_oci_tree(reference, canonical, &tree, selector.as_deref(), progress)
             }
             ImageSource::OciArchive { path, selector } => {
                 let path = canonical_path(reference, &path)?;
-                let tree = TarTree::open(&path, &self.tmp)?;
                 let canonical = with_selector("oci-archive", &path, selector.as_deref());
-                let prepared = crate::local::prepare_oci_layout(
-                    &tree,
-                    selector.as_deref(),
-                    &self.cfg.platform,
-                    reference,
-                    progress,
-                )?;
-                self.resolve_prepared(reference, canonical, &prepared, &TreeBlobs(&tree), progress)
+                let tree = TarTree::open(&path, &self.tmp)?;
+                self.resolve_oci_tree(reference, canonical, &tree, selector.as_deref(), progress)
             }
             ImageSource::DockerArchive { path, selector } => {
                 let path = canonical_path(reference, &path)?;
@@ -254,6 +240,25 @@ impl ImageCache {
             Ok((Some(out.served_by), None, out.runtime))
         })?;
         Ok(self.resolved(reference, canonical, meta, rootfs, cached))
+    }
+
+    /// An OCI layout, as a directory or inside an archive.
+    fn resolve_oci_tree(
+        &self,
+        reference: &str,
+        canonical: String,
+        tree: &dyn crate::local::FileTree,
+        selector: Option<&str>,
+        progress: &dyn Progress,
+    ) -> Result<ResolvedImage, ImageError> {
+        let prepared = crate::local::prepare_oci_layout(
+            tree,
+            selector,
+            &self.cfg.platform,
+            reference,
+            progress,
+        )?;
+        self.resolve_prepared(reference, canonical, &prepared, &TreeBlobs(tree), progress)
     }
 
     fn resolve_prepared(
