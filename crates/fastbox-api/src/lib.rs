@@ -1,3 +1,5 @@
 //! fastbox-api: wire types only (serde, no I/O).
 
+pub mod lifecycle;
+pub mod metadata;
 pub mod quantity;
