@@ -1,7 +1,9 @@
 //! The `fastbox` command line as a library, so integration tests drive the same code.
 
 pub mod bench;
-pub mod execd_client;
-pub mod local_sandbox;
 pub mod paths;
 pub mod sandbox_run;
+
+pub use fastbox_fastlet::execd_client;
+/// One sandbox on this host without a server (kept under its old name for the CLI's users).
+pub use fastbox_fastlet::host as local_sandbox;

@@ -50,6 +50,21 @@ pub struct SandboxHandle {
 }
 
 impl SandboxHandle {
+    /// A handle naming only what sandbox `id` owns by name (its directory and cgroup), for
+    /// removing what an interrupted start left: no process is signalled through it, the
+    /// cgroup kill takes whatever runs.
+    pub fn unstarted(id: &str, prefix: &str, dir: PathBuf) -> Self {
+        Self {
+            id: id.to_string(),
+            prefix: prefix.to_string(),
+            init_pid: 0,
+            init_start_ticks: u64::MAX,
+            dir,
+            execd_digest: String::new(),
+            netns: PathBuf::new(),
+        }
+    }
+
     pub fn rootfs(&self) -> Rootfs {
         Rootfs::at(&self.dir)
     }

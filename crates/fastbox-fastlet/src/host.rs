@@ -106,7 +106,7 @@ impl LocalHost {
             id: opts.id.clone(),
             prefix: self.prefix.clone(),
             lower: rootfs.to_path_buf(),
-            dir: self.data_dir.join("sandboxes").join(&opts.id),
+            dir: crate::agent::sandbox_dir(&self.data_dir, &opts.id),
             hostname: opts.id.clone(),
             netns: slot.netns_path.clone(),
             resolv_conf: Some(slot.resolv_conf()),
@@ -145,7 +145,7 @@ impl LocalHost {
         opts: &StartOptions,
     ) -> anyhow::Result<LocalSandbox> {
         self.in_new_slot(slot_index, opts, |slot| {
-            let dir = self.data_dir.join("sandboxes").join(&opts.id);
+            let dir = crate::agent::sandbox_dir(&self.data_dir, &opts.id);
             let target = RestoreTarget {
                 id: &opts.id,
                 prefix: &self.prefix,
@@ -225,6 +225,12 @@ impl LocalHost {
         Ok(())
     }
 
+    /// Stop the in-process services (the DNS forwarder); host-wide state stays for the next
+    /// start of the instance.
+    pub fn stop_services(self) {
+        self.dns.stop();
+    }
+
     /// Remove the instance's host-wide state (nft table, DNS forwarder).
     pub fn teardown(self) -> anyhow::Result<()> {
         self.dns.stop();
@@ -232,6 +238,24 @@ impl LocalHost {
         fastbox_runtime::cgroup::remove_prefix(&self.cgroups, &self.prefix)?;
         Ok(())
     }
+}
+
+/// Remove everything an instance left on the host: the sandboxes under `data_dir` (processes,
+/// mounts, files), its network slots and nft table, its cgroups. For a stopped instance;
+/// sandboxes of a running one lose their network.
+pub fn purge(prefix: &str, data_dir: &Path) -> anyhow::Result<()> {
+    let cgroups = CgroupRoot::detect().context("detect cgroups")?;
+    let sandboxes = data_dir.join("sandboxes");
+    if let Ok(entries) = std::fs::read_dir(&sandboxes) {
+        for entry in entries.flatten() {
+            let id = entry.file_name().to_string_lossy().into_owned();
+            let handle = SandboxHandle::unstarted(&id, prefix, entry.path());
+            sandbox::destroy(&handle, &cgroups).with_context(|| format!("remove sandbox {id}"))?;
+        }
+    }
+    HostNetwork::purge(prefix).context("remove network state")?;
+    fastbox_runtime::cgroup::remove_prefix(&cgroups, prefix).context("remove cgroups")?;
+    Ok(())
 }
 
 /// Host-wide state still carrying `prefix`: network namespaces, links, nft tables, cgroups,

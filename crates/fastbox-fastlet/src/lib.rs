@@ -1,0 +1,11 @@
+//! fastbox-fastlet: the node agent. It owns this node's capacity (network slots), starts and
+//! removes sandboxes with the runtime, re-adopts them after a restart, and serves the node
+//! proxy through which clients reach sandbox ports.
+
+pub mod agent;
+pub mod blocking;
+pub mod execd_client;
+pub mod host;
+pub mod slots;
+
+pub use agent::{Fastlet, FastletConfig, FastletError, PlaceRequest, Placement, Route};
