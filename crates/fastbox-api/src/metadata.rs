@@ -123,24 +123,37 @@ mod tests {
     #[test]
     fn kubernetes_label_rules() {
         check(&[("app", "web"), ("example.com/team", "a-b_c.d"), ("k", "")]).unwrap();
-        assert!(matches!(check(&[("bad key", "v")]), Err(LabelError::Key { .. })));
+        assert!(matches!(
+            check(&[("bad key", "v")]),
+            Err(LabelError::Key { .. })
+        ));
         assert!(matches!(check(&[("-k", "v")]), Err(LabelError::Key { .. })));
-        assert!(matches!(check(&[("Ex.com/k", "v")]), Err(LabelError::Key { .. })));
+        assert!(matches!(
+            check(&[("Ex.com/k", "v")]),
+            Err(LabelError::Key { .. })
+        ));
         assert!(matches!(check(&[("a/", "v")]), Err(LabelError::Key { .. })));
         assert!(matches!(
             check(&[("opensandbox.io/x", "v")]),
             Err(LabelError::Key { .. })
         ));
         let long = "v".repeat(64);
-        assert!(matches!(check(&[("k", &long)]), Err(LabelError::Value { .. })));
-        assert!(matches!(check(&[("k", "a b")]), Err(LabelError::Value { .. })));
+        assert!(matches!(
+            check(&[("k", &long)]),
+            Err(LabelError::Value { .. })
+        ));
+        assert!(matches!(
+            check(&[("k", "a b")]),
+            Err(LabelError::Value { .. })
+        ));
         check(&[("k", &"v".repeat(63))]).unwrap();
     }
 
     #[test]
     fn too_many_entries() {
-        let m: BTreeMap<String, String> =
-            (0..65).map(|i| (format!("k{i}"), "v".to_string())).collect();
+        let m: BTreeMap<String, String> = (0..65)
+            .map(|i| (format!("k{i}"), "v".to_string()))
+            .collect();
         assert_eq!(validate(m.iter()), Err(LabelError::TooMany(65)));
     }
 }

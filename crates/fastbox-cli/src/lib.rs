@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod paths;
 pub mod sandbox_run;
+pub mod up;
 
 pub use fastbox_fastlet::execd_client;
 /// One sandbox on this host without a server (kept under its old name for the CLI's users).

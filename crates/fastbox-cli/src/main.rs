@@ -3,7 +3,7 @@
 //! process that builds a sandbox's namespaces (see `fastbox_runtime::init`).
 
 use clap::{Parser, Subcommand};
-use fastbox_cli::{bench, paths, sandbox_run};
+use fastbox_cli::{bench, paths, sandbox_run, up};
 
 #[derive(Parser)]
 #[command(name = "fastbox", version, about = "Restore-only Linux sandboxes")]
@@ -14,6 +14,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the whole service on this machine: lifecycle API, node agent, proxies.
+    Up(up::UpArgs),
+    /// Remove everything a stopped instance left on the host (sandboxes, network, cgroups).
+    Purge(up::PurgeArgs),
+    /// List host-wide state carrying a prefix (exit status 1 if any): a leak check.
+    Leftovers(up::LeftoversArgs),
     /// Work with sandboxes directly on this machine (no server needed).
     Sandbox {
         #[command(subcommand)]
@@ -47,7 +53,7 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FASTBOX_LOG")
-                .unwrap_or_else(|_| "warn".into()),
+                .unwrap_or_else(|_| "warn,fastbox_server=info,fastbox_fastlet=info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -60,6 +66,9 @@ fn main() {
             command: BenchCommand::ColdStart(args),
         } => bench::cold_start(args),
         Command::Check(args) => paths::check(&args),
+        Command::Up(args) => up::up(args),
+        Command::Purge(args) => up::purge(args),
+        Command::Leftovers(args) => up::leftovers(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

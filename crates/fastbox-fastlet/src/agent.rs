@@ -138,6 +138,11 @@ impl Fastlet {
         })
     }
 
+    /// Gives back a slot index that was reserved but never used.
+    pub fn release_slot(&self, slot: u32) {
+        self.slots.lock().expect("slot table lock").release(slot);
+    }
+
     /// Slots in use and the pool's size.
     pub fn capacity(&self) -> (usize, u32) {
         let slots = self.slots.lock().expect("slot table lock");

@@ -6,6 +6,7 @@ pub mod agent;
 pub mod blocking;
 pub mod execd_client;
 pub mod host;
+pub mod node_proxy;
 pub mod slots;
 
 pub use agent::{Fastlet, FastletConfig, FastletError, PlaceRequest, Placement, Route};

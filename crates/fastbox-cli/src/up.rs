@@ -1,0 +1,143 @@
+//! `fastbox up` (the whole service on this machine), `fastbox purge` and `fastbox leftovers`
+//! (an instance's host-wide state, for clean-up and leak checks).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use fastbox_server::config::{ServerConfig, Settings};
+
+use crate::paths::{self, HostArgs};
+
+/// Every setting can also come from the config file; flags and environment win over it.
+#[derive(clap::Args, Debug)]
+pub struct UpArgs {
+    /// TOML config file (keys as the long flags, with `_`: `listen`, `api_key`,
+    /// `default_images = [...]`, ...).
+    #[arg(long, env = "FASTBOX_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Lifecycle API address [default: 127.0.0.1:8080].
+    #[arg(long, env = "FASTBOX_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Node proxy address; the endpoints handed to clients point here [default: 127.0.0.1:8081].
+    #[arg(long, env = "FASTBOX_NODE_PROXY_LISTEN")]
+    pub node_proxy_listen: Option<SocketAddr>,
+    /// `host:port` clients should use for the node proxy, when not its listen address.
+    #[arg(long, env = "FASTBOX_NODE_PROXY_PUBLIC")]
+    pub node_proxy_public: Option<String>,
+    /// API key clients send as OPEN-SANDBOX-API-KEY [default: generated at first start and
+    /// kept in DATA_DIR/api-key].
+    #[arg(long, env = "FASTBOX_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// State directory: state store, sandboxes, keys [default: /var/lib/fastbox].
+    #[arg(long, env = "FASTBOX_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Host-wide image cache [default: /var/lib/fastbox/cache].
+    #[arg(long, env = "FASTBOX_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Prefix of this instance's host-wide names (netns, veths, cgroups, nft table); at most
+    /// 8 of [a-z0-9] [default: fb].
+    #[arg(long, env = "FASTBOX_PREFIX")]
+    pub prefix: Option<String>,
+    /// Sandbox address pool, BASE/LEN [default: 10.89.0.0/16].
+    #[arg(long, env = "FASTBOX_POOL")]
+    pub pool: Option<String>,
+    /// Image prepared before /health answers 200 (repeatable) [default: python:3.12].
+    #[arg(
+        long = "default-image",
+        env = "FASTBOX_DEFAULT_IMAGES",
+        value_delimiter = ','
+    )]
+    pub default_images: Option<Vec<String>>,
+    /// Prepare no image at start.
+    #[arg(long, conflicts_with = "default_images")]
+    pub no_default_images: bool,
+    /// Longest sandbox timeout a create may ask for, seconds [default: 86400].
+    #[arg(long)]
+    pub max_timeout_seconds: Option<u64>,
+    /// How long terminated and failed sandboxes stay listed, seconds [default: 3600].
+    #[arg(long)]
+    pub retention_seconds: Option<u64>,
+    /// The static execd binary.
+    #[arg(long, env = "FASTBOX_EXECD_BIN")]
+    pub execd: Option<PathBuf>,
+}
+
+impl UpArgs {
+    fn settings(&self) -> Settings {
+        Settings {
+            listen: self.listen,
+            node_proxy_listen: self.node_proxy_listen,
+            node_proxy_public: self.node_proxy_public.clone(),
+            api_key: self.api_key.clone(),
+            data_dir: self.data_dir.clone(),
+            cache_dir: self.cache_dir.clone(),
+            prefix: self.prefix.clone(),
+            pool: self.pool.clone(),
+            default_images: if self.no_default_images {
+                Some(Vec::new())
+            } else {
+                self.default_images.clone()
+            },
+            max_timeout_seconds: self.max_timeout_seconds,
+            retention_seconds: self.retention_seconds,
+            execd: self.execd.clone(),
+        }
+    }
+}
+
+pub fn up(args: UpArgs) -> anyhow::Result<i32> {
+    paths::require_root()?;
+    let file = match &args.config {
+        Some(path) => Settings::from_file(path)?,
+        None => Settings::default(),
+    };
+    let cfg = ServerConfig::resolve(args.settings().over(file))?;
+    let host = HostArgs {
+        criu: None,
+        execd: cfg.execd.clone(),
+        data_dir: cfg.data_dir.clone(),
+        cache_dir: cfg.cache_dir.clone(),
+    };
+    let execd = host.execd()?;
+    let helper = std::env::current_exe().context("locate the fastbox executable")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    runtime.block_on(fastbox_server::up::run(cfg, helper, execd))?;
+    Ok(0)
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PurgeArgs {
+    /// The instance's prefix.
+    #[arg(long, env = "FASTBOX_PREFIX")]
+    pub prefix: String,
+    /// The instance's data directory (its sandboxes are removed) [default: /var/lib/fastbox].
+    #[arg(long, env = "FASTBOX_DATA_DIR", default_value = "/var/lib/fastbox")]
+    pub data_dir: PathBuf,
+}
+
+/// Removes everything a stopped instance left on the host.
+pub fn purge(args: PurgeArgs) -> anyhow::Result<i32> {
+    paths::require_root()?;
+    fastbox_fastlet::host::purge(&args.prefix, &args.data_dir)?;
+    Ok(0)
+}
+
+#[derive(clap::Args, Debug)]
+pub struct LeftoversArgs {
+    /// The prefix to look for.
+    #[arg(long, env = "FASTBOX_PREFIX")]
+    pub prefix: String,
+}
+
+/// Prints host-wide state carrying a prefix; exit status 1 when there is any.
+pub fn leftovers(args: LeftoversArgs) -> anyhow::Result<i32> {
+    let found = fastbox_fastlet::host::leftovers(&args.prefix);
+    for item in &found {
+        println!("{item}");
+    }
+    Ok(if found.is_empty() { 0 } else { 1 })
+}

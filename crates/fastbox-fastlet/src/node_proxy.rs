@@ -1,0 +1,182 @@
+//! The node proxy: path-form routes to sandbox ports, `/{id}/{port}/...` and, signed,
+//! `/{id}/{port}/{expires_b36}/{sig}/...` (OSEP-0011). These are the endpoints the lifecycle
+//! API hands out; a sandbox's own address never leaves the node. The lifecycle server's proxy
+//! (`/v1/sandboxes/{id}/proxy/{port}/...`) routes through [`proxy_to_sandbox`] too.
+//!
+//! Unsigned routes need no credential here: execd checks its own per-sandbox token, and the
+//! node proxy listens on loopback unless configured otherwise. A signed route is checked
+//! before anything reaches the sandbox: a tampered or expired one gets 403.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, StatusCode};
+use axum::response::{IntoResponse, Response};
+use fastbox_api::lifecycle::ErrorResponse;
+use fastbox_proxy::{Forwarder, ProxyError, RouteError, RouteSigner, Target, split_route};
+
+use crate::Fastlet;
+
+/// The OpenSandbox egress policy port: fastbox does not serve it yet.
+pub const EGRESS_PORT: u16 = 18080;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeProxyError {
+    #[error("no route {0}: expected /{{sandbox id}}/{{port}}/...")]
+    BadRoute(String),
+    #[error("sandbox {0} is not running on this node")]
+    NotRunning(String),
+    #[error("route credential rejected: {0}")]
+    Forbidden(RouteError),
+    #[error("this route needs a signature")]
+    Unsigned,
+    #[error(
+        "the egress policy endpoint (port {EGRESS_PORT}) is not served by this version of fastbox"
+    )]
+    EgressNotImplemented,
+    #[error("sandbox port is unreachable: {0}")]
+    Upstream(#[from] ProxyError),
+}
+
+impl NodeProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::BadRoute(_) | Self::NotRunning(_) => StatusCode::NOT_FOUND,
+            Self::Forbidden(_) | Self::Unsigned => StatusCode::FORBIDDEN,
+            Self::EgressNotImplemented => StatusCode::NOT_IMPLEMENTED,
+            Self::Upstream(_) => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::BadRoute(_) => "GENERAL::NOT_FOUND",
+            Self::NotRunning(_) => "SANDBOX::NOT_FOUND",
+            Self::Forbidden(_) | Self::Unsigned => "SANDBOX::ROUTE_FORBIDDEN",
+            Self::EgressNotImplemented => "SANDBOX::API_NOT_SUPPORTED",
+            Self::Upstream(_) => "SANDBOX::UPSTREAM_UNAVAILABLE",
+        }
+    }
+}
+
+impl IntoResponse for NodeProxyError {
+    fn into_response(self) -> Response {
+        let body = ErrorResponse {
+            code: self.code().to_string(),
+            message: self.to_string(),
+        };
+        (self.status(), axum::Json(body)).into_response()
+    }
+}
+
+/// What the node proxy needs.
+#[derive(Clone)]
+pub struct NodeProxy {
+    pub fastlet: Arc<Fastlet>,
+    pub signer: Arc<RouteSigner>,
+    pub forwarder: Arc<Forwarder>,
+}
+
+/// Whether a request without a route signature may pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unsigned {
+    Allowed,
+    Refused,
+}
+
+impl NodeProxy {
+    /// Forwards `req` to `port` of sandbox `id`; `path` is what follows `{id}/{port}`
+    /// (optionally a route credential, then the sandbox path). `strip` names request
+    /// headers that must not reach the sandbox.
+    pub async fn proxy_to_sandbox(
+        &self,
+        id: &str,
+        port: u16,
+        path: &str,
+        unsigned: Unsigned,
+        strip: &[HeaderName],
+        req: Request,
+    ) -> Result<Response, NodeProxyError> {
+        let route = split_route(path, self.signer.key_id());
+        match &route.signed {
+            Some((expires, sig)) => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or_default();
+                self.signer
+                    .verify(id, port, expires, sig, now)
+                    .map_err(NodeProxyError::Forbidden)?;
+            }
+            None if unsigned == Unsigned::Refused => return Err(NodeProxyError::Unsigned),
+            None => {}
+        }
+        let sandbox = self
+            .fastlet
+            .route(id)
+            .ok_or_else(|| NodeProxyError::NotRunning(id.to_string()))?;
+        if port == EGRESS_PORT {
+            return Err(NodeProxyError::EgressNotImplemented);
+        }
+        let path_and_query = match req.uri().query() {
+            Some(q) => format!("{}?{q}", route.rest),
+            None => route.rest.clone(),
+        };
+        let target = Target {
+            addr: (sandbox.address, port).into(),
+            path_and_query,
+            strip_headers: strip.to_vec(),
+            add_headers: HeaderMap::new(),
+        };
+        Ok(self.forwarder.forward(req, &target).await?)
+    }
+}
+
+/// The node proxy's HTTP service.
+pub fn router(proxy: NodeProxy) -> Router {
+    Router::new().fallback(route).with_state(proxy)
+}
+
+async fn route(State(proxy): State<NodeProxy>, req: Request<Body>) -> Response {
+    let path = req.uri().path().to_string();
+    let Some((id, port, rest)) = split_prefix(&path) else {
+        return NodeProxyError::BadRoute(path).into_response();
+    };
+    proxy
+        .proxy_to_sandbox(id, port, rest, Unsigned::Allowed, &[], req)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `/{id}/{port}{rest}` -> (id, port, rest).
+pub fn split_prefix(path: &str) -> Option<(&str, u16, &str)> {
+    let path = path.strip_prefix('/')?;
+    let (id, after) = path.split_once('/')?;
+    let (port, rest) = match after.find('/') {
+        Some(i) => (&after[..i], &after[i..]),
+        None => (after, ""),
+    };
+    let port: u16 = port.parse().ok().filter(|p| *p != 0)?;
+    (!id.is_empty()).then_some((id, port, rest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_prefixes() {
+        assert_eq!(
+            split_prefix("/abc/44772/ping"),
+            Some(("abc", 44772, "/ping"))
+        );
+        assert_eq!(split_prefix("/abc/44772"), Some(("abc", 44772, "")));
+        assert_eq!(split_prefix("/abc/44772/"), Some(("abc", 44772, "/")));
+        assert_eq!(split_prefix("/abc/x/ping"), None);
+        assert_eq!(split_prefix("/abc/0/ping"), None);
+        assert_eq!(split_prefix("/abc"), None);
+        assert_eq!(split_prefix("//1"), None);
+    }
+}

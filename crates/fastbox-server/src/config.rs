@@ -1,0 +1,217 @@
+//! `fastbox up`'s configuration: built-in defaults, then an optional TOML file, then
+//! environment and flags (the command line turns those into a [`Settings`] layer).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fastbox_runtime::net::Ipv4Pool;
+use serde::Deserialize;
+
+/// One layer of settings: the TOML file, or what flags and environment say. Unset fields
+/// fall through to the next layer.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Lifecycle API address.
+    pub listen: Option<SocketAddr>,
+    /// Node proxy address (the endpoints clients get point here).
+    pub node_proxy_listen: Option<SocketAddr>,
+    /// `host[:port]` clients use for the node proxy, when it differs from the listen address.
+    pub node_proxy_public: Option<String>,
+    /// The `OPEN-SANDBOX-API-KEY`; generated and kept in the data dir when unset.
+    pub api_key: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    pub cache_dir: Option<PathBuf>,
+    /// Prefix of every host-wide name of this instance (at most 8 of `[a-z0-9]`).
+    pub prefix: Option<String>,
+    /// Sandbox addresses, `BASE/LEN`.
+    pub pool: Option<String>,
+    /// Images prepared before `/health` answers 200.
+    pub default_images: Option<Vec<String>>,
+    /// Upper bound of a create's `timeout`.
+    pub max_timeout_seconds: Option<u64>,
+    /// How long terminated and failed sandboxes stay listed.
+    pub retention_seconds: Option<u64>,
+    /// The static execd binary.
+    pub execd: Option<PathBuf>,
+}
+
+impl Settings {
+    /// `self` over `lower`: every field set here wins.
+    pub fn over(self, lower: Settings) -> Settings {
+        Settings {
+            listen: self.listen.or(lower.listen),
+            node_proxy_listen: self.node_proxy_listen.or(lower.node_proxy_listen),
+            node_proxy_public: self.node_proxy_public.or(lower.node_proxy_public),
+            api_key: self.api_key.or(lower.api_key),
+            data_dir: self.data_dir.or(lower.data_dir),
+            cache_dir: self.cache_dir.or(lower.cache_dir),
+            prefix: self.prefix.or(lower.prefix),
+            pool: self.pool.or(lower.pool),
+            default_images: self.default_images.or(lower.default_images),
+            max_timeout_seconds: self.max_timeout_seconds.or(lower.max_timeout_seconds),
+            retention_seconds: self.retention_seconds.or(lower.retention_seconds),
+            execd: self.execd.or(lower.execd),
+        }
+    }
+
+    /// Reads a TOML file of settings.
+    pub fn from_file(path: &Path) -> Result<Settings, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+}
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+pub const DEFAULT_NODE_PROXY_LISTEN: &str = "127.0.0.1:8081";
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/fastbox";
+pub const DEFAULT_CACHE_DIR: &str = "/var/lib/fastbox/cache";
+pub const DEFAULT_PREFIX: &str = "fb";
+pub const DEFAULT_POOL: &str = "10.89.0.0/16";
+pub const DEFAULT_IMAGE: &str = "python:3.12";
+
+/// The configuration in force, every default applied.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub node_proxy_listen: SocketAddr,
+    pub node_proxy_public: Option<String>,
+    pub api_key: Option<String>,
+    pub data_dir: PathBuf,
+    pub cache_dir: PathBuf,
+    pub prefix: String,
+    pub pool: Ipv4Pool,
+    pub default_images: Vec<String>,
+    pub max_timeout: Duration,
+    pub retention: Duration,
+    pub execd: Option<PathBuf>,
+    /// How long a create waits for its image before answering `Pending` (an image that fails
+    /// within this time is a 400).
+    pub image_wait: Duration,
+    /// How long a create waits for the start, once the image is there, before answering
+    /// `Pending`.
+    pub create_wait: Duration,
+    /// How often expiry, deletion and garbage collection are reconciled.
+    pub reconcile_every: Duration,
+}
+
+impl ServerConfig {
+    /// Applies the defaults under `settings`.
+    pub fn resolve(settings: Settings) -> Result<Self, ConfigError> {
+        let invalid = |field, message: String| ConfigError::Invalid { field, message };
+        let pool_text = settings.pool.unwrap_or_else(|| DEFAULT_POOL.to_string());
+        let pool = pool_text
+            .parse::<Ipv4Pool>()
+            .map_err(|e| invalid("pool", format!("{pool_text:?}: {e}")))?;
+        let prefix = settings
+            .prefix
+            .unwrap_or_else(|| DEFAULT_PREFIX.to_string());
+        if prefix.is_empty()
+            || prefix.len() > 8
+            || !prefix
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        {
+            return Err(invalid(
+                "prefix",
+                format!("{prefix:?}: 1 to 8 characters of [a-z0-9]"),
+            ));
+        }
+        if let Some(key) = &settings.api_key
+            && key.trim().is_empty()
+        {
+            return Err(invalid("api_key", "must not be empty".into()));
+        }
+        let data_dir = settings
+            .data_dir
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        Ok(Self {
+            listen: settings
+                .listen
+                .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("default address")),
+            node_proxy_listen: settings
+                .node_proxy_listen
+                .unwrap_or_else(|| DEFAULT_NODE_PROXY_LISTEN.parse().expect("default address")),
+            node_proxy_public: settings.node_proxy_public,
+            api_key: settings.api_key,
+            cache_dir: settings
+                .cache_dir
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE_DIR)),
+            data_dir,
+            prefix,
+            pool,
+            default_images: settings
+                .default_images
+                .unwrap_or_else(|| vec![DEFAULT_IMAGE.to_string()]),
+            max_timeout: Duration::from_secs(settings.max_timeout_seconds.unwrap_or(86_400)),
+            retention: Duration::from_secs(settings.retention_seconds.unwrap_or(3_600)),
+            execd: settings.execd,
+            image_wait: Duration::from_millis(1500),
+            create_wait: Duration::from_secs(20),
+            reconcile_every: Duration::from_secs(2),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_fall_through_and_defaults_apply() {
+        let file: Settings =
+            toml::from_str("listen = \"127.0.0.1:9000\"\nprefix = \"abc\"\n").unwrap();
+        let flags = Settings {
+            prefix: Some("xyz".into()),
+            ..Settings::default()
+        };
+        let cfg = ServerConfig::resolve(flags.over(file)).unwrap();
+        assert_eq!(cfg.listen.to_string(), "127.0.0.1:9000");
+        assert_eq!(cfg.prefix, "xyz");
+        assert_eq!(cfg.node_proxy_listen.to_string(), DEFAULT_NODE_PROXY_LISTEN);
+        assert_eq!(cfg.default_images, vec![DEFAULT_IMAGE.to_string()]);
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let bad = |s: Settings| ServerConfig::resolve(s).unwrap_err().to_string();
+        assert!(
+            bad(Settings {
+                prefix: Some("Bad-Prefix".into()),
+                ..Default::default()
+            })
+            .starts_with("prefix:")
+        );
+        assert!(
+            bad(Settings {
+                pool: Some("10.0.0.0".into()),
+                ..Default::default()
+            })
+            .starts_with("pool:")
+        );
+        assert!(toml::from_str::<Settings>("lisen = 1").is_err());
+    }
+}

@@ -1,0 +1,118 @@
+//! The lifecycle API's errors and their one mapping to HTTP: a status and the
+//! `{"code", "message"}` envelope every OpenSandbox client expects.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use fastbox_api::lifecycle::ErrorResponse;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    InvalidParameter(String),
+    #[error("{0}")]
+    InvalidMetadata(String),
+    #[error("{0}")]
+    NotSupported(String),
+    #[error(
+        "Authentication credentials are missing. Provide API key via OPEN-SANDBOX-API-KEY header."
+    )]
+    MissingApiKey,
+    #[error("Authentication credentials are invalid.")]
+    InvalidApiKey,
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("sandbox {0} not found")]
+    SandboxNotFound(String),
+    #[error("sandbox {id} is not reachable yet (state {state})")]
+    NotReady { id: String, state: String },
+    #[error("sandbox {id} is {state}{detail}")]
+    NotRunning {
+        id: String,
+        state: String,
+        detail: String,
+    },
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{message}")]
+    Capacity { message: String, retry_after: u32 },
+    #[error("no route {method} {path}")]
+    RouteNotFound { method: String, path: String },
+    #[error("method {0} is not allowed here")]
+    MethodNotAllowed(String),
+    #[error("{0}")]
+    NotImplemented(String),
+    #[error("sandbox port is unreachable: {0}")]
+    Upstream(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::InvalidParameter(_) | Self::InvalidMetadata(_) | Self::NotSupported(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            Self::MissingApiKey | Self::InvalidApiKey => StatusCode::UNAUTHORIZED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
+            Self::SandboxNotFound(_) | Self::NotReady { .. } | Self::RouteNotFound { .. } => {
+                StatusCode::NOT_FOUND
+            }
+            Self::NotRunning { .. } | Self::Conflict(_) => StatusCode::CONFLICT,
+            Self::Capacity { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+            Self::Upstream(_) => StatusCode::BAD_GATEWAY,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidParameter(_) => "SANDBOX::INVALID_PARAMETER",
+            Self::InvalidMetadata(_) => "SANDBOX::INVALID_METADATA_LABEL",
+            Self::NotSupported(_) => "SANDBOX::API_NOT_SUPPORTED",
+            Self::MissingApiKey => "MISSING_API_KEY",
+            Self::InvalidApiKey => "INVALID_API_KEY",
+            Self::Forbidden(_) => "SANDBOX::FORBIDDEN",
+            Self::SandboxNotFound(_) => "SANDBOX::NOT_FOUND",
+            // The one code the SDK keeps polling on while a sandbox is being created.
+            Self::NotReady { .. } => "KUBERNETES::POD_IP_NOT_AVAILABLE",
+            Self::NotRunning { .. } => "SANDBOX::NOT_RUNNING",
+            Self::Conflict(_) => "SANDBOX::CONFLICT",
+            Self::Capacity { .. } => "SANDBOX::CAPACITY_EXHAUSTED",
+            Self::RouteNotFound { .. } => "GENERAL::NOT_FOUND",
+            Self::MethodNotAllowed(_) => "GENERAL::METHOD_NOT_ALLOWED",
+            Self::NotImplemented(_) => "SANDBOX::API_NOT_SUPPORTED",
+            Self::Upstream(_) => "SANDBOX::UPSTREAM_UNAVAILABLE",
+            Self::Internal(_) => "GENERAL::UNKNOWN_ERROR",
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!(code = self.code(), error = %self, "request failed");
+        }
+        let body = ErrorResponse {
+            code: self.code().to_string(),
+            message: self.to_string(),
+        };
+        let mut response = (status, axum::Json(body)).into_response();
+        if let Self::Capacity { retry_after, .. } = self {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_str(&retry_after.to_string()).expect("digits"),
+            );
+        }
+        response
+    }
+}
+
+impl From<crate::store::StoreError> for ApiError {
+    fn from(e: crate::store::StoreError) -> Self {
+        ApiError::Internal(e.to_string())
+    }
+}

@@ -1,0 +1,179 @@
+//! A sandbox as the server records it: the request, the state machine's position, where it
+//! runs, and its lifecycle events. Persisted as JSON in the state store.
+
+use chrono::{DateTime, Utc};
+use fastbox_api::lifecycle::{ImageSpec, Sandbox, SandboxState, SandboxStatus, StringMap};
+use fastbox_fastlet::Placement;
+use serde::{Deserialize, Serialize};
+
+/// At most this many events are kept per sandbox (the oldest go first).
+pub const MAX_EVENTS: usize = 200;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub id: String,
+    /// The image, with its credentials (kept so an interrupted create can be retried; the
+    /// state directory is root-only and the credentials are never logged or returned).
+    pub image: ImageSpec,
+    pub entrypoint: Vec<String>,
+    pub env: StringMap,
+    pub metadata: StringMap,
+    pub resource_limits: StringMap,
+    #[serde(default)]
+    pub extensions: Option<StringMap>,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub status: SandboxStatus,
+    /// `X-EXECD-ACCESS-TOKEN` of this sandbox's execd.
+    pub execd_token: String,
+    /// The network slot reserved for it (recorded before the start, so recovery finds it).
+    pub slot: Option<u32>,
+    /// Where it runs, once started.
+    pub placement: Option<Placement>,
+    pub events: Vec<Event>,
+}
+
+/// One lifecycle event (`GET .../diagnostics/events`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    pub at: DateTime<Utc>,
+    pub kind: String,
+    pub message: String,
+}
+
+impl SandboxRecord {
+    pub fn state(&self) -> SandboxState {
+        self.status.state
+    }
+
+    /// Moves to `state` with an optional reason and message, and records the event.
+    pub fn transition(&mut self, state: SandboxState, reason: Option<&str>, message: &str) {
+        let now = Utc::now();
+        self.status = SandboxStatus {
+            state,
+            reason: reason.map(str::to_string),
+            message: (!message.is_empty()).then(|| message.to_string()),
+            last_transition_at: Some(now),
+        };
+        let kind = match reason {
+            Some(r) => format!("{state} ({r})"),
+            None => state.to_string(),
+        };
+        self.event(&kind, message);
+    }
+
+    /// Records an event without a state change.
+    pub fn event(&mut self, kind: &str, message: &str) {
+        if self.events.len() >= MAX_EVENTS {
+            self.events.remove(0);
+        }
+        self.events.push(Event {
+            at: Utc::now(),
+            kind: kind.to_string(),
+            message: message.to_string(),
+        });
+    }
+
+    /// The events as text lines, oldest first.
+    pub fn events_text(&self) -> String {
+        self.events
+            .iter()
+            .map(|e| {
+                let at = e.at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+                if e.message.is_empty() {
+                    format!("{at} {}\n", e.kind)
+                } else {
+                    format!("{at} {}: {}\n", e.kind, e.message)
+                }
+            })
+            .collect()
+    }
+
+    /// The API's view: no credentials, no internal placement.
+    pub fn to_wire(&self) -> Sandbox {
+        Sandbox {
+            id: self.id.clone(),
+            status: self.status.clone(),
+            entrypoint: self.entrypoint.clone(),
+            created_at: self.created_at,
+            image: Some(ImageSpec {
+                uri: self.image.uri.clone(),
+                auth: None,
+            }),
+            snapshot_id: None,
+            platform: None,
+            metadata: (!self.metadata.is_empty()).then(|| self.metadata.clone()),
+            extensions: self.extensions.clone(),
+            expires_at: self.expires_at,
+        }
+    }
+
+    /// Whether every `filter` entry is in the metadata.
+    pub fn matches_metadata(&self, filter: &[(String, String)]) -> bool {
+        filter
+            .iter()
+            .all(|(k, v)| self.metadata.get(k).is_some_and(|have| have == v))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub fn record(id: &str) -> SandboxRecord {
+        SandboxRecord {
+            id: id.into(),
+            image: ImageSpec {
+                uri: "python:3.12".into(),
+                auth: Some(fastbox_api::lifecycle::ImageAuth {
+                    username: Some("u".into()),
+                    password: Some("secret".into()),
+                }),
+            },
+            entrypoint: vec!["tail".into()],
+            env: StringMap::new(),
+            metadata: [("team".to_string(), "a".to_string())].into(),
+            resource_limits: StringMap::new(),
+            extensions: None,
+            created_at: Utc::now(),
+            expires_at: None,
+            status: SandboxStatus {
+                state: SandboxState::Pending,
+                reason: None,
+                message: None,
+                last_transition_at: None,
+            },
+            execd_token: "t".into(),
+            slot: None,
+            placement: None,
+            events: vec![],
+        }
+    }
+
+    #[test]
+    fn wire_view_hides_credentials_and_keeps_no_nulls() {
+        let r = record("a");
+        let text = serde_json::to_string(&r.to_wire()).unwrap();
+        assert!(!text.contains("secret") && !text.contains("null"), "{text}");
+    }
+
+    #[test]
+    fn transitions_are_events() {
+        let mut r = record("a");
+        r.transition(SandboxState::Failed, Some("PROCESS_LOST"), "gone");
+        assert_eq!(r.status.reason.as_deref(), Some("PROCESS_LOST"));
+        assert!(r.events_text().contains("Failed (PROCESS_LOST): gone"));
+        for _ in 0..MAX_EVENTS + 5 {
+            r.event("x", "");
+        }
+        assert_eq!(r.events.len(), MAX_EVENTS);
+    }
+
+    #[test]
+    fn metadata_filters() {
+        let r = record("a");
+        assert!(r.matches_metadata(&[]));
+        assert!(r.matches_metadata(&[("team".into(), "a".into())]));
+        assert!(!r.matches_metadata(&[("team".into(), "b".into())]));
+    }
+}

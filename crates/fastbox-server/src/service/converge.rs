@@ -1,0 +1,372 @@
+//! The tasks that move sandboxes to where their records say they should be: the create
+//! (image, then start), removal, the periodic reconciler (expiry, lost processes, retries,
+//! garbage collection) and recovery after a restart of the server.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use fastbox_api::lifecycle::SandboxState;
+use fastbox_fastlet::{PlaceRequest, blocking};
+use fastbox_image::{NoProgress, RegistryAuth};
+use tokio::sync::oneshot;
+
+use crate::error::ApiError;
+use crate::record::SandboxRecord;
+
+use super::lifecycle::Lifecycle;
+use super::plan::{CreatePlan, limits_of};
+
+/// Reasons recorded on failed sandboxes.
+pub const IMAGE_FAILED: &str = "IMAGE_RESOLUTION_FAILED";
+pub const START_FAILED: &str = "START_FAILED";
+pub const PROCESS_LOST: &str = "PROCESS_LOST";
+pub const EXPIRED: &str = "EXPIRED";
+
+/// What the create task tells the waiting request about the image.
+type ImageOutcome = Result<(), String>;
+
+impl Lifecycle {
+    /// Starts the create task of a recorded `Pending` sandbox and waits (bounded) for it: an
+    /// image that fails quickly is the request's 400 (and the record is dropped); otherwise
+    /// the answer is whatever state the sandbox reached in time.
+    pub(super) async fn start_create(
+        self: &Arc<Self>,
+        id: String,
+        plan: CreatePlan,
+    ) -> Result<(), ApiError> {
+        let (image_tx, mut image_rx) = oneshot::channel::<ImageOutcome>();
+        let (done_tx, done_rx) = oneshot::channel::<()>();
+        self.claim(&id);
+        let this = self.clone();
+        let task_id = id.clone();
+        tokio::spawn(async move {
+            this.run_create(&task_id, plan, Some(image_tx)).await;
+            this.release(&task_id);
+            let _ = done_tx.send(());
+        });
+        let outcome = match tokio::time::timeout(self.cfg.image_wait, &mut image_rx).await {
+            Ok(Ok(outcome)) => Some(outcome),
+            Ok(Err(_)) => None,
+            Err(_) => {
+                // Too slow to wait for: answer Pending, unless the outcome arrived just now.
+                image_rx.close();
+                image_rx.try_recv().ok()
+            }
+        };
+        match outcome {
+            Some(Err(message)) => {
+                // The create task stopped at the image and left the record to us.
+                let record = self.record(&id)?;
+                self.fastlet.release_slot(record.slot.unwrap_or(u32::MAX));
+                self.forget(&id)?;
+                Err(ApiError::InvalidParameter(format!("image: {message}")))
+            }
+            Some(Ok(())) => {
+                let _ = tokio::time::timeout(self.cfg.create_wait, done_rx).await;
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The create: resolve the image, start in the reserved slot, record the placement. With
+    /// `image_tx` a waiting request takes an image failure over (it answers 400).
+    async fn run_create(
+        self: &Arc<Self>,
+        id: &str,
+        plan: CreatePlan,
+        image_tx: Option<oneshot::Sender<ImageOutcome>>,
+    ) {
+        let fastlet = self.fastlet.clone();
+        let reference = plan.image.uri.clone();
+        let auth = plan.image.auth.as_ref().and_then(|a| {
+            Some(RegistryAuth::new(
+                a.username.clone()?,
+                a.password.clone().unwrap_or_default(),
+            ))
+        });
+        let resolved = blocking::run("fastbox-image", move || {
+            fastlet.resolve_image(&reference, auth.as_ref(), &NoProgress)
+        })
+        .await
+        .map_err(|e| e.to_string());
+        let outcome = resolved.as_ref().map(drop).map_err(Clone::clone);
+        let handed_over = match image_tx {
+            Some(tx) => tx.send(outcome).is_ok(),
+            None => false,
+        };
+        let image = match resolved {
+            Ok(image) => image,
+            Err(_) if handed_over => return,
+            Err(message) => {
+                self.fail(id, IMAGE_FAILED, &message).await;
+                return;
+            }
+        };
+        let Ok(record) = self.update(id, |r| {
+            r.event(
+                "ImageReady",
+                &format!("{} ({})", image.canonical_reference, image.digest),
+            );
+            Ok(())
+        }) else {
+            return;
+        };
+        if record.state() != SandboxState::Pending {
+            // Deleted or expired while the image was prepared.
+            self.remove_now(id).await;
+            return;
+        }
+        let Some(slot) = record.slot else {
+            self.fail(id, START_FAILED, "no slot was reserved").await;
+            return;
+        };
+        let mut env = image.config.env.clone();
+        env.extend(plan.env.iter().map(|(k, v)| format!("{k}={v}")));
+        let req = PlaceRequest {
+            id: id.to_string(),
+            rootfs: image.rootfs.clone(),
+            entrypoint: plan.entrypoint.clone(),
+            env,
+            limits: plan.limits,
+            disk_bytes: plan.disk_bytes,
+            execd_token: record.execd_token.clone(),
+        };
+        let fastlet = self.fastlet.clone();
+        let placed = blocking::run("fastbox-place", move || fastlet.place(&req, slot)).await;
+        match placed {
+            Ok(placement) => {
+                let address = placement.address;
+                let updated = self.update(id, |r| {
+                    r.placement = Some(placement);
+                    if r.state() == SandboxState::Pending {
+                        r.transition(
+                            SandboxState::Running,
+                            None,
+                            &format!("started at {address}"),
+                        );
+                    }
+                    Ok(())
+                });
+                if updated.is_ok_and(|r| r.state() != SandboxState::Running) {
+                    self.remove_now(id).await;
+                }
+            }
+            Err(e) => self.fail(id, START_FAILED, &e.to_string()).await,
+        }
+    }
+
+    /// Records a failure and removes whatever the sandbox had on the node.
+    async fn fail(self: &Arc<Self>, id: &str, reason: &str, message: &str) {
+        tracing::warn!(sandbox = %id, reason, message, "sandbox failed");
+        if self
+            .update(id, |r| {
+                r.transition(SandboxState::Failed, Some(reason), message);
+                Ok(())
+            })
+            .is_ok()
+        {
+            self.remove_now(id).await;
+        }
+    }
+
+    /// Spawns the removal of `id` unless a task already works on it.
+    pub(super) fn start_removal(self: &Arc<Self>, id: &str) {
+        if !self.claim(id) {
+            return;
+        }
+        let this = self.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            this.remove_now(&id).await;
+            this.release(&id);
+        });
+    }
+
+    /// Removes the sandbox from its node; `Stopping` becomes `Terminated`, a failed sandbox
+    /// keeps its state. A failing removal leaves the record as it was, for the reconciler to
+    /// retry.
+    async fn remove_now(self: &Arc<Self>, id: &str) {
+        let Ok(record) = self.record(id) else { return };
+        if record.placement.is_none() && record.slot.is_none() && record.state().is_final() {
+            return;
+        }
+        let fastlet = self.fastlet.clone();
+        let (rid, placement, slot) = (id.to_string(), record.placement.clone(), record.slot);
+        let removed = blocking::run("fastbox-remove", move || {
+            fastlet.remove(&rid, placement.as_ref(), slot)
+        })
+        .await;
+        let result = self.update(id, |r| {
+            match &removed {
+                Ok(()) => {
+                    r.placement = None;
+                    r.slot = None;
+                    if !r.state().is_final() {
+                        r.transition(SandboxState::Terminated, None, "removed");
+                    }
+                }
+                Err(e) => r.event("RemoveFailed", &e.to_string()),
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
+            tracing::warn!(sandbox = %id, error = %e, "could not record the removal");
+        }
+    }
+
+    /// One pass of the reconciler.
+    pub fn reconcile(self: &Arc<Self>) {
+        let now = Utc::now();
+        let retention = chrono::Duration::from_std(self.cfg.retention).unwrap_or_default();
+        for record in self.snapshot() {
+            if self.busy.lock().expect("busy lock").contains(&record.id) {
+                continue;
+            }
+            let id = record.id.as_str();
+            match record.state() {
+                SandboxState::Running | SandboxState::Pending
+                    if record.expires_at.is_some_and(|t| t <= now) =>
+                {
+                    let _ = self.update(id, |r| {
+                        r.transition(SandboxState::Stopping, Some(EXPIRED), "the sandbox expired");
+                        Ok(())
+                    });
+                    self.start_removal(id);
+                }
+                SandboxState::Running
+                    if record
+                        .placement
+                        .as_ref()
+                        .is_some_and(|p| !self.fastlet.is_alive(p)) =>
+                {
+                    let _ = self.update(id, |r| {
+                        r.transition(
+                            SandboxState::Failed,
+                            Some(PROCESS_LOST),
+                            "the sandbox's processes are gone",
+                        );
+                        Ok(())
+                    });
+                    self.start_removal(id);
+                }
+                SandboxState::Stopping => self.start_removal(id),
+                state
+                    if state.is_final()
+                        && (record.placement.is_some() || record.slot.is_some()) =>
+                {
+                    self.start_removal(id)
+                }
+                state
+                    if state.is_final()
+                        && record
+                            .status
+                            .last_transition_at
+                            .is_some_and(|t| t + retention <= now) =>
+                {
+                    if let Err(e) = self.forget(id) {
+                        tracing::warn!(sandbox = %id, error = %e, "garbage collection failed");
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Runs [`Lifecycle::reconcile`] forever.
+    pub async fn reconcile_forever(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.cfg.reconcile_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.reconcile();
+        }
+    }
+
+    /// After a restart: re-adopts sandboxes whose processes are alive, fails those whose
+    /// processes are gone (`PROCESS_LOST`), and restarts interrupted creates from a clean
+    /// slot. Returns (adopted, lost, restarted).
+    pub async fn recover(self: &Arc<Self>) -> (usize, usize, usize) {
+        let (mut adopted, mut lost, mut restarted) = (0, 0, 0);
+        for record in self.snapshot() {
+            let id = record.id.clone();
+            match (record.state(), &record.placement) {
+                (SandboxState::Running, Some(p)) => {
+                    if self.fastlet.adopt(&id, p, &record.execd_token) {
+                        adopted += 1;
+                        let _ = self.update(&id, |r| {
+                            r.event("Adopted", "re-adopted after a server restart");
+                            Ok(())
+                        });
+                    } else {
+                        lost += 1;
+                        let _ = self.update(&id, |r| {
+                            r.transition(
+                                SandboxState::Failed,
+                                Some(PROCESS_LOST),
+                                "the sandbox's processes were gone after a server restart",
+                            );
+                            Ok(())
+                        });
+                    }
+                }
+                (SandboxState::Pending, _) => {
+                    if let Some(slot) = record.slot {
+                        self.fastlet.claim_slot(slot);
+                    }
+                    restarted += 1;
+                    self.restart_create(record);
+                }
+                _ => {
+                    if let Some(slot) = record.placement.as_ref().map(|p| p.slot).or(record.slot) {
+                        self.fastlet.claim_slot(slot);
+                    }
+                }
+            }
+        }
+        (adopted, lost, restarted)
+    }
+
+    /// A create interrupted by a crash: whatever it left is removed, then it runs again.
+    fn restart_create(self: &Arc<Self>, record: SandboxRecord) {
+        let id = record.id.clone();
+        self.claim(&id);
+        let this = self.clone();
+        tokio::spawn(async move {
+            let fastlet = this.fastlet.clone();
+            let (rid, slot) = (id.clone(), record.slot);
+            let cleaned =
+                blocking::run("fastbox-remove", move || fastlet.remove(&rid, None, slot)).await;
+            let plan = limits_of(&record.resource_limits).map(|(limits, disk_bytes)| CreatePlan {
+                image: record.image.clone(),
+                entrypoint: record.entrypoint.clone(),
+                env: record.env.clone(),
+                metadata: record.metadata.clone(),
+                resource_limits: record.resource_limits.clone(),
+                limits,
+                disk_bytes,
+                timeout_secs: None,
+                extensions: record.extensions.clone(),
+            });
+            match (cleaned, plan) {
+                (Ok(()), Ok(plan)) => {
+                    // remove() freed the slot: take it again for the retry.
+                    if let Some(slot) = record.slot {
+                        this.fastlet.claim_slot(slot);
+                    }
+                    let _ = this.update(&id, |r| {
+                        r.event(
+                            "CreateRestarted",
+                            "the create was interrupted by a server restart",
+                        );
+                        Ok(())
+                    });
+                    this.run_create(&id, plan, None).await;
+                }
+                (Err(e), _) => this.fail(&id, START_FAILED, &e.to_string()).await,
+                (_, Err(e)) => this.fail(&id, START_FAILED, &e.to_string()).await,
+            }
+            this.release(&id);
+        });
+    }
+}

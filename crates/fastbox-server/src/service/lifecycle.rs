@@ -1,0 +1,485 @@
+//! The sandbox table (in memory, written through to the state store) and the API's
+//! operations on it. Mutations write the record durably before anything acts on it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+
+use chrono::{DateTime, Utc};
+use fastbox_api::lifecycle::{
+    CreateSandboxRequest, DiagnosticContentResponse, Endpoint, ListSandboxesResponse,
+    PaginationInfo, Sandbox, SandboxState, SandboxStatus, StringMap,
+};
+use fastbox_fastlet::Fastlet;
+use fastbox_proxy::{RouteSigner, to_b36};
+use fastbox_runtime::spec::EXECD_PORT;
+
+use crate::config::ServerConfig;
+use crate::error::ApiError;
+use crate::record::SandboxRecord;
+use crate::store::Store;
+
+use super::plan::plan;
+
+/// The execd header that carries the per-sandbox token.
+pub const EXECD_TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
+
+/// Whether the server is ready (`/health`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    Starting(String),
+    Ready,
+}
+
+pub struct Lifecycle {
+    pub(super) cfg: ServerConfig,
+    pub(super) store: Store,
+    pub(super) records: Mutex<HashMap<String, SandboxRecord>>,
+    /// Sandboxes with a create or removal task running; the reconciler leaves them alone.
+    pub(super) busy: Mutex<HashSet<String>>,
+    pub(super) fastlet: Arc<Fastlet>,
+    pub(super) signer: RouteSigner,
+    health: RwLock<Health>,
+}
+
+/// `GET /v1/sandboxes` filters.
+#[derive(Debug, Clone, Default)]
+pub struct ListQuery {
+    pub states: Vec<SandboxState>,
+    pub metadata: Vec<(String, String)>,
+    pub page: u32,
+    pub page_size: u32,
+}
+
+/// `GET /v1/sandboxes/{id}/endpoints/{port}` parameters.
+#[derive(Debug, Clone, Default)]
+pub struct EndpointQuery {
+    pub use_server_proxy: bool,
+    /// Unix seconds: a signed route expiring then.
+    pub expires: Option<u64>,
+    /// `host[:port]` the client reached the API at (for server-proxy endpoints).
+    pub api_host: Option<String>,
+}
+
+impl Lifecycle {
+    pub fn new(
+        cfg: ServerConfig,
+        store: Store,
+        fastlet: Arc<Fastlet>,
+        signer: RouteSigner,
+    ) -> Result<Arc<Self>, ApiError> {
+        let records = store
+            .load()?
+            .into_iter()
+            .map(|r| (r.id.clone(), r))
+            .collect();
+        Ok(Arc::new(Self {
+            cfg,
+            store,
+            records: Mutex::new(records),
+            busy: Mutex::new(HashSet::new()),
+            fastlet,
+            signer,
+            health: RwLock::new(Health::Starting("starting".into())),
+        }))
+    }
+
+    pub fn config(&self) -> &ServerConfig {
+        &self.cfg
+    }
+
+    pub fn fastlet(&self) -> &Arc<Fastlet> {
+        &self.fastlet
+    }
+
+    pub fn signer(&self) -> &RouteSigner {
+        &self.signer
+    }
+
+    pub fn health(&self) -> Health {
+        self.health.read().expect("health lock").clone()
+    }
+
+    pub fn set_health(&self, health: Health) {
+        *self.health.write().expect("health lock") = health;
+    }
+
+    /// A copy of record `id`.
+    pub(super) fn record(&self, id: &str) -> Result<SandboxRecord, ApiError> {
+        self.records
+            .lock()
+            .expect("records lock")
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::SandboxNotFound(id.to_string()))
+    }
+
+    /// Applies `change` to record `id` and writes it durably; returns the new record.
+    pub(super) fn update(
+        &self,
+        id: &str,
+        change: impl FnOnce(&mut SandboxRecord) -> Result<(), ApiError>,
+    ) -> Result<SandboxRecord, ApiError> {
+        let mut records = self.records.lock().expect("records lock");
+        let current = records
+            .get(id)
+            .ok_or_else(|| ApiError::SandboxNotFound(id.to_string()))?;
+        let mut next = current.clone();
+        change(&mut next)?;
+        self.store.put(&next)?;
+        records.insert(id.to_string(), next.clone());
+        Ok(next)
+    }
+
+    /// Writes a new record durably.
+    pub(super) fn insert(&self, record: SandboxRecord) -> Result<(), ApiError> {
+        let mut records = self.records.lock().expect("records lock");
+        self.store.put(&record)?;
+        records.insert(record.id.clone(), record);
+        Ok(())
+    }
+
+    /// Forgets record `id` entirely.
+    pub(super) fn forget(&self, id: &str) -> Result<(), ApiError> {
+        let mut records = self.records.lock().expect("records lock");
+        self.store.remove(id)?;
+        records.remove(id);
+        Ok(())
+    }
+
+    /// Marks `id` busy; false if it already was.
+    pub(super) fn claim(&self, id: &str) -> bool {
+        self.busy.lock().expect("busy lock").insert(id.to_string())
+    }
+
+    pub(super) fn release(&self, id: &str) {
+        self.busy.lock().expect("busy lock").remove(id);
+    }
+
+    pub(super) fn snapshot(&self) -> Vec<SandboxRecord> {
+        self.records
+            .lock()
+            .expect("records lock")
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// `POST /v1/sandboxes`: validate, admit into a slot, record the intent, start.
+    pub async fn create(self: &Arc<Self>, req: CreateSandboxRequest) -> Result<Sandbox, ApiError> {
+        let plan = plan(req, self.cfg.max_timeout.as_secs())?;
+        self.fastlet
+            .check_image(&plan.image.uri)
+            .map_err(|e| ApiError::InvalidParameter(format!("image: {e}")))?;
+        let slot = self
+            .fastlet
+            .reserve_slot()
+            .map_err(|e| ApiError::Capacity {
+                message: e.to_string(),
+                retry_after: 5,
+            })?;
+        let id = uuid::Uuid::new_v4().to_string();
+        let now = Utc::now();
+        let mut record = SandboxRecord {
+            id: id.clone(),
+            image: plan.image.clone(),
+            entrypoint: plan.entrypoint.clone(),
+            env: plan.env.clone(),
+            metadata: plan.metadata.clone(),
+            resource_limits: plan.resource_limits.clone(),
+            extensions: plan.extensions.clone(),
+            created_at: now,
+            expires_at: plan
+                .timeout_secs
+                .map(|t| now + chrono::Duration::seconds(t)),
+            status: SandboxStatus {
+                state: SandboxState::Pending,
+                reason: None,
+                message: None,
+                last_transition_at: Some(now),
+            },
+            execd_token: random_token(),
+            slot: Some(slot),
+            placement: None,
+            events: Vec::new(),
+        };
+        record.event("Accepted", &format!("image {}", plan.image.uri));
+        if let Err(e) = self.insert(record) {
+            self.fastlet.release_slot(slot);
+            return Err(e);
+        }
+        self.start_create(id.clone(), plan).await?;
+        Ok(self.record(&id)?.to_wire())
+    }
+
+    /// `GET /v1/sandboxes/{id}`.
+    pub fn get(&self, id: &str) -> Result<Sandbox, ApiError> {
+        Ok(self.record(id)?.to_wire())
+    }
+
+    /// `GET /v1/sandboxes`: filtered by state and metadata, newest first, paginated.
+    pub fn list(&self, q: &ListQuery) -> ListSandboxesResponse {
+        let mut matching: Vec<SandboxRecord> = self
+            .snapshot()
+            .into_iter()
+            .filter(|r| q.states.is_empty() || q.states.contains(&r.state()))
+            .filter(|r| r.matches_metadata(&q.metadata))
+            .collect();
+        matching.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
+        let (pagination, range) = PaginationInfo::of(q.page, q.page_size, matching.len());
+        ListSandboxesResponse {
+            items: matching[range].iter().map(SandboxRecord::to_wire).collect(),
+            pagination,
+        }
+    }
+
+    /// `DELETE /v1/sandboxes/{id}`: `Stopping` now, `Terminated` when the node has removed it.
+    pub fn delete(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
+        let record = self.update(id, |r| {
+            if !r.state().is_final() && r.state() != SandboxState::Stopping {
+                r.transition(SandboxState::Stopping, None, "deletion requested");
+            }
+            Ok(())
+        })?;
+        if record.state() == SandboxState::Stopping {
+            self.start_removal(id);
+        }
+        Ok(())
+    }
+
+    /// `POST /v1/sandboxes/{id}/renew-expiration`: a new absolute expiry (may shorten it).
+    pub fn renew(&self, id: &str, expires_at: DateTime<Utc>) -> Result<DateTime<Utc>, ApiError> {
+        if expires_at <= Utc::now() {
+            return Err(ApiError::InvalidParameter(format!(
+                "expiresAt {} is in the past",
+                expires_at.to_rfc3339()
+            )));
+        }
+        let record = self.update(id, |r| {
+            if !matches!(r.state(), SandboxState::Pending | SandboxState::Running) {
+                return Err(not_running(r, ""));
+            }
+            r.expires_at = Some(expires_at);
+            r.event(
+                "Renewed",
+                &format!("expires at {}", expires_at.to_rfc3339()),
+            );
+            Ok(())
+        })?;
+        Ok(record.expires_at.unwrap_or(expires_at))
+    }
+
+    /// `PATCH /v1/sandboxes/{id}/metadata`: a JSON merge patch (`null` removes a key).
+    pub fn patch_metadata(
+        &self,
+        id: &str,
+        patch: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Sandbox, ApiError> {
+        let record = self.update(id, |r| {
+            if r.state().is_final() {
+                return Err(not_running(r, ""));
+            }
+            let mut next: StringMap = r.metadata.clone();
+            for (key, value) in patch {
+                match value {
+                    serde_json::Value::Null => {
+                        next.remove(&key);
+                    }
+                    serde_json::Value::String(v) => {
+                        next.insert(key, v);
+                    }
+                    other => {
+                        return Err(ApiError::InvalidParameter(format!(
+                            "metadata.{key}: values must be strings or null, got {other}"
+                        )));
+                    }
+                }
+            }
+            fastbox_api::metadata::validate(next.iter())
+                .map_err(|e| ApiError::InvalidMetadata(e.to_string()))?;
+            r.metadata = next;
+            r.event("MetadataPatched", "");
+            Ok(())
+        })?;
+        Ok(record.to_wire())
+    }
+
+    /// `GET /v1/sandboxes/{id}/endpoints/{port}`: a node-proxy route (signed when `expires`
+    /// is given) or the server-proxy route; never the sandbox's own address.
+    pub fn endpoint(&self, id: &str, port: u16, q: &EndpointQuery) -> Result<Endpoint, ApiError> {
+        if port == 0 {
+            return Err(ApiError::InvalidParameter("port must be 1..65535".into()));
+        }
+        if q.use_server_proxy && q.expires.is_some() {
+            return Err(ApiError::InvalidParameter(
+                "use_server_proxy=true cannot be combined with expires".into(),
+            ));
+        }
+        let record = self.record(id)?;
+        match record.state() {
+            SandboxState::Running => {}
+            SandboxState::Pending => {
+                return Err(ApiError::NotReady {
+                    id: id.to_string(),
+                    state: record.state().to_string(),
+                });
+            }
+            _ => return Err(not_running(&record, "")),
+        }
+        let headers = (port == EXECD_PORT).then(|| {
+            StringMap::from([(EXECD_TOKEN_HEADER.to_string(), record.execd_token.clone())])
+        });
+        let endpoint = if q.use_server_proxy {
+            let host = q
+                .api_host
+                .clone()
+                .unwrap_or_else(|| self.cfg.listen.to_string());
+            format!("{host}/v1/sandboxes/{id}/proxy/{port}")
+        } else {
+            let node = self.node_proxy_host(q.api_host.as_deref());
+            match q.expires {
+                None => format!("{node}/{id}/{port}"),
+                Some(expires) => {
+                    let now = Utc::now().timestamp().max(0) as u64;
+                    if expires <= now {
+                        return Err(ApiError::InvalidParameter(format!(
+                            "expires {expires} is not in the future"
+                        )));
+                    }
+                    let sig = self.signer.sign(id, port, expires);
+                    format!("{node}/{id}/{port}/{}/{sig}", to_b36(expires))
+                }
+            }
+        };
+        Ok(Endpoint { endpoint, headers })
+    }
+
+    /// `host:port` of the node proxy as clients should use it.
+    fn node_proxy_host(&self, api_host: Option<&str>) -> String {
+        if let Some(public) = &self.cfg.node_proxy_public {
+            return public.clone();
+        }
+        let listen = self.cfg.node_proxy_listen;
+        if listen.ip().is_unspecified() {
+            // Listening everywhere: the host the client used for the API reaches us too.
+            let host = api_host
+                .and_then(|h| {
+                    h.rsplit_once(':')
+                        .map(|(h, _)| h.to_string())
+                        .or(Some(h.to_string()))
+                })
+                .unwrap_or_else(|| "127.0.0.1".to_string());
+            format!("{host}:{}", listen.port())
+        } else {
+            listen.to_string()
+        }
+    }
+
+    /// `GET .../diagnostics/logs`: the entrypoint's output, from execd.
+    pub async fn diagnostics_logs(
+        &self,
+        id: &str,
+        scope: &str,
+    ) -> Result<DiagnosticContentResponse, ApiError> {
+        check_scope(scope, &["container", "all"])?;
+        let record = self.record(id)?;
+        let (content, warnings) = match (&record.placement, record.state()) {
+            (Some(p), SandboxState::Running) => {
+                match entrypoint_logs(p.address, &record.execd_token).await {
+                    Ok(text) => (text, None),
+                    Err(e) => (
+                        String::new(),
+                        Some(vec![format!("execd did not answer: {e}")]),
+                    ),
+                }
+            }
+            _ => (
+                String::new(),
+                Some(vec![format!(
+                    "the sandbox is {}; logs are kept only while it runs",
+                    record.state()
+                )]),
+            ),
+        };
+        Ok(diagnostic(id, "logs", scope, content, warnings))
+    }
+
+    /// `GET .../diagnostics/events`: the sandbox's lifecycle events.
+    pub fn diagnostics_events(
+        &self,
+        id: &str,
+        scope: &str,
+    ) -> Result<DiagnosticContentResponse, ApiError> {
+        check_scope(scope, &["runtime", "all"])?;
+        let record = self.record(id)?;
+        Ok(diagnostic(id, "events", scope, record.events_text(), None))
+    }
+}
+
+fn check_scope(scope: &str, known: &[&str]) -> Result<(), ApiError> {
+    if known.contains(&scope) {
+        Ok(())
+    } else {
+        Err(ApiError::InvalidParameter(format!(
+            "DIAGNOSTICS_SCOPE_UNSUPPORTED: scope {scope:?} is not one of {known:?}"
+        )))
+    }
+}
+
+fn diagnostic(
+    id: &str,
+    kind: &str,
+    scope: &str,
+    content: String,
+    warnings: Option<Vec<String>>,
+) -> DiagnosticContentResponse {
+    DiagnosticContentResponse {
+        sandbox_id: id.to_string(),
+        kind: kind.to_string(),
+        scope: scope.to_string(),
+        delivery: "inline".to_string(),
+        content_type: "text/plain; charset=utf-8".to_string(),
+        truncated: false,
+        content_length: Some(content.len() as u64),
+        content: Some(content),
+        warnings,
+    }
+}
+
+/// The entrypoint's output as execd's `/fastbox/entrypoint/logs` has it.
+async fn entrypoint_logs(
+    address: std::net::Ipv4Addr,
+    token: &str,
+) -> Result<String, reqwest::Error> {
+    reqwest::Client::new()
+        .get(format!(
+            "http://{address}:{EXECD_PORT}/fastbox/entrypoint/logs"
+        ))
+        .header(EXECD_TOKEN_HEADER, token)
+        .timeout(std::time::Duration::from_secs(5))
+        .send()
+        .await?
+        .error_for_status()?
+        .text()
+        .await
+}
+
+pub(super) fn not_running(r: &SandboxRecord, detail: &str) -> ApiError {
+    let reason = r
+        .status
+        .reason
+        .as_deref()
+        .map(|x| format!(" ({x})"))
+        .unwrap_or_default();
+    ApiError::NotRunning {
+        id: r.id.clone(),
+        state: r.state().to_string(),
+        detail: format!("{reason}{detail}"),
+    }
+}
+
+/// 32 random bytes from getrandom(2), hex.
+pub fn random_token() -> String {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).expect("getrandom");
+    hex::encode(bytes)
+}

@@ -1,0 +1,292 @@
+//! Turns a `CreateSandboxRequest` into what the node needs, or a 400 that says what is wrong.
+//! Nothing is created before a request passed here.
+
+use fastbox_api::lifecycle::{CreateSandboxRequest, ImageSpec, StringMap};
+use fastbox_api::quantity::{parse_bytes, parse_cpu_millis};
+use fastbox_runtime::cgroup::{CgroupLimits, MIN_CPU_MILLIS};
+use fastbox_runtime::spec::DEFAULT_PIDS;
+
+use crate::error::ApiError;
+
+/// Shortest `timeout` the API accepts, in seconds.
+pub const MIN_TIMEOUT_SECS: i64 = 60;
+
+/// Environment keys a request may not set.
+const RESERVED_ENV: &[&str] = &["OPENSANDBOX_LIFECYCLE", "EXECD_ACCESS_TOKEN", "EXECD_ENVS"];
+
+/// A validated create.
+#[derive(Debug, Clone)]
+pub struct CreatePlan {
+    pub image: ImageSpec,
+    pub entrypoint: Vec<String>,
+    pub env: StringMap,
+    pub metadata: StringMap,
+    pub resource_limits: StringMap,
+    pub limits: CgroupLimits,
+    pub disk_bytes: Option<u64>,
+    pub timeout_secs: Option<i64>,
+    pub extensions: Option<StringMap>,
+}
+
+fn invalid(message: impl Into<String>) -> ApiError {
+    ApiError::InvalidParameter(message.into())
+}
+
+fn unsupported(message: impl Into<String>) -> ApiError {
+    ApiError::NotSupported(message.into())
+}
+
+/// Validates `req` against the API's rules and this server's limits.
+pub fn plan(req: CreateSandboxRequest, max_timeout_secs: u64) -> Result<CreatePlan, ApiError> {
+    if req.snapshot_id.is_some() {
+        return Err(unsupported(
+            "creating from a snapshot (snapshotId) is not supported by this server yet",
+        ));
+    }
+    if req.template_id.is_some() {
+        return Err(unsupported(
+            "creating from a template (templateId) is not supported by this server yet",
+        ));
+    }
+    let image = req
+        .image
+        .ok_or_else(|| invalid("image is required: {\"image\": {\"uri\": \"...\"}}"))?;
+    if image.uri.trim().is_empty() {
+        return Err(invalid("image.uri must not be empty"));
+    }
+    let entrypoint = req.entrypoint.ok_or_else(|| {
+        invalid("entrypoint is required with image, e.g. [\"tail\",\"-f\",\"/dev/null\"]")
+    })?;
+    if entrypoint.is_empty() || entrypoint[0].is_empty() {
+        return Err(invalid("entrypoint must name a program"));
+    }
+    if entrypoint.iter().any(|a| a.contains('\0')) {
+        return Err(invalid("entrypoint arguments must not contain NUL"));
+    }
+    let timeout_secs = match req.timeout {
+        None => None,
+        Some(t) if t < MIN_TIMEOUT_SECS => {
+            return Err(invalid(format!(
+                "timeout must be at least {MIN_TIMEOUT_SECS} seconds (or null for no expiry), got {t}"
+            )));
+        }
+        Some(t) if t as u64 > max_timeout_secs => {
+            return Err(invalid(format!(
+                "timeout must be at most {max_timeout_secs} seconds, got {t}"
+            )));
+        }
+        Some(t) => Some(t),
+    };
+    let env = req.env.unwrap_or_default();
+    for key in env.keys() {
+        if key.is_empty() || key.contains('=') || key.contains('\0') {
+            return Err(invalid(format!(
+                "env key {key:?} is not a valid variable name"
+            )));
+        }
+        if RESERVED_ENV.contains(&key.as_str()) {
+            return Err(invalid(format!("env key {key} is reserved")));
+        }
+    }
+    if env.values().any(|v| v.contains('\0')) {
+        return Err(invalid("env values must not contain NUL"));
+    }
+    let metadata = req.metadata.unwrap_or_default();
+    fastbox_api::metadata::validate(metadata.iter())
+        .map_err(|e| ApiError::InvalidMetadata(e.to_string()))?;
+    if let Some(policy) = &req.network_policy
+        && !policy.is_allow_all()
+    {
+        return Err(unsupported(
+            "networkPolicy: egress policies are not enforced by this server yet; omit it or use {} (allow all)",
+        ));
+    }
+    if req.secure_access == Some(true) {
+        return Err(invalid("secureAccess is not supported by this server"));
+    }
+    if req.volumes.as_ref().is_some_and(|v| !v.is_empty()) {
+        return Err(unsupported("volumes are not supported by this server"));
+    }
+    if req.lifecycle.is_some() {
+        return Err(unsupported(
+            "lifecycle hooks are not supported by this server",
+        ));
+    }
+    if req
+        .credential_proxy
+        .as_ref()
+        .and_then(|c| c.get("enabled"))
+        .and_then(|e| e.as_bool())
+        == Some(true)
+    {
+        return Err(unsupported(
+            "credentialProxy is not supported by this server",
+        ));
+    }
+    if let Some(p) = &req.platform
+        && (p.os != "linux" || p.arch != host_arch())
+    {
+        return Err(invalid(format!(
+            "platform {}/{} is not this server's (linux/{})",
+            p.os,
+            p.arch,
+            host_arch()
+        )));
+    }
+    let resource_limits = req.resource_limits.unwrap_or_default();
+    let (limits, disk_bytes) = limits_of(&resource_limits)?;
+    Ok(CreatePlan {
+        image,
+        entrypoint,
+        env,
+        metadata,
+        resource_limits,
+        limits,
+        disk_bytes,
+        timeout_secs,
+        extensions: req.extensions,
+    })
+}
+
+fn host_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// `resourceLimits`: `cpu`, `memory`, `disk` (alias `ephemeral-storage`), `pids`.
+pub fn limits_of(map: &StringMap) -> Result<(CgroupLimits, Option<u64>), ApiError> {
+    let mut limits = CgroupLimits {
+        cpu_millis: None,
+        memory_bytes: None,
+        pids: Some(DEFAULT_PIDS),
+    };
+    let mut disk = None;
+    for (key, value) in map {
+        let bad =
+            |e: &dyn std::fmt::Display| invalid(format!("resourceLimits.{key} {value:?}: {e}"));
+        match key.as_str() {
+            "cpu" => {
+                let millis = parse_cpu_millis(value).map_err(|e| bad(&e))?;
+                if millis < MIN_CPU_MILLIS {
+                    return Err(bad(&format!("at least {MIN_CPU_MILLIS}m")));
+                }
+                limits.cpu_millis = Some(millis);
+            }
+            "memory" => {
+                let bytes = parse_bytes(value).map_err(|e| bad(&e))?;
+                if bytes < 16 << 20 {
+                    return Err(bad(&"at least 16Mi"));
+                }
+                limits.memory_bytes = Some(bytes);
+            }
+            "disk" | "ephemeral-storage" => {
+                let bytes = parse_bytes(value).map_err(|e| bad(&e))?;
+                if bytes < 64 << 20 {
+                    return Err(bad(&"at least 64Mi"));
+                }
+                disk = Some(bytes);
+            }
+            "pids" => {
+                let n: u64 = value.parse().map_err(|e| bad(&e))?;
+                if n < 16 {
+                    return Err(bad(&"at least 16"));
+                }
+                limits.pids = Some(n);
+            }
+            "gpu" | "nvidia.com/gpu" if value == "0" => {}
+            "gpu" | "nvidia.com/gpu" => {
+                return Err(unsupported("GPUs are not supported by this server"));
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "resourceLimits.{key} is not a known resource (cpu, memory, disk, pids)"
+                )));
+            }
+        }
+    }
+    Ok((limits, disk))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(json: &str) -> CreateSandboxRequest {
+        serde_json::from_str(json).unwrap()
+    }
+
+    fn err(json: &str) -> ApiError {
+        plan(req(json), 86_400).unwrap_err()
+    }
+
+    #[test]
+    fn the_sdks_default_body_plans() {
+        let p = plan(
+            req(r#"{"image":{"uri":"python:3.12"},"timeout":600,"resourceLimits":{"cpu":"1","memory":"2Gi"},"entrypoint":["tail","-f","/dev/null"],"secureAccess":false}"#),
+            86_400,
+        )
+        .unwrap();
+        assert_eq!(p.limits.cpu_millis, Some(1000));
+        assert_eq!(p.limits.memory_bytes, Some(2 << 30));
+        assert_eq!(p.timeout_secs, Some(600));
+    }
+
+    #[test]
+    fn bad_requests_say_what_is_wrong() {
+        let base = r#""image":{"uri":"x"},"entrypoint":["a"]"#;
+        assert!(matches!(err("{}"), ApiError::InvalidParameter(_)));
+        assert!(matches!(
+            err(r#"{"image":{"uri":"x"}}"#),
+            ApiError::InvalidParameter(_)
+        ));
+        let e = err(&format!("{{{base},\"timeout\":10}}"));
+        assert!(e.to_string().contains("at least 60"), "{e}");
+        assert!(matches!(
+            err(&format!("{{{base},\"timeout\":999999}}")),
+            ApiError::InvalidParameter(_)
+        ));
+        let e = err(&format!(
+            "{{{base},\"resourceLimits\":{{\"cpu\":\"lots\"}}}}"
+        ));
+        assert!(e.to_string().contains("resourceLimits.cpu"), "{e}");
+        assert!(matches!(
+            err(&format!("{{{base},\"resourceLimits\":{{\"fpga\":\"1\"}}}}")),
+            ApiError::InvalidParameter(_)
+        ));
+        assert!(matches!(
+            err(&format!("{{{base},\"metadata\":{{\"bad key\":\"v\"}}}}")),
+            ApiError::InvalidMetadata(_)
+        ));
+        assert!(matches!(
+            err(&format!(
+                "{{{base},\"env\":{{\"EXECD_ACCESS_TOKEN\":\"x\"}}}}"
+            )),
+            ApiError::InvalidParameter(_)
+        ));
+        assert!(matches!(
+            err(&format!(
+                "{{{base},\"networkPolicy\":{{\"defaultAction\":\"deny\"}}}}"
+            )),
+            ApiError::NotSupported(_)
+        ));
+        assert!(matches!(
+            err(r#"{"snapshotId":"s"}"#),
+            ApiError::NotSupported(_)
+        ));
+        plan(req(&format!("{{{base},\"networkPolicy\":{{}}}}")), 86_400).unwrap();
+    }
+
+    #[test]
+    fn disk_and_pids_limits() {
+        let map: StringMap = [
+            ("disk".to_string(), "1Gi".to_string()),
+            ("pids".to_string(), "64".to_string()),
+        ]
+        .into();
+        let (limits, disk) = limits_of(&map).unwrap();
+        assert_eq!((limits.pids, disk), (Some(64), Some(1 << 30)));
+    }
+}

@@ -1,0 +1,210 @@
+//! `fastbox up`: the lifecycle server, the node agent and both proxies in one process, with
+//! the state store in the data directory. Sandboxes outlive the process: SIGTERM stops
+//! serving and leaves them running; the next start re-adopts them.
+
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use fastbox_fastlet::node_proxy::{self, NodeProxy};
+use fastbox_fastlet::{Fastlet, FastletConfig, blocking};
+use fastbox_image::{ImageConfig, StderrProgress};
+use fastbox_proxy::{Forwarder, ForwarderConfig, RouteSigner};
+use tokio::net::TcpListener;
+
+use crate::config::ServerConfig;
+use crate::http::{self, AppState};
+use crate::service::{Health, Lifecycle};
+use crate::store::Store;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpError {
+    #[error("data directory {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("route signing key: {0}")]
+    Signer(#[from] fastbox_proxy::RouteError),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Node(#[from] fastbox_fastlet::FastletError),
+    #[error("{0}")]
+    Api(#[from] crate::error::ApiError),
+    #[error("server: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Runs `fastbox up` until SIGTERM or SIGINT. `helper` is the `fastbox` executable itself.
+pub async fn run(cfg: ServerConfig, helper: PathBuf, execd_bin: PathBuf) -> Result<(), UpError> {
+    let started = Instant::now();
+    let data_dir = cfg.data_dir.clone();
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&data_dir)
+        .map_err(|source| UpError::DataDir {
+            path: data_dir.clone(),
+            source,
+        })?;
+    let api_key = api_key(&cfg, &data_dir)?;
+    let signer = RouteSigner::load_or_create(&data_dir.join("route-signing.key"))?;
+    let store = Store::open(&data_dir.join("state.redb"))?;
+    let fastlet_cfg = FastletConfig {
+        prefix: cfg.prefix.clone(),
+        data_dir: data_dir.clone(),
+        helper,
+        pool: cfg.pool,
+        images: ImageConfig {
+            cache_dir: cfg.cache_dir.clone(),
+            ..ImageConfig::default()
+        },
+        execd_bin,
+    };
+    let fastlet =
+        Arc::new(blocking::run("fastbox-node", move || Fastlet::start(fastlet_cfg)).await?);
+    let lifecycle = Lifecycle::new(cfg.clone(), store, fastlet.clone(), signer.clone())?;
+    let (adopted, lost, restarted) = lifecycle.recover().await;
+    if adopted + lost + restarted > 0 {
+        println!(
+            "fastbox: recovered sandboxes: {adopted} re-adopted, {lost} lost (Failed: PROCESS_LOST), {restarted} interrupted creates restarted"
+        );
+    }
+
+    let api_listener = bind(cfg.listen).await?;
+    let node_listener = bind(cfg.node_proxy_listen).await?;
+    let node_proxy = NodeProxy {
+        fastlet: fastlet.clone(),
+        signer: Arc::new(signer),
+        forwarder: Arc::new(Forwarder::new(ForwarderConfig::default())),
+    };
+    let state = AppState {
+        lifecycle: lifecycle.clone(),
+        api_key: api_key.into(),
+        node_proxy: node_proxy.clone(),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let api = serve(api_listener, http::router(state), stop_rx.clone());
+    let node = serve(node_listener, node_proxy::router(node_proxy), stop_rx);
+    println!(
+        "fastbox: lifecycle API on http://{} (also /v1), node proxy on {}, data in {}",
+        cfg.listen,
+        cfg.node_proxy_listen,
+        data_dir.display()
+    );
+    let _ = std::io::stdout().flush();
+
+    let prepare = prepare_images(lifecycle.clone());
+    tokio::spawn(lifecycle.clone().reconcile_forever());
+    let servers = async { tokio::try_join!(api, node) };
+    tokio::pin!(servers);
+    tokio::select! {
+        result = &mut servers => { result.map_err(UpError::Serve)?; }
+        () = async { prepare.await; println!("fastbox: ready in {:.1?}", started.elapsed()); let _ = std::io::stdout().flush(); std::future::pending::<()>().await } => {}
+        () = shutdown_signal() => {
+            println!("fastbox: stopping; sandboxes keep running and are re-adopted at the next start");
+            let _ = stop_tx.send(true);
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), &mut servers).await;
+        }
+    }
+    if let Ok(fastlet) = Arc::try_unwrap(fastlet) {
+        fastlet.shutdown();
+    }
+    Ok(())
+}
+
+/// The API key: configured, or kept in the data dir, or generated now (and printed once).
+fn api_key(cfg: &ServerConfig, data_dir: &Path) -> Result<String, UpError> {
+    if let Some(key) = &cfg.api_key {
+        return Ok(key.clone());
+    }
+    let path = data_dir.join("api-key");
+    let io = |source| UpError::DataDir {
+        path: path.clone(),
+        source,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(key) if !key.trim().is_empty() => return Ok(key.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    let key = crate::service::random_token();
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io)?;
+    writeln!(file, "{key}").map_err(io)?;
+    println!(
+        "fastbox: generated an API key (kept in {}):\n  OPEN-SANDBOX-API-KEY: {key}",
+        path.display()
+    );
+    Ok(key)
+}
+
+async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, UpError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| UpError::Listen { addr, source })
+}
+
+async fn serve(
+    listener: TcpListener,
+    router: axum::Router,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move {
+        let _ = stop.wait_for(|s| *s).await;
+    })
+    .await
+}
+
+/// Prepares the default images (progress on stderr), then reports healthy.
+async fn prepare_images(lifecycle: Arc<Lifecycle>) {
+    let images = lifecycle.config().default_images.clone();
+    for reference in images {
+        lifecycle.set_health(Health::Starting(format!("preparing image {reference}")));
+        eprintln!("fastbox: preparing image {reference}");
+        let fastlet = lifecycle.fastlet().clone();
+        let r = reference.clone();
+        let started = Instant::now();
+        let result = blocking::run("fastbox-image", move || {
+            fastlet.resolve_image(&r, None, &StderrProgress::new())
+        })
+        .await;
+        match result {
+            Ok(image) => eprintln!(
+                "fastbox: image {reference} ready ({}, {:.1?})",
+                image.digest,
+                started.elapsed()
+            ),
+            // Creates of this image will fail with the error; the server still serves others.
+            Err(e) => eprintln!("fastbox: warning: image {reference} could not be prepared: {e}"),
+        }
+    }
+    lifecycle.set_health(Health::Ready);
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
