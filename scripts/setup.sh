@@ -47,7 +47,7 @@ PACKAGES=(
     ca-certificates
 )
 REGISTRY_PKG=docker-registry
-VENV_REQUIREMENTS=("opensandbox==1.1.1" "pytest")
+VENV_REQUIREMENTS=("opensandbox==1.1.1" "opensandbox-code-interpreter==1.1.1" "opensandbox-cli==1.1.1" "pytest")
 
 REGISTRY_DIR=$FASTBOX_DEPS/registry
 REGISTRY_BIN=$REGISTRY_DIR/bin/docker-registry
