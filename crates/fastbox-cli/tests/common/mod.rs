@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod server;
+
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 

@@ -1,0 +1,315 @@
+//! A real `fastbox up` for end-to-end tests: the binary under test as a child process, on
+//! free loopback ports, with its own prefix, address pool and data directory. Dropping it
+//! deletes every sandbox through the API, stops the server, checks that nothing but the
+//! instance's nft table remained, purges the instance and checks the host is clean.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use reqwest::blocking::Client;
+use serde_json::Value;
+
+pub struct UpServer {
+    /// `http://127.0.0.1:PORT`.
+    pub api: String,
+    /// `127.0.0.1:PORT` of the node proxy.
+    pub node_proxy: String,
+    pub api_key: String,
+    pub prefix: String,
+    pub dir: tempfile::TempDir,
+    pub data_dir: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+    log: PathBuf,
+    http: Client,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// The image cache the tests share (`FASTBOX_TEST_CACHE_DIR` when set).
+pub fn test_cache_dir() -> PathBuf {
+    std::env::var_os("FASTBOX_TEST_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("fastbox-test-cache"))
+}
+
+impl UpServer {
+    /// Starts `fastbox up` for the test tagged `tag` (its own prefix and pool
+    /// 10.217.<tag>.0/24) and waits until it is healthy. None, with the reason printed, when
+    /// this machine cannot run it.
+    pub fn start(tag: char, extra_args: &[&str]) -> Option<UpServer> {
+        if let Some(reason) = super::unavailable() {
+            eprintln!("skipped: {reason}");
+            return None;
+        }
+        let prefix = fastbox_testkit::run_prefix(&tag.to_string());
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{prefix}-"))
+            .tempdir()
+            .expect("tempdir");
+        let data_dir = dir.path().join("data");
+        let (api_port, node_port) = (free_port(), free_port());
+        let api_key = format!("key-{prefix}");
+        let mut args: Vec<String> = vec![
+            "up".into(),
+            "--listen".into(),
+            format!("127.0.0.1:{api_port}"),
+            "--node-proxy-listen".into(),
+            format!("127.0.0.1:{node_port}"),
+            "--api-key".into(),
+            api_key.clone(),
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+            "--cache-dir".into(),
+            test_cache_dir().display().to_string(),
+            "--prefix".into(),
+            prefix.clone(),
+            "--pool".into(),
+            format!("10.217.{}.0/24", tag as u8),
+            "--execd".into(),
+            fastbox_testkit::execd_path().unwrap().display().to_string(),
+        ];
+        if !extra_args.iter().any(|a| a.contains("default-image")) {
+            args.extend(["--default-image".into(), "fastbox/busybox".into()]);
+        }
+        args.extend(extra_args.iter().map(|s| s.to_string()));
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert("OPEN-SANDBOX-API-KEY", api_key.parse().unwrap());
+        let http = Client::builder()
+            .default_headers(headers)
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let log = dir.path().join("server.log");
+        let mut server = UpServer {
+            api: format!("http://127.0.0.1:{api_port}"),
+            node_proxy: format!("127.0.0.1:{node_port}"),
+            api_key,
+            prefix,
+            data_dir,
+            dir,
+            args,
+            child: None,
+            log,
+            http,
+        };
+        server.spawn();
+        Some(server)
+    }
+
+    /// Starts the server process (again) and waits for `/health`.
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_fastbox"))
+            .args(&self.args)
+            .env("FASTBOX_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawn fastbox up");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("fastbox up exited with {status}:\n{}", self.log_text());
+            }
+            let ok = self
+                .http
+                .get(format!("{}/health", self.api))
+                .timeout(Duration::from_secs(2))
+                .send()
+                .is_ok_and(|r| r.status() == 200);
+            if ok {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "fastbox up not healthy after 300 s:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM and wait: a clean stop.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = child.wait();
+        }
+    }
+
+    /// `kill -9`: a crash.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.api)
+    }
+
+    /// GET a lifecycle path: (status, JSON body or Null).
+    pub fn get(&self, path: &str) -> (u16, Value) {
+        let r = self.http.get(self.url(path)).send().expect("GET");
+        let status = r.status().as_u16();
+        (status, r.json().unwrap_or(Value::Null))
+    }
+
+    /// POST JSON to a lifecycle path.
+    pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let r = self
+            .http
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .expect("POST");
+        let status = r.status().as_u16();
+        (status, r.json().unwrap_or(Value::Null))
+    }
+
+    pub fn delete(&self, path: &str) -> u16 {
+        self.http
+            .delete(self.url(path))
+            .send()
+            .expect("DELETE")
+            .status()
+            .as_u16()
+    }
+
+    /// Creates a busybox sandbox running `sleep` and returns its id.
+    pub fn create_busybox(&self) -> String {
+        let (status, body) = self.post(
+            "/v1/sandboxes",
+            &serde_json::json!({
+                "image": {"uri": "fastbox/busybox"},
+                "entrypoint": ["sleep", "100000"],
+                "timeout": 3600,
+                "resourceLimits": {"cpu": "1", "memory": "256Mi"},
+            }),
+        );
+        assert_eq!(status, 202, "{body}");
+        body["id"].as_str().unwrap().to_string()
+    }
+
+    pub fn state(&self, id: &str) -> (String, Option<String>) {
+        let (status, body) = self.get(&format!("/v1/sandboxes/{id}"));
+        assert_eq!(status, 200, "{body}");
+        (
+            body["status"]["state"].as_str().unwrap().to_string(),
+            body["status"]["reason"].as_str().map(str::to_string),
+        )
+    }
+
+    /// Polls until `id` is in `state` (panics after 60 s).
+    pub fn wait_state(&self, id: &str, state: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (now, _) = self.state(id);
+            if now == state {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{id} stayed {now}, wanted {state}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// execd `/ping` of `id` through the node proxy endpoint the API hands out: the status.
+    pub fn ping(&self, id: &str) -> u16 {
+        let (status, ep) = self.get(&format!("/v1/sandboxes/{id}/endpoints/44772"));
+        if status != 200 {
+            return status;
+        }
+        let mut req =
+            Client::new().get(format!("http://{}/ping", ep["endpoint"].as_str().unwrap()));
+        for (k, v) in ep["headers"].as_object().into_iter().flatten() {
+            req = req.header(k.as_str(), v.as_str().unwrap());
+        }
+        req.send().map(|r| r.status().as_u16()).unwrap_or(0)
+    }
+
+    /// Ids of every listed sandbox.
+    pub fn ids(&self) -> Vec<String> {
+        let (_, body) = self.get("/v1/sandboxes?pageSize=200");
+        body["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| s["id"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    fn cleanup(&mut self) -> Vec<String> {
+        if self.child.is_some() {
+            let ids = self.ids();
+            for id in &ids {
+                self.delete(&format!("/v1/sandboxes/{id}"));
+            }
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline
+                && ids.iter().any(|id| {
+                    let (s, _) = self.state(id);
+                    s != "Terminated" && s != "Failed"
+                })
+            {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            // Failed sandboxes are cleaned by the reconciler: give it a pass.
+            std::thread::sleep(Duration::from_millis(2500));
+        }
+        self.stop();
+        let table = format!("nft table inet {}", self.prefix);
+        let leaked: Vec<String> = fastbox_cli::local_sandbox::leftovers(&self.prefix)
+            .into_iter()
+            .filter(|l| *l != table)
+            .collect();
+        let _ = fastbox_fastlet::host::purge(&self.prefix, &self.data_dir);
+        leaked
+    }
+
+    /// Deletes everything, stops, and asserts that no sandbox state outlived its deletion and
+    /// that the purge left the host clean.
+    pub fn finish(mut self) {
+        let leaked = self.cleanup();
+        assert!(
+            leaked.is_empty(),
+            "deleted sandboxes left host state: {leaked:?}\n{}",
+            self.log_text()
+        );
+        let after = fastbox_cli::local_sandbox::leftovers(&self.prefix);
+        assert!(after.is_empty(), "purge left host state: {after:?}");
+    }
+}
+
+impl Drop for UpServer {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            let _ = self.cleanup();
+        }
+        let _ = fastbox_fastlet::host::purge(&self.prefix, &self.data_dir);
+    }
+}

@@ -1,0 +1,129 @@
+//! `fastbox up` end to end, as a real process: sandboxes outlive the server, a restart (clean
+//! or `kill -9`) re-adopts the live ones and fails the lost ones with `PROCESS_LOST`, an
+//! interrupted create converges, and nothing is leaked.
+
+mod common;
+
+use common::server::UpServer;
+use fastbox_runtime::cgroup::{Cgroup, CgroupRoot};
+
+/// Kills every process of sandbox `id` behind the server's back.
+fn kill_sandbox_processes(prefix: &str, id: &str) {
+    let root = CgroupRoot::detect().unwrap();
+    let cgroup = Cgroup::open(&root, prefix, id).expect("the sandbox's cgroup");
+    cgroup.kill_all().unwrap();
+}
+
+#[test]
+fn restarts_readopt_live_sandboxes_and_fail_lost_ones() {
+    let Some(mut server) = UpServer::start('r', &[]) else {
+        return;
+    };
+    let a = server.create_busybox();
+    let b = server.create_busybox();
+    for id in [&a, &b] {
+        assert_eq!(server.state(id).0, "Running");
+        assert_eq!(server.ping(id), 200);
+    }
+
+    // A clean stop leaves sandboxes running.
+    server.stop();
+    kill_sandbox_processes(&server.prefix, &b);
+    server.spawn();
+    assert_eq!(server.state(&a).0, "Running");
+    assert_eq!(server.ping(&a), 200, "re-adopted sandbox answers");
+    assert_eq!(
+        server.state(&b),
+        ("Failed".to_string(), Some("PROCESS_LOST".to_string()))
+    );
+    let (_, events) = server.get(&format!("/v1/sandboxes/{a}/diagnostics/events"));
+    assert!(
+        events["content"].as_str().unwrap().contains("Adopted"),
+        "{events}"
+    );
+
+    // A crash too.
+    server.kill9();
+    server.spawn();
+    assert_eq!(server.ping(&a), 200, "survives kill -9 of the server");
+
+    // New sandboxes get other slots than the adopted one.
+    let c = server.create_busybox();
+    assert_eq!(server.ping(&c), 200);
+    assert_eq!(server.ping(&a), 200);
+    server.finish();
+}
+
+#[test]
+fn an_interrupted_create_converges_and_leaves_nothing_behind() {
+    let Some(mut server) = UpServer::start('i', &[]) else {
+        return;
+    };
+    // kill -9 at several points of creates in flight; every sandbox must end Running or
+    // Failed with a reason, and deleting them must leave nothing on the host.
+    for delay_ms in [0u64, 20, 60, 150] {
+        let api = server.url("/v1/sandboxes");
+        let key = server.api_key.clone();
+        let request = std::thread::spawn(move || {
+            let _ = reqwest::blocking::Client::new()
+                .post(api)
+                .header("OPEN-SANDBOX-API-KEY", key)
+                .json(&serde_json::json!({
+                    "image": {"uri": "fastbox/busybox"},
+                    "entrypoint": ["sleep", "100000"],
+                }))
+                .send();
+        });
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        server.kill9();
+        let _ = request.join();
+        server.spawn();
+    }
+    let ids = server.ids();
+    for id in &ids {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let (state, reason) = server.state(id);
+            match state.as_str() {
+                "Running" => {
+                    assert_eq!(server.ping(id), 200);
+                    break;
+                }
+                "Failed" => {
+                    assert!(reason.is_some(), "{id} failed without a reason");
+                    break;
+                }
+                _ => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "{id} stuck in {state}"
+                    );
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+            }
+        }
+    }
+    eprintln!("{} creates were recorded before the crashes", ids.len());
+    server.finish();
+}
+
+#[test]
+fn expired_sandboxes_are_terminated() {
+    let Some(server) = UpServer::start('x', &[]) else {
+        return;
+    };
+    let id = server.create_busybox();
+    let soon = chrono::Utc::now() + chrono::Duration::seconds(1);
+    let (status, body) = server.post(
+        &format!("/v1/sandboxes/{id}/renew-expiration"),
+        &serde_json::json!({"expiresAt": soon.to_rfc3339()}),
+    );
+    assert_eq!(status, 200, "{body}");
+    server.wait_state(&id, "Terminated");
+    let (_, events) = server.get(&format!("/v1/sandboxes/{id}/diagnostics/events"));
+    assert!(
+        events["content"].as_str().unwrap().contains("EXPIRED"),
+        "{events}"
+    );
+    server.finish();
+}
