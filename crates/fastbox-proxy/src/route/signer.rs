@@ -1,0 +1,272 @@
+//! Signing and verifying one route credential (OSEP-0011, byte for byte).
+//!
+//! The credential for sandbox `id`, port `port`, expiring at `expires` (Unix seconds) is
+//! `hex(SHA256(BE32(len(secret)) || secret || BE32(len(canon)) || canon))[0..8]` followed by the
+//! one-character key id, where `canon` is `"v1\nshort\n{id}\n{port}\n{expires_b36}\n"`. The key id
+//! names the secret, so keys can be rotated while old routes stay checkable.
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+
+use super::RouteError;
+use super::b36::{from_b36, to_b36};
+
+/// Hex digits of the digest kept in a signature (the key id follows them).
+const SIG_HEX_LEN: usize = 8;
+
+/// Shortest secret accepted (128 bits); generated secrets are 32 bytes.
+pub(crate) const MIN_SECRET_LEN: usize = 16;
+
+/// Longest secret accepted, so its length always fits the 32-bit length prefix.
+pub(crate) const MAX_SECRET_LEN: usize = 4096;
+
+/// Signs and verifies route credentials with one secret, named by a key id.
+///
+/// `Debug` shows the key id only, never the secret.
+#[derive(Clone)]
+pub struct RouteSigner {
+    key_id: char,
+    secret: Vec<u8>,
+}
+
+impl RouteSigner {
+    /// A signer for `secret`, named by `key_id` (one of `0-9a-z`).
+    ///
+    /// The secret must be 16 to 4096 bytes long.
+    pub fn try_new(key_id: char, secret: Vec<u8>) -> Result<Self, RouteError> {
+        if !is_key_id(key_id) {
+            return Err(RouteError::InvalidKeyId(key_id));
+        }
+        if !(MIN_SECRET_LEN..=MAX_SECRET_LEN).contains(&secret.len()) {
+            return Err(RouteError::InvalidSecretLength(secret.len()));
+        }
+        Ok(Self { key_id, secret })
+    }
+
+    /// The key id this signer appends to its signatures.
+    pub fn key_id(&self) -> char {
+        self.key_id
+    }
+
+    /// The 9-character signature of a route to `port` of `sandbox_id` until `expires`.
+    pub fn sign(&self, sandbox_id: &str, port: u16, expires: u64) -> String {
+        let mut sig = self.digest_hex(sandbox_id, port, &to_b36(expires));
+        sig.push(self.key_id);
+        sig
+    }
+
+    /// Checks a credential taken from a route and returns its expiry time (Unix seconds).
+    ///
+    /// The signature is checked before the expiry, so [`RouteError::Expired`] is only ever
+    /// reported for a credential this signer issued. A route is valid up to and including the
+    /// second `expires`.
+    pub fn verify(
+        &self,
+        sandbox_id: &str,
+        port: u16,
+        expires_b36: &str,
+        sig: &str,
+        now_unix: u64,
+    ) -> Result<u64, RouteError> {
+        let expires = from_b36(expires_b36).ok_or(RouteError::Malformed)?;
+        let key_id = sig_key_id(sig).ok_or(RouteError::Malformed)?;
+        if key_id != self.key_id {
+            return Err(RouteError::UnknownKey(key_id));
+        }
+        // The canonical string signs `expires_b36` as given; `from_b36` accepted only the
+        // canonical form, so it equals `to_b36(expires)`.
+        let expected = self.sign(sandbox_id, port, expires);
+        if !constant_time_eq(expected.as_bytes(), sig.as_bytes()) {
+            return Err(RouteError::BadSignature);
+        }
+        if now_unix > expires {
+            return Err(RouteError::Expired { expires });
+        }
+        Ok(expires)
+    }
+
+    /// The first 8 hex digits of the OSEP-0011 digest.
+    fn digest_hex(&self, sandbox_id: &str, port: u16, expires_b36: &str) -> String {
+        let canon = format!("v1\nshort\n{sandbox_id}\n{port}\n{expires_b36}\n");
+        let digest = Sha256::new()
+            .chain_update(be32_len(self.secret.len()))
+            .chain_update(&self.secret)
+            .chain_update(be32_len(canon.len()))
+            .chain_update(canon.as_bytes())
+            .finalize();
+        hex::encode(&digest[..SIG_HEX_LEN / 2])
+    }
+}
+
+impl fmt::Debug for RouteSigner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RouteSigner")
+            .field("key_id", &self.key_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether `c` may name a key: one of `0-9a-z`.
+fn is_key_id(c: char) -> bool {
+    matches!(c, '0'..='9' | 'a'..='z')
+}
+
+/// The key id of a signature-shaped string: 8 lowercase hex digits and a key id.
+pub(crate) fn sig_key_id(sig: &str) -> Option<char> {
+    let (hex, key_id) = sig.split_at_checked(SIG_HEX_LEN)?;
+    let mut rest = key_id.chars();
+    let key_id = rest.next().filter(|&c| is_key_id(c))?;
+    let hex_ok = hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    (hex_ok && rest.next().is_none()).then_some(key_id)
+}
+
+/// A length as the 32-bit big-endian prefix of the digest input.
+///
+/// Secrets are capped at 4096 bytes and sandbox ids come from URL paths, so lengths never
+/// reach 4 GiB; saturating keeps this total without a panic path.
+fn be32_len(len: usize) -> [u8; 4] {
+    u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes()
+}
+
+/// Compares two byte strings in time independent of where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECRET: &[u8] = b"fastbox-test-secret";
+    const ID: &str = "sbx-123";
+    const PORT: u16 = 8080;
+    /// 1_700_000_000 in base 36.
+    const EXPIRES: u64 = 1_700_000_000;
+    const EXPIRES_B36: &str = "s44we8";
+    /// Computed with Python's hashlib from the OSEP-0011 definition.
+    const KNOWN_SIG: &str = "9363e73ek";
+
+    fn signer() -> RouteSigner {
+        RouteSigner::try_new('k', SECRET.to_vec()).unwrap()
+    }
+
+    /// The OSEP-0011 signature, written out from the definition rather than the code under test.
+    fn reference_sig(secret: &[u8], canon: &str, key_id: char) -> String {
+        let mut input = Vec::new();
+        input.extend_from_slice(&(secret.len() as u32).to_be_bytes());
+        input.extend_from_slice(secret);
+        input.extend_from_slice(&(canon.len() as u32).to_be_bytes());
+        input.extend_from_slice(canon.as_bytes());
+        let digest = Sha256::digest(&input);
+        format!("{}{key_id}", &hex::encode(digest)[..8])
+    }
+
+    #[test]
+    fn sign_matches_known_vector() {
+        let canon = "v1\nshort\nsbx-123\n8080\ns44we8\n";
+        assert_eq!(reference_sig(SECRET, canon, 'k'), KNOWN_SIG);
+        assert_eq!(signer().sign(ID, PORT, EXPIRES), KNOWN_SIG);
+    }
+
+    #[test]
+    fn verify_accepts_known_vector_until_expiry() {
+        let s = signer();
+        assert_eq!(
+            s.verify(ID, PORT, EXPIRES_B36, KNOWN_SIG, 0).unwrap(),
+            EXPIRES
+        );
+        assert_eq!(
+            s.verify(ID, PORT, EXPIRES_B36, KNOWN_SIG, EXPIRES).unwrap(),
+            EXPIRES
+        );
+        assert!(matches!(
+            s.verify(ID, PORT, EXPIRES_B36, KNOWN_SIG, EXPIRES + 1),
+            Err(RouteError::Expired { expires: EXPIRES })
+        ));
+    }
+
+    #[test]
+    fn verify_rejects_tampering_with_each_field() {
+        let s = signer();
+        let other = RouteSigner::try_new('k', b"another-secret-16b".to_vec()).unwrap();
+        let now = EXPIRES - 10;
+        for result in [
+            s.verify("sbx-124", PORT, EXPIRES_B36, KNOWN_SIG, now),
+            s.verify(ID, 8081, EXPIRES_B36, KNOWN_SIG, now),
+            s.verify(ID, PORT, "s44we9", KNOWN_SIG, now),
+            s.verify(ID, PORT, EXPIRES_B36, "9363e73fk", now),
+            other.verify(ID, PORT, EXPIRES_B36, KNOWN_SIG, now),
+            // Expired and tampered: the signature is what is reported.
+            s.verify(ID, PORT, "s44we9", KNOWN_SIG, u64::MAX),
+        ] {
+            assert!(
+                matches!(result, Err(RouteError::BadSignature)),
+                "{result:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn verify_rejects_other_key_ids() {
+        assert!(matches!(
+            signer().verify(ID, PORT, EXPIRES_B36, "9363e73ea", 0),
+            Err(RouteError::UnknownKey('a'))
+        ));
+        let same_secret_other_id = RouteSigner::try_new('a', SECRET.to_vec()).unwrap();
+        assert!(matches!(
+            same_secret_other_id.verify(ID, PORT, EXPIRES_B36, KNOWN_SIG, 0),
+            Err(RouteError::UnknownKey('k'))
+        ));
+    }
+
+    #[test]
+    fn verify_rejects_malformed_credentials() {
+        let s = signer();
+        for (expires, sig) in [
+            ("", KNOWN_SIG),
+            ("S44WE8", KNOWN_SIG),
+            ("0s44we8", KNOWN_SIG),
+            (EXPIRES_B36, ""),
+            (EXPIRES_B36, "9363e73e"),
+            (EXPIRES_B36, "9363e73ekk"),
+            (EXPIRES_B36, "9363e73eK"),
+            (EXPIRES_B36, "9363e73é"),
+            (EXPIRES_B36, "9363E73Ek"),
+            (EXPIRES_B36, "zzzzzzzzk"),
+        ] {
+            let result = s.verify(ID, PORT, expires, sig, 0);
+            assert!(
+                matches!(result, Err(RouteError::Malformed)),
+                "{expires:?} {sig:?}: {result:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn try_new_validates_key_id_and_secret() {
+        assert!(matches!(
+            RouteSigner::try_new('A', SECRET.to_vec()),
+            Err(RouteError::InvalidKeyId('A'))
+        ));
+        assert!(matches!(
+            RouteSigner::try_new('-', SECRET.to_vec()),
+            Err(RouteError::InvalidKeyId('-'))
+        ));
+        assert!(matches!(
+            RouteSigner::try_new('a', vec![0; 15]),
+            Err(RouteError::InvalidSecretLength(15))
+        ));
+        assert_eq!(
+            RouteSigner::try_new('z', vec![0; 16]).unwrap().key_id(),
+            'z'
+        );
+    }
+
+    #[test]
+    fn debug_hides_the_secret() {
+        let shown = format!("{:?}", signer());
+        assert!(shown.contains("'k'"), "{shown}");
+        assert!(!shown.contains("fastbox"), "{shown}");
+    }
+}
