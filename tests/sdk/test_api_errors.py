@@ -287,18 +287,16 @@ def test_files_etc_hostname_is_the_sandboxes(sandbox: SandboxSync) -> None:
     assert via_files and via_files not in host_names, (via_files, host_names)
 
 
-def test_files_relative_path_rejected(sandbox: SandboxSync) -> None:
-    calls = {
-        "read_file": lambda: sandbox.files.read_file("etc/hostname"),
-        "write_file": lambda: sandbox.files.write_file("fbt-relative.txt", "x"),
-        "get_file_info": lambda: sandbox.files.get_file_info(["etc/hostname"]),
-    }
-    for name, call in calls.items():
-        with pytest.raises(SandboxApiException) as ei:
-            call()
-        assert ei.value.status_code is not None and 400 <= ei.value.status_code < 500, (
-            f"{name}: {ei.value.status_code} {ei.value}"
-        )
+def test_files_relative_paths_stay_inside_the_sandbox(sandbox: SandboxSync) -> None:
+    """Relative paths resolve against the sandbox's working directory (the SDK documents them
+    as "relative to the sandbox working directory"), never against anything on the host."""
+    name = f"fbt-relative-{secrets.token_hex(4)}.txt"
+    sandbox.files.write_file(name, "inside")
+    (cwd,) = fb.lines(sandbox.commands.run("pwd").logs.stdout)
+    assert sandbox.files.read_file(f"{cwd.rstrip('/')}/{name}") == "inside"
+    assert not (Path.cwd() / name).exists() and not (Path("/") / name).exists()
+    hostname = sandbox.files.read_file("../../../../etc/hostname").strip()
+    assert fb.lines(sandbox.commands.run("cat /etc/hostname").logs.stdout) == [hostname]
 
 
 # --------------------------------------------------------------------------- endpoints

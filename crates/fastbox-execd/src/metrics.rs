@@ -39,11 +39,34 @@ pub struct Metrics {
 pub struct MetricsSource {
     root: PathBuf,
     last: Mutex<Option<(Instant, u64)>>,
+    limits: Limits,
+}
+
+/// Limits the runtime announces when the sandbox cannot read its own cgroup (cgroup v1
+/// hosts): `EXECD_MEMORY_LIMIT` (bytes) and `EXECD_CPU_LIMIT` (CPUs, e.g. `0.5`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Limits {
+    pub memory_bytes: Option<u64>,
+    pub cpus: Option<f64>,
+}
+
+impl Limits {
+    pub fn from_env() -> Self {
+        Limits {
+            memory_bytes: std::env::var("EXECD_MEMORY_LIMIT")
+                .ok()
+                .and_then(|v| v.parse().ok()),
+            cpus: std::env::var("EXECD_CPU_LIMIT")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|c: &f64| *c > 0.0),
+        }
+    }
 }
 
 impl Default for MetricsSource {
     fn default() -> Self {
-        Self::new(PathBuf::from("/"))
+        Self::new(PathBuf::from("/")).with_limits(Limits::from_env())
     }
 }
 
@@ -52,7 +75,32 @@ impl MetricsSource {
         MetricsSource {
             root,
             last: Mutex::new(None),
+            limits: Limits::default(),
         }
+    }
+
+    pub fn with_limits(self, limits: Limits) -> Self {
+        MetricsSource { limits, ..self }
+    }
+
+    /// Resident memory of every process this `/proc` shows (in a sandbox: its own).
+    fn resident_bytes(&self) -> u64 {
+        const PAGE: u64 = 4096;
+        let Ok(entries) = std::fs::read_dir(self.root.join("proc")) else {
+            return 0;
+        };
+        entries
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+            })
+            .filter_map(|e| std::fs::read_to_string(e.path().join("statm")).ok())
+            .filter_map(|t| t.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum::<u64>()
+            * PAGE
     }
 
     fn read(&self, rel: &str) -> Option<String> {
@@ -79,6 +127,7 @@ impl MetricsSource {
     pub fn cpu_count(&self, cg: &Option<PathBuf>) -> f64 {
         self.cg(cg, "cpu.max")
             .and_then(|t| parse_cpu_max(&t))
+            .or(self.limits.cpus)
             .unwrap_or_else(|| {
                 std::thread::available_parallelism()
                     .map(|n| n.get() as f64)
@@ -115,10 +164,13 @@ impl MetricsSource {
                 let total = limit.unwrap_or(host_total).min(host_total.max(1));
                 (total, cur.saturating_sub(inactive))
             }
-            None => {
-                let available = meminfo_kib(&meminfo, "MemAvailable").unwrap_or(0) * 1024;
-                (host_total, host_total.saturating_sub(available))
-            }
+            None => match self.limits.memory_bytes {
+                Some(limit) => (limit.min(host_total.max(1)), self.resident_bytes()),
+                None => {
+                    let available = meminfo_kib(&meminfo, "MemAvailable").unwrap_or(0) * 1024;
+                    (host_total, host_total.saturating_sub(available))
+                }
+            },
         }
     }
 
@@ -272,6 +324,33 @@ mod tests {
             parse_proc_stat_busy_usec("cpu  1 2 3 100 5 6 7 8 9 10\ncpu0 1\n"),
             Some((1 + 2 + 3 + 6 + 7 + 8) * 10_000)
         );
+    }
+
+    #[tokio::test]
+    async fn announced_limits_apply_without_a_cgroup() {
+        let root = tempfile::tempdir().unwrap();
+        let w = |p: &str, c: &str| {
+            let path = root.path().join(p);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, c).unwrap();
+        };
+        w(
+            "proc/meminfo",
+            "MemTotal: 4194304 kB\nMemAvailable: 1048576 kB\n",
+        );
+        w("proc/1/statm", "1000 256 10 1 0 100 0\n");
+        w("proc/42/statm", "1000 512 10 1 0 100 0\n");
+        w("proc/self/statm", "1 99999 1 1 0 1 0\n");
+        let m = MetricsSource::new(root.path().to_path_buf())
+            .with_limits(Limits {
+                memory_bytes: Some(512 << 20),
+                cpus: Some(0.5),
+            })
+            .sample()
+            .await;
+        assert_eq!(m.cpu_count, 0.5);
+        assert_eq!(m.mem_total_mib, 512.0);
+        assert_eq!(m.mem_used_mib, 3.0, "768 resident pages of 4 KiB");
     }
 
     #[tokio::test]

@@ -18,6 +18,9 @@ use fastbox_runtime::spec::{EXECD_PORT, SandboxSpec};
 
 use crate::execd_client::ExecdClient;
 
+/// The file execd's children append `KEY=value` lines to (`EXECD_ENVS`), in the writable layer.
+pub const EXECD_ENVS_PATH: &str = "/.fastbox/envs";
+
 /// Everything one fastbox instance owns on the host, named with its prefix.
 pub struct LocalHost {
     pub prefix: String,
@@ -96,8 +99,18 @@ impl LocalHost {
         execd: &ExecdBinary,
         opts: &StartOptions,
     ) -> anyhow::Result<SandboxHandle> {
-        let mut env =
-            vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()];
+        let mut env = vec![
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+            // Where `commands.set_env` of the SDK persists variables for later commands.
+            format!("EXECD_ENVS={EXECD_ENVS_PATH}"),
+        ];
+        // The sandbox cannot read its cgroup on every host: execd reports these in /metrics.
+        if let Some(bytes) = opts.limits.memory_bytes {
+            env.push(format!("EXECD_MEMORY_LIMIT={bytes}"));
+        }
+        if let Some(millis) = opts.limits.cpu_millis {
+            env.push(format!("EXECD_CPU_LIMIT={}", millis as f64 / 1000.0));
+        }
         env.extend(opts.env.iter().cloned());
         if let Some(token) = &opts.execd_token {
             env.push(format!("EXECD_ACCESS_TOKEN={token}"));

@@ -63,9 +63,17 @@ pub async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Re
     }
     match check_key(&state, &req) {
         Ok(()) => next.run(req).await,
-        Err(e) => e.into_response(),
+        Err(e) => {
+            // Read (a bounded amount of) the body first: answering before it is consumed
+            // makes the connection unusable for the client's next request.
+            let _ = axum::body::to_bytes(req.into_body(), DRAIN_LIMIT).await;
+            e.into_response()
+        }
     }
 }
+
+/// Most of a refused request's body read before answering.
+const DRAIN_LIMIT: usize = 1 << 20;
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0

@@ -202,7 +202,10 @@ impl Lifecycle {
             placement: None,
             events: Vec::new(),
         };
-        record.event("Accepted", &format!("image {}", plan.image.uri));
+        record.event(
+            "Created",
+            &format!("sandbox created from image {}", plan.image.uri),
+        );
         if let Err(e) = self.insert(record) {
             self.fastlet.release_slot(slot);
             return Err(e);
