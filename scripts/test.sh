@@ -4,7 +4,8 @@
 #   scripts/test.sh [extra nextest args, e.g. a test filter]
 #
 # Stages: setup (scripts/setup.sh) -> fmt (cargo fmt --check) -> clippy (-D warnings) ->
-# execd (static release build of fastbox-execd) -> tests (cargo nextest run --workspace).
+# execd (static release build of fastbox-execd) -> tests (cargo nextest run --workspace) ->
+# sdk (the OpenSandbox SDK, code interpreter and CLI against `fastbox up`, tests/sdk).
 # Every stage after setup runs even when an earlier one failed; the script exits non-zero if any
 # failed. A failed setup stops the run.
 #
@@ -96,6 +97,26 @@ run_tests() {
 }
 fb_step tests run_tests "$@" || failed+=(tests)
 
+# ---------------------------------------------------------------- sdk
+# The official OpenSandbox clients (SDK, code interpreter, CLI) against a real `fastbox up`
+# built by the test stage (tests/sdk/README.md).
+SDK_LOG=$LOGDIR/sdk.log
+run_sdk() {
+    local timeout_s=900 left
+    if [[ -n "${FASTBOX_DEADLINE:-}" ]]; then
+        left=$((FASTBOX_DEADLINE - ${EPOCHSECONDS:-$(date +%s)} - 30))
+        if ((left < timeout_s)); then timeout_s=$((left > 60 ? left : 60)); fi
+    fi
+    cargo build -p fastbox-cli --bin fastbox || return
+    FASTBOX_BIN=$FASTBOX_ROOT/target/debug/fastbox timeout -k 30 "$timeout_s" \
+        "$FASTBOX_DEPS/venv/bin/python" -m pytest tests/sdk -q -rs 2>&1 | tee "$SDK_LOG"
+}
+if [[ -z "${1:-}" ]]; then
+    fb_step sdk run_sdk || failed+=(sdk)
+else
+    fb_log "test filter given: not running the SDK suite"
+fi
+
 # ---------------------------------------------------------------- summary
 echo
 fb_log "stage durations:"
@@ -106,7 +127,12 @@ if ((${#failed[@]})); then
 else
     fb_log "all stages passed"
 fi
-# The test runner's own closing lines come last, because CI reads the end of the output.
+# The test runners' own closing lines come last, because CI reads the end of the output.
+if [[ -s "$SDK_LOG" ]]; then
+    echo "------------ SDK suite (pytest) ------------"
+    grep -E '^(SKIPPED|FAILED|ERROR)' "$SDK_LOG" | tail -n 40 || true
+    tail -n 1 "$SDK_LOG"
+fi
 summary=$(awk '/^ *Summary \[/ { found = 1 } found' "$TEST_LOG" | tail -n 60)
 if [[ -n "$summary" ]]; then
     echo "------------ nextest summary (repeated from above) ------------"
