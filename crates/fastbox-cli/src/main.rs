@@ -3,7 +3,7 @@
 //! process that builds a sandbox's namespaces (see `fastbox_runtime::init`).
 
 use clap::{Parser, Subcommand};
-use fastbox_cli::{bench, paths, sandbox_run, up};
+use fastbox_cli::{bench, client, paths, sandbox_run, up};
 
 #[derive(Parser)]
 #[command(name = "fastbox", version, about = "Restore-only Linux sandboxes")]
@@ -20,7 +20,8 @@ enum Command {
     Purge(up::PurgeArgs),
     /// List host-wide state carrying a prefix (exit status 1 if any): a leak check.
     Leftovers(up::LeftoversArgs),
-    /// Work with sandboxes directly on this machine (no server needed).
+    /// Sandboxes: through a fastbox server (create, ls, exec, ...) or, with `run`, directly
+    /// on this machine.
     Sandbox {
         #[command(subcommand)]
         command: SandboxCommand,
@@ -44,6 +45,36 @@ enum BenchCommand {
 enum SandboxCommand {
     /// Start a sandbox from an image, run a command in it through execd, remove it.
     Run(sandbox_run::RunArgs),
+    /// Create a sandbox on the server and wait until it is ready; prints its id.
+    Create(client::CreateArgs),
+    /// List the server's sandboxes, newest first.
+    Ls(client::LsArgs),
+    /// Show one sandbox.
+    Get(client::GetArgs),
+    /// Run a command in a sandbox, streaming its output; exits with its exit code.
+    Exec(client::ExecArgs),
+    /// Copy a file into or out of a sandbox (`ID:/absolute/path`; `-` is stdin/stdout).
+    Cp(client::CpArgs),
+    /// Print a file of a sandbox.
+    Cat(client::CatArgs),
+    /// Print a sandbox's entrypoint output (or, with --events, its lifecycle events).
+    Logs(client::LogsArgs),
+    /// Delete sandboxes; prints the ids deleted.
+    Kill(client::KillArgs),
+}
+
+fn sandbox(command: SandboxCommand) -> anyhow::Result<i32> {
+    match command {
+        SandboxCommand::Run(args) => sandbox_run::run(args),
+        SandboxCommand::Create(args) => client::create(args),
+        SandboxCommand::Ls(args) => client::ls(args),
+        SandboxCommand::Get(args) => client::get(args),
+        SandboxCommand::Exec(args) => client::exec(args),
+        SandboxCommand::Cp(args) => client::cp(args),
+        SandboxCommand::Cat(args) => client::cat(args),
+        SandboxCommand::Logs(args) => client::logs(args),
+        SandboxCommand::Kill(args) => client::kill(args),
+    }
 }
 
 fn main() {
@@ -59,9 +90,7 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Sandbox {
-            command: SandboxCommand::Run(args),
-        } => sandbox_run::run(args),
+        Command::Sandbox { command } => sandbox(command),
         Command::Bench {
             command: BenchCommand::ColdStart(args),
         } => bench::cold_start(args),
