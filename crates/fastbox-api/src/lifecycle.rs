@@ -105,9 +105,13 @@ pub enum SandboxState {
     Stopping,
     Terminated,
     Failed,
+    /// A state this version does not know (from a newer or another server).
+    #[serde(other)]
+    Unknown,
 }
 
 impl SandboxState {
+    /// The states fastbox itself reports.
     pub const ALL: [SandboxState; 8] = [
         Self::Pending,
         Self::Running,
@@ -129,6 +133,7 @@ impl SandboxState {
             Self::Stopping => "Stopping",
             Self::Terminated => "Terminated",
             Self::Failed => "Failed",
+            Self::Unknown => "Unknown",
         }
     }
 
@@ -349,6 +354,14 @@ mod tests {
         let text = serde_json::to_string(&s).unwrap();
         assert!(!text.contains("null"), "{text}");
         assert!(text.contains("\"createdAt\""));
+    }
+
+    #[test]
+    fn unknown_states_are_tolerated() {
+        let s: SandboxStatus = serde_json::from_str(r#"{"state":"Allocated"}"#).unwrap();
+        assert_eq!(s.state, SandboxState::Unknown);
+        assert_eq!(SandboxState::parse("running"), Some(SandboxState::Running));
+        assert_eq!(SandboxState::parse("Unknown"), None);
     }
 
     #[test]

@@ -167,7 +167,7 @@ fn runc_series(rootfs: &Path, execd: &Path, n: usize) -> anyhow::Result<Vec<Dura
         let _ = Command::new("runc").args(["delete", "-f", &id]).status();
         match ready {
             Some(Ok(_)) => {}
-            Some(Err(e)) => return Err(e.context("runc container's execd")),
+            Some(Err(e)) => return Err(anyhow::Error::from(e).context("runc container's execd")),
             None => bail!("runc run failed ({status})"),
         }
     }

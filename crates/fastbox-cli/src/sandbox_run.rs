@@ -119,6 +119,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let started = Instant::now();
     let result = host
         .start(&image.rootfs, &execd, 0, &opts)
+        .map_err(anyhow::Error::from)
         .and_then(|sandbox| {
             eprintln!(
                 "fastbox: sandbox {} ready in {:?} (execd at {}:{})",

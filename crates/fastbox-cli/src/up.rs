@@ -61,6 +61,10 @@ pub struct UpArgs {
     /// The static execd binary.
     #[arg(long, env = "FASTBOX_EXECD_BIN")]
     pub execd: Option<PathBuf>,
+    /// How long a create waits for its image before answering `Pending` (an image that
+    /// fails within this time is a 400) [default: 1500].
+    #[arg(long)]
+    pub create_image_wait_ms: Option<u64>,
 }
 
 impl UpArgs {
@@ -82,6 +86,7 @@ impl UpArgs {
             max_timeout_seconds: self.max_timeout_seconds,
             retention_seconds: self.retention_seconds,
             execd: self.execd.clone(),
+            create_image_wait_ms: self.create_image_wait_ms,
         }
     }
 }

@@ -108,8 +108,8 @@ fn an_interrupted_create_converges_and_leaves_nothing_behind() {
 }
 
 #[test]
-fn expired_sandboxes_are_terminated() {
-    let Some(server) = UpServer::start('x', &[]) else {
+fn expired_sandboxes_are_terminated_then_forgotten() {
+    let Some(server) = UpServer::start('x', &["--retention-seconds", "2"]) else {
         return;
     };
     let id = server.create_busybox();
@@ -123,6 +123,95 @@ fn expired_sandboxes_are_terminated() {
     let (_, events) = server.get(&format!("/v1/sandboxes/{id}/diagnostics/events"));
     assert!(
         events["content"].as_str().unwrap().contains("EXPIRED"),
+        "{events}"
+    );
+    // Garbage-collected after the retention period.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while server.get(&format!("/v1/sandboxes/{id}")).0 != 404 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never garbage-collected"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    server.finish();
+}
+
+#[test]
+fn creates_answer_pending_while_the_image_is_prepared() {
+    // Waiting 0 ms for the image: every create answers before its image is resolved.
+    let Some(server) = UpServer::start('p', &["--create-image-wait-ms", "0"]) else {
+        return;
+    };
+    let (status, body) = server.post(
+        "/v1/sandboxes",
+        &serde_json::json!({"image": {"uri": "fastbox/busybox"}, "entrypoint": ["sleep", "1000"]}),
+    );
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["status"]["state"], "Pending", "{body}");
+    let id = body["id"].as_str().unwrap().to_string();
+    // The SDK polls the endpoint; until the sandbox runs it must get exactly this 404.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (status, ep) = server.get(&format!("/v1/sandboxes/{id}/endpoints/44772"));
+        if status == 200 {
+            break;
+        }
+        assert_eq!(
+            (status, ep["code"].as_str()),
+            (404, Some("KUBERNETES::POD_IP_NOT_AVAILABLE"))
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never became reachable"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(server.ping(&id), 200);
+
+    // An image that fails after the answer: the sandbox fails with the reason, and the
+    // endpoint lookup stops the SDK's polling with it.
+    let (status, body) = server.post(
+        "/v1/sandboxes",
+        &serde_json::json!({"image": {"uri": "oci:/nonexistent/fastbox-test-image"}, "entrypoint": ["sh"]}),
+    );
+    assert_eq!(status, 202, "{body}");
+    let bad = body["id"].as_str().unwrap().to_string();
+    server.wait_state(&bad, "Failed");
+    assert_eq!(
+        server.state(&bad).1.as_deref(),
+        Some("IMAGE_RESOLUTION_FAILED")
+    );
+    let (status, ep) = server.get(&format!("/v1/sandboxes/{bad}/endpoints/44772"));
+    assert_eq!(status, 409, "{ep}");
+    assert!(
+        ep["message"]
+            .as_str()
+            .unwrap()
+            .contains("IMAGE_RESOLUTION_FAILED"),
+        "{ep}"
+    );
+    server.finish();
+}
+
+#[test]
+fn an_image_that_fails_quickly_is_a_400_and_records_nothing() {
+    let Some(server) = UpServer::start('q', &[]) else {
+        return;
+    };
+    let (status, body) = server.post(
+        "/v1/sandboxes",
+        &serde_json::json!({"image": {"uri": "oci:/nonexistent/fastbox-test-image"}, "entrypoint": ["sh"]}),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["code"], "SANDBOX::INVALID_PARAMETER");
+    assert!(server.ids().is_empty());
+    // The slot it had reserved is free again: the next create gets the first address.
+    let id = server.create_busybox();
+    let (_, events) = server.get(&format!("/v1/sandboxes/{id}/diagnostics/events"));
+    let first = format!("started at 10.217.{}.1\n", b'q');
+    assert!(
+        events["content"].as_str().unwrap().contains(&first),
         "{events}"
     );
     server.finish();

@@ -15,7 +15,7 @@ use fastbox_runtime::net::Ipv4Pool;
 use fastbox_runtime::sandbox::{self, SandboxHandle};
 use serde::{Deserialize, Serialize};
 
-use crate::host::{LocalHost, StartOptions};
+use crate::host::{HostError, LocalHost, StartOptions};
 use crate::slots::SlotTable;
 
 /// What a fastlet needs to run.
@@ -37,16 +37,18 @@ pub struct FastletConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum FastletError {
-    #[error("node set-up failed: {0:#}")]
-    Setup(anyhow::Error),
+    #[error("node set-up failed: {0}")]
+    Setup(#[from] HostError),
+    #[error("execd binary {path}: {message}")]
+    Execd { path: PathBuf, message: String },
     #[error(transparent)]
     Image(#[from] ImageError),
     #[error("no free sandbox slot: all {capacity} slots of the address pool are in use")]
     NoCapacity { capacity: u32 },
-    #[error("sandbox {id} could not be started: {source:#}")]
-    Place { id: String, source: anyhow::Error },
-    #[error("sandbox {id} could not be removed: {source:#}")]
-    Remove { id: String, source: anyhow::Error },
+    #[error("sandbox {id} could not be started: {source}")]
+    Place { id: String, source: HostError },
+    #[error("sandbox {id} could not be removed: {source}")]
+    Remove { id: String, source: HostError },
 }
 
 /// Where a started sandbox lives on this node; the server records it durably so a restarted
@@ -95,10 +97,12 @@ impl Fastlet {
         let images = ImageCache::try_new(cfg.images.clone())?;
         let execd =
             ExecdBinary::import(&cfg.execd_bin, &cfg.data_dir.join("execd")).map_err(|e| {
-                FastletError::Setup(anyhow::anyhow!("execd {}: {e}", cfg.execd_bin.display()))
+                FastletError::Execd {
+                    path: cfg.execd_bin.clone(),
+                    message: e.to_string(),
+                }
             })?;
-        let host = LocalHost::try_new(&cfg.prefix, &cfg.data_dir, &cfg.helper, cfg.pool)
-            .map_err(FastletError::Setup)?;
+        let host = LocalHost::try_new(&cfg.prefix, &cfg.data_dir, &cfg.helper, cfg.pool)?;
         let slots = Mutex::new(SlotTable::new(cfg.pool.capacity()));
         Ok(Self {
             cfg,
@@ -217,7 +221,7 @@ impl Fastlet {
             .unwrap_or_else(|| self.unstarted_handle(id));
         let slot = placement.map(|p| p.slot).or(slot);
         let result = sandbox::destroy(&handle, &self.host.cgroups)
-            .map_err(anyhow::Error::from)
+            .map_err(HostError::from)
             .and_then(|()| match slot {
                 Some(index) => {
                     let net = self.host.network.slot(index)?;

@@ -4,8 +4,29 @@
 use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
 use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecdClientError {
+    #[error("execd client: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error("execd at {base} did not answer /ping within {timeout:?}")]
+    NotReady { base: String, timeout: Duration },
+    #[error("execd refused the command ({status}): {body}")]
+    Refused {
+        status: reqwest::StatusCode,
+        body: String,
+    },
+    #[error("reading the command stream: {0}")]
+    Stream(#[from] std::io::Error),
+    #[error("bad event {line:?}: {source}")]
+    BadEvent {
+        line: String,
+        source: serde_json::Error,
+    },
+    #[error("the command stream ended without a result")]
+    NoResult,
+}
 
 pub struct ExecdClient {
     base: String,
@@ -31,7 +52,7 @@ pub struct EventError {
 }
 
 impl ExecdClient {
-    pub fn new(base: String, token: Option<String>) -> anyhow::Result<Self> {
+    pub fn new(base: String, token: Option<String>) -> Result<Self, ExecdClientError> {
         let http = reqwest::blocking::Client::builder()
             .timeout(None)
             .connect_timeout(Duration::from_secs(2))
@@ -48,7 +69,7 @@ impl ExecdClient {
     }
 
     /// Poll `/ping` until it answers 2xx or `timeout` passes.
-    pub fn wait_ready(&self, timeout: Duration) -> anyhow::Result<Duration> {
+    pub fn wait_ready(&self, timeout: Duration) -> Result<Duration, ExecdClientError> {
         let start = Instant::now();
         loop {
             let answered = self
@@ -61,39 +82,44 @@ impl ExecdClient {
                 return Ok(start.elapsed());
             }
             if start.elapsed() > timeout {
-                bail!(
-                    "execd at {} did not answer /ping within {timeout:?}",
-                    self.base
-                );
+                return Err(ExecdClientError::NotReady {
+                    base: self.base.clone(),
+                    timeout,
+                });
             }
             std::thread::sleep(Duration::from_millis(5));
         }
     }
 
     /// Run `argv` and hand every event to `on_event`; returns the exit code.
-    pub fn run(&self, argv: &[String], mut on_event: impl FnMut(&Event)) -> anyhow::Result<i32> {
+    pub fn run(
+        &self,
+        argv: &[String],
+        mut on_event: impl FnMut(&Event),
+    ) -> Result<i32, ExecdClientError> {
         let resp = self
             .request(reqwest::Method::POST, "/command")
             .header("Accept", "text/event-stream")
             .json(&serde_json::json!({ "argv": argv }))
-            .send()
-            .context("POST /command")?;
+            .send()?;
         if !resp.status().is_success() {
-            let status = resp.status();
-            bail!(
-                "execd refused the command ({status}): {}",
-                resp.text().unwrap_or_default()
-            );
+            return Err(ExecdClientError::Refused {
+                status: resp.status(),
+                body: resp.text().unwrap_or_default(),
+            });
         }
         let mut code = None;
         for line in BufReader::new(resp).lines() {
-            let line = line.context("read command stream")?;
+            let line = line?;
             let json = line.trim().trim_start_matches("data:").trim();
             if json.is_empty() {
                 continue;
             }
             let event: Event =
-                serde_json::from_str(json).with_context(|| format!("bad event {json}"))?;
+                serde_json::from_str(json).map_err(|source| ExecdClientError::BadEvent {
+                    line: json.to_string(),
+                    source,
+                })?;
             match event.kind.as_str() {
                 "execution_complete" => code = Some(0),
                 "error" => {
@@ -109,6 +135,6 @@ impl ExecdClient {
             }
             on_event(&event);
         }
-        code.context("the command stream ended without a result")
+        code.ok_or(ExecdClientError::NoResult)
     }
 }

@@ -5,7 +5,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::Context;
 use fastbox_runtime::cgroup::{CgroupLimits, CgroupRoot};
 use fastbox_runtime::checkpoint::RestoreTarget;
 use fastbox_runtime::criu::Criu;
@@ -16,10 +15,24 @@ use fastbox_runtime::net::{
 use fastbox_runtime::sandbox::{self, SandboxHandle};
 use fastbox_runtime::spec::{EXECD_PORT, SandboxSpec};
 
-use crate::execd_client::ExecdClient;
+use crate::execd_client::{ExecdClient, ExecdClientError};
 
 /// The file execd's children append `KEY=value` lines to (`EXECD_ENVS`), in the writable layer.
 pub const EXECD_ENVS_PATH: &str = "/.fastbox/envs";
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("cgroups: {0}")]
+    Cgroup(#[from] fastbox_runtime::cgroup::CgroupError),
+    #[error("network: {0}")]
+    Net(#[from] fastbox_runtime::net::NetError),
+    #[error(transparent)]
+    Sandbox(#[from] fastbox_runtime::sandbox::SandboxError),
+    #[error(transparent)]
+    Checkpoint(#[from] fastbox_runtime::checkpoint::CheckpointError),
+    #[error(transparent)]
+    Execd(#[from] ExecdClientError),
+}
 
 /// Everything one fastbox instance owns on the host, named with its prefix.
 pub struct LocalHost {
@@ -58,16 +71,15 @@ impl LocalHost {
         data_dir: &Path,
         helper: &Path,
         pool: Ipv4Pool,
-    ) -> anyhow::Result<Self> {
-        let cgroups = CgroupRoot::detect().context("detect cgroups")?;
-        let dns = DnsForwarder::start(DnsForwarderConfig::new(system_upstreams()?))
-            .context("start the DNS forwarder")?;
+    ) -> Result<Self, HostError> {
+        let cgroups = CgroupRoot::detect()?;
+        let dns = DnsForwarder::start(DnsForwarderConfig::new(system_upstreams()?))?;
         let cfg = NetConfig {
             prefix: prefix.to_string(),
             pool,
             dns_port: dns.port(),
         };
-        let network = HostNetwork::try_new(cfg).context("host network")?;
+        let network = HostNetwork::try_new(cfg)?;
         Ok(Self {
             prefix: prefix.to_string(),
             data_dir: data_dir.to_path_buf(),
@@ -86,7 +98,7 @@ impl LocalHost {
         execd: &ExecdBinary,
         slot_index: u32,
         opts: &StartOptions,
-    ) -> anyhow::Result<LocalSandbox> {
+    ) -> Result<LocalSandbox, HostError> {
         self.in_new_slot(slot_index, opts, |slot| {
             self.start_in(slot, rootfs, execd, opts)
         })
@@ -98,7 +110,7 @@ impl LocalHost {
         rootfs: &Path,
         execd: &ExecdBinary,
         opts: &StartOptions,
-    ) -> anyhow::Result<SandboxHandle> {
+    ) -> Result<SandboxHandle, HostError> {
         let mut env = vec![
             "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
             // Where `commands.set_env` of the SDK persists variables for later commands.
@@ -141,7 +153,7 @@ impl LocalHost {
         criu: &Criu,
         sandbox: &LocalSandbox,
         out: &Path,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), HostError> {
         fastbox_runtime::checkpoint::checkpoint(criu, &sandbox.handle, out)?;
         self.destroy(sandbox)
     }
@@ -156,7 +168,7 @@ impl LocalHost {
         execd_store: &Path,
         slot_index: u32,
         opts: &StartOptions,
-    ) -> anyhow::Result<LocalSandbox> {
+    ) -> Result<LocalSandbox, HostError> {
         self.in_new_slot(slot_index, opts, |slot| {
             let dir = crate::agent::sandbox_dir(&self.data_dir, &opts.id);
             let target = RestoreTarget {
@@ -187,12 +199,9 @@ impl LocalHost {
         &self,
         index: u32,
         opts: &StartOptions,
-        place: impl FnOnce(&NetSlot) -> anyhow::Result<SandboxHandle>,
-    ) -> anyhow::Result<LocalSandbox> {
-        let slot = self
-            .network
-            .create_slot(index)
-            .context("create network slot")?;
+        place: impl FnOnce(&NetSlot) -> Result<SandboxHandle, HostError>,
+    ) -> Result<LocalSandbox, HostError> {
+        let slot = self.network.create_slot(index)?;
         match place(&slot) {
             Ok(handle) => self.ready(handle, slot, opts),
             Err(e) => {
@@ -208,7 +217,7 @@ impl LocalHost {
         handle: SandboxHandle,
         slot: NetSlot,
         opts: &StartOptions,
-    ) -> anyhow::Result<LocalSandbox> {
+    ) -> Result<LocalSandbox, HostError> {
         let execd = ExecdClient::new(
             format!("http://{}:{EXECD_PORT}", slot.address),
             opts.execd_token.clone(),
@@ -226,13 +235,13 @@ impl LocalHost {
             }),
             Err(e) => {
                 let _ = self.destroy(&sandbox);
-                Err(e)
+                Err(e.into())
             }
         }
     }
 
     /// Kill and remove a sandbox and its slot.
-    pub fn destroy(&self, sandbox: &LocalSandbox) -> anyhow::Result<()> {
+    pub fn destroy(&self, sandbox: &LocalSandbox) -> Result<(), HostError> {
         sandbox::destroy(&sandbox.handle, &self.cgroups)?;
         self.network.destroy_slot(&sandbox.slot)?;
         Ok(())
@@ -245,7 +254,7 @@ impl LocalHost {
     }
 
     /// Remove the instance's host-wide state (nft table, DNS forwarder).
-    pub fn teardown(self) -> anyhow::Result<()> {
+    pub fn teardown(self) -> Result<(), HostError> {
         self.dns.stop();
         self.network.teardown()?;
         fastbox_runtime::cgroup::remove_prefix(&self.cgroups, &self.prefix)?;
@@ -256,18 +265,18 @@ impl LocalHost {
 /// Remove everything an instance left on the host: the sandboxes under `data_dir` (processes,
 /// mounts, files), its network slots and nft table, its cgroups. For a stopped instance;
 /// sandboxes of a running one lose their network.
-pub fn purge(prefix: &str, data_dir: &Path) -> anyhow::Result<()> {
-    let cgroups = CgroupRoot::detect().context("detect cgroups")?;
+pub fn purge(prefix: &str, data_dir: &Path) -> Result<(), HostError> {
+    let cgroups = CgroupRoot::detect()?;
     let sandboxes = data_dir.join("sandboxes");
     if let Ok(entries) = std::fs::read_dir(&sandboxes) {
         for entry in entries.flatten() {
             let id = entry.file_name().to_string_lossy().into_owned();
             let handle = SandboxHandle::unstarted(&id, prefix, entry.path());
-            sandbox::destroy(&handle, &cgroups).with_context(|| format!("remove sandbox {id}"))?;
+            sandbox::destroy(&handle, &cgroups)?;
         }
     }
-    HostNetwork::purge(prefix).context("remove network state")?;
-    fastbox_runtime::cgroup::remove_prefix(&cgroups, prefix).context("remove cgroups")?;
+    HostNetwork::purge(prefix)?;
+    fastbox_runtime::cgroup::remove_prefix(&cgroups, prefix)?;
     Ok(())
 }
 

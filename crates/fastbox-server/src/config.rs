@@ -35,6 +35,8 @@ pub struct Settings {
     pub retention_seconds: Option<u64>,
     /// The static execd binary.
     pub execd: Option<PathBuf>,
+    /// How long a create waits for its image before answering `Pending`, milliseconds.
+    pub create_image_wait_ms: Option<u64>,
 }
 
 impl Settings {
@@ -53,6 +55,7 @@ impl Settings {
             max_timeout_seconds: self.max_timeout_seconds.or(lower.max_timeout_seconds),
             retention_seconds: self.retention_seconds.or(lower.retention_seconds),
             execd: self.execd.or(lower.execd),
+            create_image_wait_ms: self.create_image_wait_ms.or(lower.create_image_wait_ms),
         }
     }
 
@@ -169,7 +172,7 @@ impl ServerConfig {
             max_timeout: Duration::from_secs(settings.max_timeout_seconds.unwrap_or(86_400)),
             retention: Duration::from_secs(settings.retention_seconds.unwrap_or(3_600)),
             execd: settings.execd,
-            image_wait: Duration::from_millis(1500),
+            image_wait: Duration::from_millis(settings.create_image_wait_ms.unwrap_or(1500)),
             create_wait: Duration::from_secs(20),
             reconcile_every: Duration::from_secs(2),
         })
