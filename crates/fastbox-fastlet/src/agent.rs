@@ -38,7 +38,7 @@ pub struct FastletConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum FastletError {
     #[error("node set-up failed: {0}")]
-    Setup(#[from] HostError),
+    Setup(Box<HostError>),
     #[error("execd binary {path}: {message}")]
     Execd { path: PathBuf, message: String },
     #[error(transparent)]
@@ -46,9 +46,9 @@ pub enum FastletError {
     #[error("no free sandbox slot: all {capacity} slots of the address pool are in use")]
     NoCapacity { capacity: u32 },
     #[error("sandbox {id} could not be started: {source}")]
-    Place { id: String, source: HostError },
+    Place { id: String, source: Box<HostError> },
     #[error("sandbox {id} could not be removed: {source}")]
-    Remove { id: String, source: HostError },
+    Remove { id: String, source: Box<HostError> },
 }
 
 /// Where a started sandbox lives on this node; the server records it durably so a restarted
@@ -102,7 +102,8 @@ impl Fastlet {
                     message: e.to_string(),
                 }
             })?;
-        let host = LocalHost::try_new(&cfg.prefix, &cfg.data_dir, &cfg.helper, cfg.pool)?;
+        let host = LocalHost::try_new(&cfg.prefix, &cfg.data_dir, &cfg.helper, cfg.pool)
+            .map_err(|e| FastletError::Setup(Box::new(e)))?;
         let slots = Mutex::new(SlotTable::new(cfg.pool.capacity()));
         Ok(Self {
             cfg,
@@ -170,7 +171,7 @@ impl Fastlet {
             .start(&req.rootfs, &self.execd, slot, &opts)
             .map_err(|source| FastletError::Place {
                 id: req.id.clone(),
-                source,
+                source: Box::new(source),
             })?;
         tracing::info!(sandbox = %req.id, slot, address = %started.slot.address, ready_ms = started.ready_after.as_millis() as u64, "sandbox started");
         self.add_route(&req.id, started.slot.address, &req.execd_token);
@@ -240,7 +241,7 @@ impl Fastlet {
             }
             Err(source) => Err(FastletError::Remove {
                 id: id.to_string(),
-                source,
+                source: Box::new(source),
             }),
         }
     }
