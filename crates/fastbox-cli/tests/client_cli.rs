@@ -67,7 +67,7 @@ fn stderr(out: &Output) -> String {
 
 #[test]
 fn client_verbs_drive_a_sandbox_from_create_to_kill() {
-    let Some(server) = UpServer::start('c', &["--default-image", "fastbox/busybox"]) else {
+    let Some(server) = UpServer::start('k', &["--default-image", "fastbox/busybox"]) else {
         return;
     };
     let cli = Client { server: &server };

@@ -26,6 +26,10 @@ pub struct UpServer {
     http: Client,
 }
 
+/// Prefix letters of `fastbox up` tests; each test uses its own. Other suites own others:
+/// `a`-`e` (sandbox_e2e), `n`, `o` (runtime network tests), `s` (tests/sdk).
+pub const UP_SERVER_TAGS: &str = "ijklmpqrtuvwxyz";
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -45,6 +49,10 @@ impl UpServer {
     /// 10.217.<tag>.0/24) and waits until it is healthy. None, with the reason printed, when
     /// this machine cannot run it.
     pub fn start(tag: char, extra_args: &[&str]) -> Option<UpServer> {
+        assert!(
+            UP_SERVER_TAGS.contains(tag),
+            "tag {tag:?}: UpServer tests use one of {UP_SERVER_TAGS:?} (see fastbox_testkit::run_prefix)"
+        );
         if let Some(reason) = super::unavailable() {
             eprintln!("skipped: {reason}");
             return None;
