@@ -8,7 +8,7 @@ use axum::routing::{any, get};
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{auth, code, command, entrypoint, files, metrics, proxy, pty, session};
+use crate::{auth, claim, code, command, entrypoint, files, metrics, proxy, pty, session};
 
 /// The complete execd HTTP API.
 pub fn app(state: AppState) -> Router {
@@ -17,6 +17,7 @@ pub fn app(state: AppState) -> Router {
         .merge(command::routes())
         .merge(files::routes())
         .merge(entrypoint::routes())
+        .merge(claim::routes())
         .merge(session::routes())
         .merge(code::routes())
         .merge(metrics::routes())

@@ -1,7 +1,8 @@
 //! The access-token gate in front of every route, the proxy included.
 //!
-//! The token is compared in constant time so its value cannot be learned byte by byte from
-//! response timing.
+//! The token is the current [`Tenancy`](crate::tenancy::Tenancy)'s: a claim replaces it, and
+//! from then on the old one is refused. It is compared in constant time so its value cannot be
+//! learned byte by byte from response timing.
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -13,7 +14,8 @@ use crate::state::AppState;
 pub const TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
 
 pub async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(expected) = &state.config.access_token {
+    let expected = state.tenancy.current().access_token.clone();
+    if let Some(expected) = expected {
         let given = req
             .headers()
             .get(TOKEN_HEADER)

@@ -1,14 +1,15 @@
-//! The sandbox's entrypoint (`fastbox-execd -- ENTRYPOINT ARGV...`) as a supervised child.
+//! The sandbox's entrypoint as a supervised child: `fastbox-execd -- ENTRYPOINT ARGV...` on a
+//! cold start, or the `entrypoint` of `POST /fastbox/claim` on a restored clone.
 //!
-//! It runs in its own process group with execd's environment plus `EXECD_ENVS`; its stdout and
-//! stderr go to an in-memory ring ([`LogBuffer`]) and, with `--log-dir`, also to
-//! `DIR/entrypoint.log`. It is not restarted: when it exits, the sandbox stays reachable and
-//! `GET /fastbox/entrypoint/status` says how it ended, `GET /fastbox/entrypoint/logs` what it
-//! printed (fastbox extensions, not part of the OpenSandbox API).
+//! It runs in its own process group with the environment every child gets (execd's, the
+//! claim's `envs`, `EXECD_ENVS`); its stdout and stderr go to an in-memory ring
+//! ([`LogBuffer`]) and, with `--log-dir`, also to `DIR/entrypoint.log`. It is not restarted:
+//! when it exits, the sandbox stays reachable and `GET /fastbox/entrypoint/status` says how it
+//! ended, `GET /fastbox/entrypoint/logs` what it printed (fastbox extensions, not part of the
+//! OpenSandbox API).
 
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -66,9 +67,10 @@ impl Entrypoint {
 }
 
 /// Starts `argv` and records it in `state`. Spawn failures are recorded, not fatal: execd must
-/// stay up so the failure can be diagnosed.
-pub fn start(state: &AppState, argv: Vec<String>, log_dir: Option<PathBuf>) -> Arc<Entrypoint> {
-    let log = match log_dir.as_ref().map(|d| {
+/// stay up so the failure can be diagnosed. Only the first call is recorded; callers start at
+/// most one entrypoint (`main` before serving, a claim only when none was started).
+pub fn start(state: &AppState, argv: Vec<String>) -> Arc<Entrypoint> {
+    let log = match state.config.log_dir.as_ref().map(|d| {
         std::fs::create_dir_all(d)?;
         std::fs::OpenOptions::new()
             .create(true)

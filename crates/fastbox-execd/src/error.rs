@@ -8,6 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use crate::claim::ClaimError;
 use crate::code::CodeError;
 use crate::command::CommandError;
 use crate::extract::RequestError;
@@ -38,6 +39,8 @@ pub enum ApiError {
     Code(#[from] CodeError),
     #[error(transparent)]
     Pty(#[from] PtyError),
+    #[error(transparent)]
+    Claim(#[from] ClaimError),
 }
 
 #[derive(Serialize)]
@@ -94,6 +97,11 @@ impl ApiError {
                 PtyError::NotFound(_) => (S::NOT_FOUND, "CONTEXT_NOT_FOUND"),
                 PtyError::AlreadyConnected(_) => (S::CONFLICT, "ALREADY_CONNECTED"),
                 PtyError::Start(_) => (S::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
+            },
+            ApiError::Claim(e) => match e {
+                ClaimError::Invalid(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),
+                ClaimError::AlreadyClaimed => (S::CONFLICT, "ALREADY_CLAIMED"),
+                ClaimError::EntrypointStarted => (S::CONFLICT, "ENTRYPOINT_ALREADY_STARTED"),
             },
             ApiError::Proxy(e) => match e {
                 ProxyError::InvalidPort(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),

@@ -5,10 +5,12 @@
 //! to in-sandbox ports. It is built as a static binary and injected read-only into arbitrary
 //! root filesystems, so it relies on nothing there: no NSS (see [`identity`]), no DNS, no
 //! shell except to run the user's commands. It is checkpointed and cloned by CRIU, so it seeds
-//! nothing at start (see [`ids`]) and keeps no file open while idle.
+//! nothing at start (see [`ids`]) and keeps no file open while idle; a restored clone gets its
+//! own token, environment and entrypoint through a claim (see [`claim`]).
 
 pub mod app;
 pub mod auth;
+pub mod claim;
 pub mod cli;
 pub mod clock;
 pub mod code;
@@ -35,6 +37,7 @@ pub mod session;
 pub mod shutdown;
 pub mod sse;
 pub mod state;
+pub mod tenancy;
 
 pub use app::app;
 pub use state::{AppState, Config};

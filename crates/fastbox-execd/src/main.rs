@@ -55,6 +55,7 @@ fn main() -> ExitCode {
 
     let mut config = Config::with_env(daemon_env);
     config.access_token = access_token;
+    config.log_dir = cli.log_dir.clone();
     config.reap_scope = ReapScope::AnyChild;
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -88,7 +89,7 @@ async fn serve(cli: cli::Cli, config: Config) -> std::io::Result<()> {
         code_port::spawn(cli.code_port).await;
     }
     if !cli.entrypoint.is_empty() {
-        entrypoint::start(&state, cli.entrypoint.clone(), cli.log_dir.clone());
+        entrypoint::start(&state, cli.entrypoint.clone());
     }
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = axum::serve(listener, app(state.clone())).with_graceful_shutdown(async {

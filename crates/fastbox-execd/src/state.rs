@@ -14,9 +14,11 @@ use crate::metrics::MetricsSource;
 use crate::pty::PtyStore;
 use crate::reaper::{ReapScope, Reaper};
 use crate::session::SessionStore;
+use crate::tenancy::{Tenancy, TenancyCell};
 
 /// Everything execd is told at start-up. Built by `main` from flags and the environment;
-/// the library itself never reads the environment.
+/// the library itself never reads the environment. The token, environment and env file are
+/// only the initial [`Tenancy`]: a claim replaces them (`AppState::tenancy`).
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Required in `X-EXECD-ACCESS-TOKEN` on every request when set.
@@ -25,6 +27,8 @@ pub struct Config {
     pub daemon_env: EnvList,
     /// The `EXECD_ENVS` file, re-read at every spawn.
     pub envs_file: Option<PathBuf>,
+    /// `--log-dir`: where the entrypoint's output is also written.
+    pub log_dir: Option<PathBuf>,
     pub reap_scope: ReapScope,
 }
 
@@ -36,7 +40,17 @@ impl Config {
             access_token: None,
             daemon_env,
             envs_file,
+            log_dir: None,
             reap_scope: ReapScope::Registered,
+        }
+    }
+
+    fn initial_tenancy(&self) -> Tenancy {
+        Tenancy {
+            access_token: self.access_token.as_deref().map(Arc::from),
+            env: self.daemon_env.clone(),
+            envs_file: self.envs_file.clone(),
+            claimed: false,
         }
     }
 }
@@ -53,6 +67,8 @@ pub struct AppState(Arc<Shared>);
 
 pub struct Shared {
     pub config: Config,
+    /// The current token, environment and env file: the config's until a claim.
+    pub tenancy: TenancyCell,
     pub reaper: Reaper,
     pub commands: CommandStore,
     pub entrypoint: OnceLock<Arc<Entrypoint>>,
@@ -74,6 +90,7 @@ impl AppState {
     pub fn new(config: Config) -> std::io::Result<Self> {
         let reaper = Reaper::start(config.reap_scope)?;
         Ok(AppState(Arc::new(Shared {
+            tenancy: TenancyCell::new(config.initial_tenancy()),
             config,
             reaper,
             commands: CommandStore::default(),
@@ -85,15 +102,14 @@ impl AppState {
         })))
     }
 
-    /// The home directory `~` expands to: the daemon's `HOME`, else `/`.
+    /// The home directory `~` expands to: the current base environment's `HOME`, else `/`.
     pub fn home(&self) -> String {
-        env::get(&self.config.daemon_env, "HOME")
-            .unwrap_or("/")
-            .to_string()
+        home_in(&self.tenancy.current().env)
     }
 
-    /// Builds a child's context: daemon env < `EXECD_ENVS` file < `overrides`; the user's
-    /// `HOME`/`USER`/`LOGNAME` when switching identity; `cwd` expanded against the result.
+    /// Builds a child's context: daemon env < claim envs < `EXECD_ENVS` file < `overrides`;
+    /// the user's `HOME`/`USER`/`LOGNAME` when switching identity; `cwd` expanded against the
+    /// result.
     pub fn child_context(
         &self,
         overrides: &HashMap<String, String>,
@@ -101,8 +117,9 @@ impl AppState {
         uid: Option<u32>,
         gid: Option<u32>,
     ) -> Result<ChildContext, EnvError> {
-        let mut env = self.config.daemon_env.clone();
-        if let Some(file) = &self.config.envs_file {
+        let tenancy = self.tenancy.current();
+        let mut env = tenancy.env.clone();
+        if let Some(file) = &tenancy.envs_file {
             let from_file = env::load_env_file(file, &env);
             env::overlay(&mut env, from_file.iter().map(|(k, v)| (k, v)));
         }
@@ -121,8 +138,12 @@ impl AppState {
         }
         let cwd = match cwd.filter(|c| !c.is_empty()) {
             None => None,
-            Some(raw) => Some(env::expand_path(raw, &env, &self.home())?),
+            Some(raw) => Some(env::expand_path(raw, &env, &home_in(&tenancy.env))?),
         };
         Ok(ChildContext { env, cwd, user })
     }
+}
+
+fn home_in(base: &EnvList) -> String {
+    env::get(base, "HOME").unwrap_or("/").to_string()
 }

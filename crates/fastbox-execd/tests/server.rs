@@ -86,7 +86,6 @@ async fn entrypoint_is_supervised_and_logged() {
             "-c".into(),
             "echo started; echo oops >&2; exit 4".into(),
         ],
-        None,
     );
     let mut status = serde_json::Value::Null;
     for _ in 0..100 {

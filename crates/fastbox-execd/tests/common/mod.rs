@@ -10,9 +10,12 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;
 
+#[derive(Clone)]
 pub struct TestApp {
     pub router: Router,
     pub state: AppState,
+    /// Sent as `X-EXECD-ACCESS-TOKEN` on every request that does not carry one.
+    pub token: Option<String>,
 }
 
 pub fn test_app() -> TestApp {
@@ -29,6 +32,7 @@ pub fn test_app_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
     TestApp {
         router: app(state.clone()),
         state,
+        token: None,
     }
 }
 
@@ -68,7 +72,21 @@ pub fn parse_events(text: &str) -> Vec<Value> {
 }
 
 impl TestApp {
-    pub async fn send(&self, req: Request<Body>) -> Reply {
+    /// The same app, with every request carrying `token`.
+    pub fn with_token(&self, token: &str) -> TestApp {
+        TestApp {
+            token: Some(token.to_string()),
+            ..self.clone()
+        }
+    }
+
+    pub async fn send(&self, mut req: Request<Body>) -> Reply {
+        if let Some(token) = &self.token {
+            let headers = req.headers_mut();
+            if !headers.contains_key("x-execd-access-token") {
+                headers.insert("x-execd-access-token", token.parse().unwrap());
+            }
+        }
         let resp = self.router.clone().oneshot(req).await.unwrap();
         let status = resp.status();
         let headers = resp.headers().clone();
