@@ -1,0 +1,205 @@
+//! Rebuilding an artifact's tree from the store.
+//!
+//! [`materialize`] writes the tree into a hidden staging directory next to the destination
+//! and renames it into place (without replacing anything), so the destination appears
+//! complete or not at all. Every block is verified by the store's read; every file's blocks
+//! must have the lengths its size implies. Full zero blocks are not fetched: they are left as
+//! holes, so a sparse writable layer stays sparse. Files get their recorded permission bits
+//! (setuid included); directories get theirs after their contents are written; ownership
+//! is the calling process's and modification times are the time of writing (neither is part
+//! of the format). The destination's own mode is 0755.
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{RenameFlags, renameat2};
+
+use crate::block::{BLOCK_SIZE, block_len, zero_block_digest};
+use crate::digest::Digest;
+use crate::entry::EntryKind;
+use crate::manifest::{Manifest, ManifestError};
+use crate::store::{ArtifactStore, StoreError};
+
+/// Why an artifact could not be read or materialized.
+#[derive(Debug, thiserror::Error)]
+pub enum MaterializeError {
+    /// Reading a manifest or block failed (missing, corrupt, backend error).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The manifest is invalid.
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    /// The destination already exists.
+    #[error("{0} already exists")]
+    DestinationExists(PathBuf),
+    /// A block's length does not match its position in the file.
+    #[error("{path}: block {index} ({digest}) has {actual} bytes, expected {expected}")]
+    BlockLength {
+        path: String,
+        index: u64,
+        digest: Digest,
+        expected: usize,
+        actual: usize,
+    },
+    /// Writing the tree failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// What a materialization wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MaterializeStats {
+    /// Entries created (files, directories, symlinks).
+    pub entries: u64,
+    /// Blocks read from the store.
+    pub blocks_fetched: u64,
+    /// Full zero blocks left as holes without a fetch.
+    pub zero_blocks: u64,
+    /// Bytes of regular files.
+    pub bytes: u64,
+}
+
+/// Read, verify and validate the manifest stored under `digest`.
+pub fn read_manifest<S: ArtifactStore + ?Sized>(
+    store: &S,
+    digest: &Digest,
+) -> Result<Manifest, MaterializeError> {
+    let bytes = store.get_manifest(digest)?;
+    Ok(Manifest::from_slice(&bytes)?)
+}
+
+/// Rebuild the artifact `manifest` at `dest`, which must not exist (its parent must).
+pub fn materialize<S: ArtifactStore + ?Sized>(
+    store: &S,
+    manifest: &Digest,
+    dest: &Path,
+) -> Result<MaterializeStats, MaterializeError> {
+    let manifest = read_manifest(store, manifest)?;
+    if dest.symlink_metadata().is_ok() {
+        return Err(MaterializeError::DestinationExists(dest.to_path_buf()));
+    }
+    let parent = match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let name = dest.file_name().unwrap_or_default().to_string_lossy();
+    let staging = tempfile::Builder::new()
+        .prefix(&format!(".{name}.partial-"))
+        .tempdir_in(parent)
+        .map_err(io_error("create a staging directory in", parent))?;
+    let stats = write_tree(store, &manifest, staging.path())?;
+    renameat2(
+        None,
+        staging.path(),
+        None,
+        dest,
+        RenameFlags::RENAME_NOREPLACE,
+    )
+    .map_err(|e| match e {
+        nix::errno::Errno::EEXIST => MaterializeError::DestinationExists(dest.to_path_buf()),
+        e => io_error("rename into place", dest)(e.into()),
+    })?;
+    // Renamed away: nothing left for the guard to remove.
+    let _ = staging.keep();
+    Ok(stats)
+}
+
+fn write_tree<S: ArtifactStore + ?Sized>(
+    store: &S,
+    manifest: &Manifest,
+    root: &Path,
+) -> Result<MaterializeStats, MaterializeError> {
+    let mut stats = MaterializeStats::default();
+    let mut dirs = Vec::new();
+    for entry in &manifest.files {
+        let path = root.join(&entry.path);
+        match &entry.kind {
+            EntryKind::Dir => {
+                DirBuilder::new()
+                    .mode(0o700)
+                    .create(&path)
+                    .map_err(io_error("create", &path))?;
+                dirs.push((path, entry.mode));
+            }
+            EntryKind::File { size, blocks } => {
+                write_file(store, &entry.path, &path, *size, blocks, &mut stats)?;
+                set_mode(&path, entry.mode)?;
+                stats.bytes += size;
+            }
+            EntryKind::Symlink { target } => {
+                std::os::unix::fs::symlink(target, &path).map_err(io_error("symlink", &path))?;
+            }
+        }
+        stats.entries += 1;
+    }
+    // Deepest first, so a read-only directory is filled before it becomes read-only.
+    for (path, mode) in dirs.iter().rev() {
+        set_mode(path, *mode)?;
+    }
+    set_mode(root, 0o755)?;
+    Ok(stats)
+}
+
+fn write_file<S: ArtifactStore + ?Sized>(
+    store: &S,
+    name: &str,
+    path: &Path,
+    size: u64,
+    blocks: &[Digest],
+    stats: &mut MaterializeStats,
+) -> Result<(), MaterializeError> {
+    let mut file: File = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(io_error("create", path))?;
+    let zero = zero_block_digest();
+    for (index, digest) in blocks.iter().enumerate() {
+        let expected = block_len(size, index as u64);
+        if *digest == zero && expected == BLOCK_SIZE {
+            file.seek(SeekFrom::Current(BLOCK_SIZE as i64))
+                .map_err(io_error("seek", path))?;
+            stats.zero_blocks += 1;
+            continue;
+        }
+        let bytes = store.get_block(digest)?;
+        if bytes.len() != expected {
+            return Err(MaterializeError::BlockLength {
+                path: name.to_string(),
+                index: index as u64,
+                digest: *digest,
+                expected,
+                actual: bytes.len(),
+            });
+        }
+        file.write_all(&bytes).map_err(io_error("write", path))?;
+        stats.blocks_fetched += 1;
+    }
+    // Trailing holes need the length set explicitly.
+    file.set_len(size).map_err(io_error("truncate", path))?;
+    Ok(())
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<(), MaterializeError> {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(io_error("chmod", path))
+}
+
+/// Map an I/O error on `path` to a materialize error.
+fn io_error<'a>(
+    op: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> MaterializeError + 'a {
+    move |source| MaterializeError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
