@@ -61,6 +61,10 @@ pub struct UpArgs {
     /// The static execd binary.
     #[arg(long, env = "FASTBOX_EXECD_BIN")]
     pub execd: Option<PathBuf>,
+    /// The CRIU binary (>= 4.2) [default: .deps/criu/bin/criu of the repository, then the
+    /// system's].
+    #[arg(long, env = "FASTBOX_CRIU")]
+    pub criu: Option<PathBuf>,
     /// How long a create waits for its image before answering `Pending` (an image that
     /// fails within this time is a 400) [default: 1500].
     #[arg(long)]
@@ -99,18 +103,19 @@ pub fn up(args: UpArgs) -> anyhow::Result<i32> {
     };
     let cfg = ServerConfig::resolve(args.settings().over(file))?;
     let host = HostArgs {
-        criu: None,
+        criu: args.criu.clone(),
         execd: cfg.execd.clone(),
         data_dir: cfg.data_dir.clone(),
         cache_dir: cfg.cache_dir.clone(),
     };
     let execd = host.execd()?;
+    let criu = host.criu()?;
     let helper = std::env::current_exe().context("locate the fastbox executable")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("start the async runtime")?;
-    runtime.block_on(fastbox_server::up::run(cfg, helper, execd))?;
+    runtime.block_on(fastbox_server::up::run(cfg, helper, execd, criu))?;
     Ok(0)
 }
 

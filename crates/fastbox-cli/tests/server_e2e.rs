@@ -7,6 +7,26 @@ mod common;
 use common::server::UpServer;
 use fastbox_runtime::cgroup::{Cgroup, CgroupRoot};
 
+/// `127.0.0.1:PORT` of a registry that answers every request with 404 after 300 ms.
+fn slow_404_registry() -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf);
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                let _ = conn.write_all(
+                    b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                );
+            });
+        }
+    });
+    addr.to_string()
+}
+
 /// Kills every process of sandbox `id` behind the server's back.
 fn kill_sandbox_processes(prefix: &str, id: &str) {
     let root = CgroupRoot::detect().unwrap();
@@ -169,11 +189,12 @@ fn creates_answer_pending_while_the_image_is_prepared() {
     }
     assert_eq!(server.ping(&id), 200);
 
-    // An image that fails after the answer: the sandbox fails with the reason, and the
-    // endpoint lookup stops the SDK's polling with it.
+    // An image that fails after the answer (a registry that answers 404, slowly): the
+    // sandbox fails with the reason, and the endpoint lookup stops the SDK's polling with it.
+    let registry = slow_404_registry();
     let (status, body) = server.post(
         "/v1/sandboxes",
-        &serde_json::json!({"image": {"uri": "oci:/nonexistent/fastbox-test-image"}, "entrypoint": ["sh"]}),
+        &serde_json::json!({"image": {"uri": format!("{registry}/fastbox-test/missing:1")}, "entrypoint": ["sh"]}),
     );
     assert_eq!(status, 202, "{body}");
     let bad = body["id"].as_str().unwrap().to_string();

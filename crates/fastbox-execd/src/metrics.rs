@@ -39,7 +39,7 @@ pub struct Metrics {
 pub struct MetricsSource {
     root: PathBuf,
     last: Mutex<Option<(Instant, u64)>>,
-    limits: Limits,
+    limits: Mutex<Limits>,
 }
 
 /// Limits the runtime announces when the sandbox cannot read its own cgroup (cgroup v1
@@ -51,13 +51,11 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn from_env() -> Self {
+    /// The limits an environment announces (execd's own, or the one a claim installed).
+    pub fn from_env(env: &crate::env::EnvList) -> Self {
         Limits {
-            memory_bytes: std::env::var("EXECD_MEMORY_LIMIT")
-                .ok()
-                .and_then(|v| v.parse().ok()),
-            cpus: std::env::var("EXECD_CPU_LIMIT")
-                .ok()
+            memory_bytes: crate::env::get(env, "EXECD_MEMORY_LIMIT").and_then(|v| v.parse().ok()),
+            cpus: crate::env::get(env, "EXECD_CPU_LIMIT")
                 .and_then(|v| v.parse().ok())
                 .filter(|c: &f64| *c > 0.0),
         }
@@ -66,7 +64,7 @@ impl Limits {
 
 impl Default for MetricsSource {
     fn default() -> Self {
-        Self::new(PathBuf::from("/")).with_limits(Limits::from_env())
+        Self::new(PathBuf::from("/"))
     }
 }
 
@@ -75,12 +73,22 @@ impl MetricsSource {
         MetricsSource {
             root,
             last: Mutex::new(None),
-            limits: Limits::default(),
+            limits: Mutex::new(Limits::default()),
         }
     }
 
     pub fn with_limits(self, limits: Limits) -> Self {
-        MetricsSource { limits, ..self }
+        self.announce(limits);
+        self
+    }
+
+    /// Sets the limits reported when no cgroup says otherwise (they follow the claim).
+    pub fn announce(&self, limits: Limits) {
+        *self.limits.lock().unwrap_or_else(|e| e.into_inner()) = limits;
+    }
+
+    fn limits(&self) -> Limits {
+        *self.limits.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Resident memory of every process this `/proc` shows (in a sandbox: its own).
@@ -127,7 +135,7 @@ impl MetricsSource {
     pub fn cpu_count(&self, cg: &Option<PathBuf>) -> f64 {
         self.cg(cg, "cpu.max")
             .and_then(|t| parse_cpu_max(&t))
-            .or(self.limits.cpus)
+            .or(self.limits().cpus)
             .unwrap_or_else(|| {
                 std::thread::available_parallelism()
                     .map(|n| n.get() as f64)
@@ -164,7 +172,7 @@ impl MetricsSource {
                 let total = limit.unwrap_or(host_total).min(host_total.max(1));
                 (total, cur.saturating_sub(inactive))
             }
-            None => match self.limits.memory_bytes {
+            None => match self.limits().memory_bytes {
                 Some(limit) => (limit.min(host_total.max(1)), self.resident_bytes()),
                 None => {
                     let available = meminfo_kib(&meminfo, "MemAvailable").unwrap_or(0) * 1024;
@@ -274,7 +282,15 @@ pub fn routes() -> Router<AppState> {
         .route("/metrics/watch", get(watch_metrics))
 }
 
+/// The limits the current environment announces (changed by a claim).
+fn announce_limits(state: &AppState) {
+    state
+        .metrics
+        .announce(Limits::from_env(&state.tenancy.current().env));
+}
+
 async fn get_metrics(State(state): State<AppState>) -> Response {
+    announce_limits(&state);
     axum::Json(state.metrics.sample().await).into_response()
 }
 
@@ -284,6 +300,7 @@ async fn watch_metrics(State(state): State<AppState>) -> Response {
         if !first {
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
+        announce_limits(&state);
         let mut line = serde_json::to_vec(&state.metrics.sample().await).unwrap_or_default();
         line.push(b'\n');
         Some((

@@ -10,13 +10,16 @@ use std::sync::{Mutex, RwLock};
 
 use fastbox_image::{ImageCache, ImageConfig, ImageError, Progress, RegistryAuth, ResolvedImage};
 use fastbox_runtime::cgroup::CgroupLimits;
+use fastbox_runtime::criu::Criu;
 use fastbox_runtime::execd_binary::ExecdBinary;
 use fastbox_runtime::net::Ipv4Pool;
 use fastbox_runtime::sandbox::{self, SandboxHandle};
 use serde::{Deserialize, Serialize};
 
+use crate::execd_client::ExecdClient;
 use crate::host::{HostError, LocalHost, StartOptions};
 use crate::slots::SlotTable;
+use crate::template::{self, BuildClock, BuildLocks, Template};
 
 /// What a fastlet needs to run.
 #[derive(Debug, Clone)]
@@ -33,6 +36,8 @@ pub struct FastletConfig {
     pub images: ImageConfig,
     /// The static execd binary injected into every sandbox.
     pub execd_bin: PathBuf,
+    /// CRIU (>= 4.2): golden checkpoints and restores.
+    pub criu: Criu,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +52,13 @@ pub enum FastletError {
     NoCapacity { capacity: u32 },
     #[error("sandbox {id} could not be started: {source}")]
     Place { id: String, source: Box<HostError> },
+    #[error("template of {image}: {message}")]
+    Template { image: String, message: String },
+    #[error("sandbox {id} could not be claimed: {source}")]
+    Claim {
+        id: String,
+        source: crate::execd_client::ExecdClientError,
+    },
     #[error("sandbox {id} could not be removed: {source}")]
     Remove { id: String, source: Box<HostError> },
 }
@@ -88,6 +100,7 @@ pub struct Fastlet {
     execd: ExecdBinary,
     slots: Mutex<SlotTable>,
     routes: RwLock<HashMap<String, Route>>,
+    builds: BuildLocks,
 }
 
 impl Fastlet {
@@ -112,6 +125,7 @@ impl Fastlet {
             execd,
             slots,
             routes: RwLock::new(HashMap::new()),
+            builds: BuildLocks::default(),
         })
     }
 
@@ -179,6 +193,132 @@ impl Fastlet {
             slot,
             address: started.slot.address,
             handle: started.handle,
+        })
+    }
+
+    /// The golden checkpoint of `image` on this node, built now if there is none: a cold
+    /// start with execd only, readiness, then a CRIU dump.
+    pub fn template(&self, image: &ResolvedImage) -> Result<Template, FastletError> {
+        let dir = template::template_dir(&self.cfg.data_dir, &image.digest);
+        if let Some(t) = template::load(&dir) {
+            return Ok(t);
+        }
+        let lock = self.builds.for_image(&image.digest);
+        let _building = lock.lock().expect("build lock");
+        if let Some(t) = template::load(&dir) {
+            return Ok(t);
+        }
+        let fail = |message: String| FastletError::Template {
+            image: image.canonical_reference.clone(),
+            message,
+        };
+        let clock = BuildClock::start();
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| fail(format!("{}: {e}", dir.display())))?;
+        let golden_token = random_hex();
+        let id = format!("{}-{}", template::short_name(image), &random_hex()[..6]);
+        let slot = self.reserve_slot()?;
+        let opts = StartOptions {
+            id: id.clone(),
+            env: image.config.env.clone(),
+            execd_token: Some(golden_token.clone()),
+            ..StartOptions::default()
+        };
+        let checkpoint = dir.join("checkpoint");
+        let built = self
+            .host
+            .start(&image.rootfs, &self.execd, slot, &opts)
+            .and_then(|sb| {
+                let dumped = self.host.checkpoint(&self.cfg.criu, &sb, &checkpoint);
+                if dumped.is_err() {
+                    let _ = self.host.destroy(&sb);
+                }
+                dumped
+            });
+        self.release_slot(slot);
+        if let Err(e) = built {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(fail(e.to_string()));
+        }
+        let t = Template {
+            image_digest: image.digest.clone(),
+            image_reference: image.canonical_reference.clone(),
+            rootfs: image.rootfs.clone(),
+            checkpoint,
+            golden_token,
+            build_ms: clock.ms(),
+        };
+        template::commit(&dir, &t).map_err(|e| fail(format!("commit: {e}")))?;
+        tracing::info!(image = %t.image_reference, build_ms = t.build_ms, "template built");
+        Ok(t)
+    }
+
+    /// Restores `template` as sandbox `req.id` in slot `slot`, gives it its own identity
+    /// (hostname, identity files) and claims its execd (token, environment, entrypoint).
+    pub fn restore_from(
+        &self,
+        template: &Template,
+        req: &PlaceRequest,
+        slot: u32,
+    ) -> Result<Placement, FastletError> {
+        let clock = BuildClock::start();
+        let opts = StartOptions {
+            id: req.id.clone(),
+            limits: req.limits,
+            disk_bytes: req.disk_bytes,
+            execd_token: Some(template.golden_token.clone()),
+            ..StartOptions::default()
+        };
+        let place_err = |source: HostError| FastletError::Place {
+            id: req.id.clone(),
+            source: Box::new(source),
+        };
+        let sb = self
+            .host
+            .restore(
+                &self.cfg.criu,
+                &template.checkpoint,
+                &template.rootfs,
+                &self.cfg.data_dir.join("execd"),
+                slot,
+                &opts,
+            )
+            .map_err(place_err)?;
+        let restored_ms = clock.ms();
+        let configured = sandbox::set_identity(&sb.handle, &req.id, Some(&sb.slot.resolv_conf()))
+            .map_err(|e| place_err(e.into()))
+            .and_then(|()| {
+                let mut envs: Vec<(String, String)> = req
+                    .env
+                    .iter()
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect();
+                envs.extend(crate::host::announced_limits(&req.limits));
+                ExecdClient::new(
+                    format!(
+                        "http://{}:{}",
+                        sb.slot.address,
+                        fastbox_runtime::spec::EXECD_PORT
+                    ),
+                    Some(template.golden_token.clone()),
+                )
+                .and_then(|c| c.claim(&req.execd_token, &envs, &req.entrypoint))
+                .map_err(|source| FastletError::Claim {
+                    id: req.id.clone(),
+                    source,
+                })
+            });
+        if let Err(e) = configured {
+            let _ = self.host.destroy(&sb);
+            return Err(e);
+        }
+        tracing::info!(sandbox = %req.id, slot, address = %sb.slot.address, restore_ms = restored_ms, total_ms = clock.ms(), "sandbox restored");
+        self.add_route(&req.id, sb.slot.address, &req.execd_token);
+        Ok(Placement {
+            slot,
+            address: sb.slot.address,
+            handle: sb.handle,
         })
     }
 
@@ -270,6 +410,13 @@ impl Fastlet {
     pub fn shutdown(self) {
         self.host.stop_services();
     }
+}
+
+/// 32 random bytes from getrandom(2), hex.
+fn random_hex() -> String {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).expect("getrandom");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The directory of sandbox `id` under an instance's data directory.

@@ -91,6 +91,36 @@ impl ExecdClient {
         }
     }
 
+    /// Claims a restored execd: from now on it answers to `token` only, starts processes
+    /// with `envs` and runs `entrypoint` (execd's `POST /fastbox/claim`).
+    pub fn claim(
+        &self,
+        token: &str,
+        envs: &[(String, String)],
+        entrypoint: &[String],
+    ) -> Result<(), ExecdClientError> {
+        let envs: serde_json::Map<String, serde_json::Value> = envs
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        let mut body = serde_json::json!({ "access_token": token, "envs": envs });
+        if !entrypoint.is_empty() {
+            body["entrypoint"] = serde_json::json!(entrypoint);
+        }
+        let resp = self
+            .request(reqwest::Method::POST, "/fastbox/claim")
+            .timeout(Duration::from_secs(10))
+            .json(&body)
+            .send()?;
+        if !resp.status().is_success() {
+            return Err(ExecdClientError::Refused {
+                status: resp.status(),
+                body: resp.text().unwrap_or_default(),
+            });
+        }
+        Ok(())
+    }
+
     /// Run `argv` and hand every event to `on_event`; returns the exit code.
     pub fn run(
         &self,

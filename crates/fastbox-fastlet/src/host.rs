@@ -17,6 +17,21 @@ use fastbox_runtime::spec::{EXECD_PORT, SandboxSpec};
 
 use crate::execd_client::{ExecdClient, ExecdClientError};
 
+/// The limits execd reports in `/metrics` (the sandbox cannot read its cgroup on every host).
+pub fn announced_limits(limits: &CgroupLimits) -> Vec<(String, String)> {
+    let mut env = Vec::new();
+    if let Some(bytes) = limits.memory_bytes {
+        env.push(("EXECD_MEMORY_LIMIT".to_string(), bytes.to_string()));
+    }
+    if let Some(millis) = limits.cpu_millis {
+        env.push((
+            "EXECD_CPU_LIMIT".to_string(),
+            (millis as f64 / 1000.0).to_string(),
+        ));
+    }
+    env
+}
+
 /// The file execd's children append `KEY=value` lines to (`EXECD_ENVS`), in the writable layer.
 pub const EXECD_ENVS_PATH: &str = "/.fastbox/envs";
 
@@ -116,13 +131,11 @@ impl LocalHost {
             // Where `commands.set_env` of the SDK persists variables for later commands.
             format!("EXECD_ENVS={EXECD_ENVS_PATH}"),
         ];
-        // The sandbox cannot read its cgroup on every host: execd reports these in /metrics.
-        if let Some(bytes) = opts.limits.memory_bytes {
-            env.push(format!("EXECD_MEMORY_LIMIT={bytes}"));
-        }
-        if let Some(millis) = opts.limits.cpu_millis {
-            env.push(format!("EXECD_CPU_LIMIT={}", millis as f64 / 1000.0));
-        }
+        env.extend(
+            announced_limits(&opts.limits)
+                .into_iter()
+                .map(|(k, v)| format!("{k}={v}")),
+        );
         env.extend(opts.env.iter().cloned());
         if let Some(token) = &opts.execd_token {
             env.push(format!("EXECD_ACCESS_TOKEN={token}"));

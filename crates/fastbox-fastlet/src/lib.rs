@@ -8,5 +8,6 @@ pub mod execd_client;
 pub mod host;
 pub mod node_proxy;
 pub mod slots;
+pub mod template;
 
 pub use agent::{Fastlet, FastletConfig, FastletError, PlaceRequest, Placement, Route};

@@ -167,15 +167,19 @@ pub fn restore(
         })
     });
     match result {
-        Ok(init_pid) => Ok(SandboxHandle {
-            id,
-            prefix: target.prefix.to_string(),
-            init_pid,
-            init_start_ticks: process_start_ticks(init_pid).unwrap_or_default(),
-            dir: target.dir.to_path_buf(),
-            execd_digest: meta.execd_digest,
-            netns: target.netns.to_path_buf(),
-        }),
+        Ok(init_pid) => {
+            // The restored processes hold their memory: the image copy is not needed again.
+            let _ = fs::remove_dir_all(&images);
+            Ok(SandboxHandle {
+                id,
+                prefix: target.prefix.to_string(),
+                init_pid,
+                init_start_ticks: process_start_ticks(init_pid).unwrap_or_default(),
+                dir: target.dir.to_path_buf(),
+                execd_digest: meta.execd_digest,
+                netns: target.netns.to_path_buf(),
+            })
+        }
         Err(e) => {
             let _ = rootfs.destroy();
             let _ = fs::remove_dir_all(target.dir);

@@ -94,30 +94,35 @@ pub fn start(
                 source,
             }
         })?;
-    let result = write_identity(&rootfs.root, spec)
-        .and_then(|()| {
-            Cgroup::create(cgroups, &spec.prefix, &spec.id, &spec.limits).map_err(|source| {
-                SandboxError::Cgroup {
-                    id: id.clone(),
-                    source,
-                }
-            })
+    let result = write_identity(
+        &rootfs.root,
+        &spec.id,
+        &spec.hostname,
+        spec.resolv_conf.as_deref(),
+    )
+    .and_then(|()| {
+        Cgroup::create(cgroups, &spec.prefix, &spec.id, &spec.limits).map_err(|source| {
+            SandboxError::Cgroup {
+                id: id.clone(),
+                source,
+            }
         })
-        .and_then(|cgroup| {
-            let config = InitConfig {
-                root: rootfs.root.clone(),
-                netns: spec.netns.clone(),
-                hostname: spec.hostname.clone(),
-                execd_host: spec.execd.path.clone(),
-                argv: execd_argv(spec),
-                env: spec.env.clone(),
-                keep_mknod: cgroups.version() == crate::cgroup::CgroupVersion::V1,
-            };
-            run_helper(&id, helper, &config, &cgroup).inspect_err(|_| {
-                let _ = cgroup.kill_all();
-                let _ = cgroup.remove();
-            })
-        });
+    })
+    .and_then(|cgroup| {
+        let config = InitConfig {
+            root: rootfs.root.clone(),
+            netns: spec.netns.clone(),
+            hostname: spec.hostname.clone(),
+            execd_host: spec.execd.path.clone(),
+            argv: execd_argv(spec),
+            env: spec.env.clone(),
+            keep_mknod: cgroups.version() == crate::cgroup::CgroupVersion::V1,
+        };
+        run_helper(&id, helper, &config, &cgroup).inspect_err(|_| {
+            let _ = cgroup.kill_all();
+            let _ = cgroup.remove();
+        })
+    });
     match result {
         Ok(init_pid) => Ok(SandboxHandle {
             id,
@@ -205,23 +210,24 @@ fn execd_argv(spec: &SandboxSpec) -> Vec<String> {
 
 /// `/etc/hostname`, `/etc/hosts` and `/etc/resolv.conf` of this sandbox, written into its
 /// writable layer (a symlink in the image is replaced, never followed).
-fn write_identity(root: &Path, spec: &SandboxSpec) -> Result<(), SandboxError> {
+fn write_identity(
+    root: &Path,
+    id: &str,
+    hostname: &str,
+    resolv_conf: Option<&str>,
+) -> Result<(), SandboxError> {
     let etc = root.join("etc");
     let io_err = |what: String| {
-        let id = spec.id.clone();
+        let id = id.to_string();
         move |source| SandboxError::Io { id, what, source }
     };
     fs::create_dir_all(&etc).map_err(io_err(format!("create {}", etc.display())))?;
     let hosts = format!(
-        "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{}\n",
-        spec.hostname
+        "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n"
     );
-    let mut files = vec![
-        ("hostname", format!("{}\n", spec.hostname)),
-        ("hosts", hosts),
-    ];
-    if let Some(resolv) = &spec.resolv_conf {
-        files.push(("resolv.conf", resolv.clone()));
+    let mut files = vec![("hostname", format!("{hostname}\n")), ("hosts", hosts)];
+    if let Some(resolv) = resolv_conf {
+        files.push(("resolv.conf", resolv.to_string()));
     }
     for (name, content) in files {
         let path = etc.join(name);
@@ -231,6 +237,41 @@ fn write_identity(root: &Path, spec: &SandboxSpec) -> Result<(), SandboxError> {
         fs::write(&path, content).map_err(io_err(format!("write {}", path.display())))?;
     }
     Ok(())
+}
+
+/// Gives a running (restored) sandbox its own identity: `hostname` in its UTS namespace,
+/// and `/etc/hostname`, `/etc/hosts` and (if given) `/etc/resolv.conf` in its writable layer.
+pub fn set_identity(
+    handle: &SandboxHandle,
+    hostname: &str,
+    resolv_conf: Option<&str>,
+) -> Result<(), SandboxError> {
+    let id = handle.id.clone();
+    let io_err = |what: &str| {
+        let id = id.clone();
+        let what = what.to_string();
+        move |source| SandboxError::Io { id, what, source }
+    };
+    if !handle.is_running() {
+        return Err(SandboxError::Start {
+            id,
+            message: "set identity: the sandbox is not running".into(),
+        });
+    }
+    let uts = fs::File::open(format!("/proc/{}/ns/uts", handle.init_pid))
+        .map_err(io_err("open the UTS namespace"))?;
+    let name = hostname.to_string();
+    // setns acts on the calling thread: do it on a thread that exits afterwards.
+    std::thread::spawn(move || -> io::Result<()> {
+        nix::sched::setns(&uts, nix::sched::CloneFlags::CLONE_NEWUTS)?;
+        nix::unistd::sethostname(&name)?;
+        Ok(())
+    })
+    .join()
+    .map_err(|_| io::Error::other("the hostname thread panicked"))
+    .and_then(|r| r)
+    .map_err(io_err("set the hostname"))?;
+    write_identity(&handle.rootfs().root, &handle.id, hostname, resolv_conf)
 }
 
 /// Spawn the helper, put it into the cgroup, send the config and read its report.

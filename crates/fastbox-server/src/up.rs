@@ -44,7 +44,12 @@ pub enum UpError {
 }
 
 /// Runs `fastbox up` until SIGTERM or SIGINT. `helper` is the `fastbox` executable itself.
-pub async fn run(cfg: ServerConfig, helper: PathBuf, execd_bin: PathBuf) -> Result<(), UpError> {
+pub async fn run(
+    cfg: ServerConfig,
+    helper: PathBuf,
+    execd_bin: PathBuf,
+    criu: fastbox_runtime::criu::Criu,
+) -> Result<(), UpError> {
     let started = Instant::now();
     let data_dir = cfg.data_dir.clone();
     std::fs::DirBuilder::new()
@@ -68,6 +73,7 @@ pub async fn run(cfg: ServerConfig, helper: PathBuf, execd_bin: PathBuf) -> Resu
             ..ImageConfig::default()
         },
         execd_bin,
+        criu,
     };
     let fastlet =
         Arc::new(blocking::run("fastbox-node", move || Fastlet::start(fastlet_cfg)).await?);
@@ -184,13 +190,16 @@ async fn prepare_images(lifecycle: Arc<Lifecycle>) {
         let r = reference.clone();
         let started = Instant::now();
         let result = blocking::run("fastbox-image", move || {
-            fastlet.resolve_image(&r, None, &StderrProgress::new())
+            let image = fastlet.resolve_image(&r, None, &StderrProgress::new())?;
+            eprintln!("fastbox: building the golden checkpoint of {r}");
+            fastlet.template(&image).map(|t| (image, t))
         })
         .await;
         match result {
-            Ok(image) => eprintln!(
-                "fastbox: image {reference} ready ({}, {:.1?})",
+            Ok((image, template)) => eprintln!(
+                "fastbox: image {reference} ready ({}; template built in {} ms; {:.1?} in all)",
                 image.digest,
+                template.build_ms,
                 started.elapsed()
             ),
             // Creates of this image will fail with the error; the server still serves others.

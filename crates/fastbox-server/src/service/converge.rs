@@ -133,7 +133,11 @@ impl Lifecycle {
             execd_token: record.execd_token.clone(),
         };
         let fastlet = self.fastlet.clone();
-        let placed = blocking::run("fastbox-place", move || fastlet.place(&req, slot)).await;
+        let placed = blocking::run("fastbox-place", move || {
+            let template = fastlet.template(&image)?;
+            fastlet.restore_from(&template, &req, slot)
+        })
+        .await;
         match placed {
             Ok(placement) => {
                 let address = placement.address;
