@@ -69,6 +69,10 @@ pub struct UpArgs {
     /// fails within this time is a 400) [default: 1500].
     #[arg(long)]
     pub create_image_wait_ms: Option<u64>,
+    /// Unclaimed sandboxes kept restored per template, ready for creates; 0 turns the warm
+    /// pool off [default: 4].
+    #[arg(long, env = "FASTBOX_POOL_SIZE")]
+    pub pool_size: Option<usize>,
 }
 
 impl UpArgs {
@@ -91,6 +95,7 @@ impl UpArgs {
             retention_seconds: self.retention_seconds,
             execd: self.execd.clone(),
             create_image_wait_ms: self.create_image_wait_ms,
+            pool_size: self.pool_size,
         }
     }
 }

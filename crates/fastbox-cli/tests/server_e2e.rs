@@ -27,10 +27,19 @@ fn slow_404_registry() -> String {
     addr.to_string()
 }
 
-/// Kills every process of sandbox `id` behind the server's back.
-fn kill_sandbox_processes(prefix: &str, id: &str) {
+/// Kills every process of sandbox `id` behind the server's back (the server is stopped: its
+/// state store says which cgroup the sandbox runs in; a pooled one keeps its pool name).
+fn kill_sandbox_processes(server: &UpServer, id: &str) {
+    let store = fastbox_server::store::Store::open(&server.data_dir.join("state.redb")).unwrap();
+    let record = store
+        .load()
+        .unwrap()
+        .into_iter()
+        .find(|r| r.id == id)
+        .unwrap();
+    let runtime_id = record.placement.expect("placed").handle.id;
     let root = CgroupRoot::detect().unwrap();
-    let cgroup = Cgroup::open(&root, prefix, id).expect("the sandbox's cgroup");
+    let cgroup = Cgroup::open(&root, &server.prefix, &runtime_id).expect("the sandbox's cgroup");
     cgroup.kill_all().unwrap();
 }
 
@@ -48,7 +57,7 @@ fn restarts_readopt_live_sandboxes_and_fail_lost_ones() {
 
     // A clean stop leaves sandboxes running.
     server.stop();
-    kill_sandbox_processes(&server.prefix, &b);
+    kill_sandbox_processes(&server, &b);
     server.spawn();
     assert_eq!(server.state(&a).0, "Running");
     assert_eq!(server.ping(&a), 200, "re-adopted sandbox answers");
@@ -159,8 +168,20 @@ fn expired_sandboxes_are_terminated_then_forgotten() {
 
 #[test]
 fn creates_answer_pending_while_the_image_is_prepared() {
-    // Waiting 0 ms for the image: every create answers before its image is resolved.
-    let Some(server) = UpServer::start('p', &["--create-image-wait-ms", "0"]) else {
+    // Waiting 0 ms for the image, and an image cache of its own with nothing prepared: the
+    // first create answers before its image is built.
+    let cache = tempfile::tempdir().unwrap();
+    let cache_dir = cache.path().display().to_string();
+    let Some(server) = UpServer::start(
+        'p',
+        &[
+            "--create-image-wait-ms",
+            "0",
+            "--no-default-images",
+            "--cache-dir",
+            &cache_dir,
+        ],
+    ) else {
         return;
     };
     let (status, body) = server.post(
@@ -217,7 +238,8 @@ fn creates_answer_pending_while_the_image_is_prepared() {
 
 #[test]
 fn an_image_that_fails_quickly_is_a_400_and_records_nothing() {
-    let Some(server) = UpServer::start('q', &[]) else {
+    // No warm pool: the next create restores into the lowest free slot.
+    let Some(server) = UpServer::start('q', &["--pool-size", "0"]) else {
         return;
     };
     let (status, body) = server.post(

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::execd_client::ExecdClient;
 use crate::host::{HostError, LocalHost, StartOptions};
+use crate::pool::{POOL_ID_PREFIX, POOL_SLOT_FILE, Pooled, WarmPools};
 use crate::slots::SlotTable;
 use crate::template::{self, BuildClock, BuildLocks, Template};
 
@@ -38,6 +39,8 @@ pub struct FastletConfig {
     pub execd_bin: PathBuf,
     /// CRIU (>= 4.2): golden checkpoints and restores.
     pub criu: Criu,
+    /// Unclaimed sandboxes kept restored per template (0: no warm pool).
+    pub pool_size: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +75,34 @@ pub struct Placement {
     pub handle: SandboxHandle,
 }
 
+/// How a sandbox came to run, for logs, events and metrics.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartReport {
+    /// `pool` (claimed from the warm pool) or `restore` (restored on demand).
+    pub source: String,
+    /// Phases and their durations in milliseconds, in order.
+    pub phases: Vec<(String, u64)>,
+}
+
+impl StartReport {
+    fn new(source: &str, phases: &[(&str, u64)]) -> Self {
+        Self {
+            source: source.to_string(),
+            phases: phases.iter().map(|(p, ms)| (p.to_string(), *ms)).collect(),
+        }
+    }
+
+    /// `restore 120 ms, configure 4 ms` style.
+    pub fn summary(&self) -> String {
+        let phases: Vec<String> = self
+            .phases
+            .iter()
+            .map(|(p, ms)| format!("{p} {ms} ms"))
+            .collect();
+        format!("{}: {}", self.source, phases.join(", "))
+    }
+}
+
 /// A sandbox start, decided by the server.
 #[derive(Debug, Clone)]
 pub struct PlaceRequest {
@@ -101,7 +132,13 @@ pub struct Fastlet {
     slots: Mutex<SlotTable>,
     routes: RwLock<HashMap<String, Route>>,
     builds: BuildLocks,
+    pools: WarmPools,
+    /// Recent resolutions by reference (see [`Fastlet::resolve_image`]).
+    resolved: Mutex<HashMap<String, (std::time::Instant, ResolvedImage)>>,
 }
+
+/// How long a resolution is reused: a registry tag that moves is seen within this time.
+pub const RESOLVED_TTL: std::time::Duration = std::time::Duration::from_secs(300);
 
 impl Fastlet {
     /// Sets up the node: cgroup root, DNS forwarder, the instance's nft table (existing slots
@@ -118,6 +155,7 @@ impl Fastlet {
         let host = LocalHost::try_new(&cfg.prefix, &cfg.data_dir, &cfg.helper, cfg.pool)
             .map_err(|e| FastletError::Setup(Box::new(e)))?;
         let slots = Mutex::new(SlotTable::new(cfg.pool.capacity()));
+        let cfg_pool_size = cfg.pool_size;
         Ok(Self {
             cfg,
             host,
@@ -126,6 +164,8 @@ impl Fastlet {
             slots,
             routes: RwLock::new(HashMap::new()),
             builds: BuildLocks::default(),
+            pools: WarmPools::new(cfg_pool_size),
+            resolved: Mutex::new(HashMap::new()),
         })
     }
 
@@ -140,13 +180,28 @@ impl Fastlet {
     }
 
     /// Resolves an image to an unpacked rootfs (downloads or builds it at most once per host).
+    /// Answers from memory for [`RESOLVED_TTL`] after a resolution without credentials, so a
+    /// create of a known image does not touch the cache or the registry.
     pub fn resolve_image(
         &self,
         reference: &str,
         auth: Option<&RegistryAuth>,
         progress: &dyn Progress,
     ) -> Result<ResolvedImage, FastletError> {
-        Ok(self.images.resolve(reference, auth, progress)?)
+        if auth.is_none()
+            && let Some((at, image)) = self.resolved.lock().expect("resolved lock").get(reference)
+            && at.elapsed() < RESOLVED_TTL
+        {
+            return Ok(image.clone());
+        }
+        let image = self.images.resolve(reference, auth, progress)?;
+        if auth.is_none() {
+            self.resolved.lock().expect("resolved lock").insert(
+                reference.to_string(),
+                (std::time::Instant::now(), image.clone()),
+            );
+        }
+        Ok(image)
     }
 
     /// Admission: takes a free slot index, or says the node is full.
@@ -260,7 +315,7 @@ impl Fastlet {
         template: &Template,
         req: &PlaceRequest,
         slot: u32,
-    ) -> Result<Placement, FastletError> {
+    ) -> Result<(Placement, StartReport), FastletError> {
         let clock = BuildClock::start();
         let opts = StartOptions {
             id: req.id.clone(),
@@ -285,41 +340,270 @@ impl Fastlet {
             )
             .map_err(place_err)?;
         let restored_ms = clock.ms();
-        let configured = sandbox::set_identity(&sb.handle, &req.id, Some(&sb.slot.resolv_conf()))
-            .map_err(|e| place_err(e.into()))
-            .and_then(|()| {
-                let mut envs: Vec<(String, String)> = req
-                    .env
-                    .iter()
-                    .filter_map(|kv| kv.split_once('='))
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect();
-                envs.extend(crate::host::announced_limits(&req.limits));
-                ExecdClient::new(
-                    format!(
-                        "http://{}:{}",
-                        sb.slot.address,
-                        fastbox_runtime::spec::EXECD_PORT
-                    ),
-                    Some(template.golden_token.clone()),
-                )
-                .and_then(|c| c.claim(&req.execd_token, &envs, &req.entrypoint))
-                .map_err(|source| FastletError::Claim {
-                    id: req.id.clone(),
-                    source,
-                })
-            });
-        if let Err(e) = configured {
+        if let Err(e) = self.configure(&sb.handle, &sb.slot, template, req) {
             let _ = self.host.destroy(&sb);
             return Err(e);
         }
-        tracing::info!(sandbox = %req.id, slot, address = %sb.slot.address, restore_ms = restored_ms, total_ms = clock.ms(), "sandbox restored");
+        let report = StartReport::new(
+            "restore",
+            &[
+                ("restore", restored_ms),
+                ("configure", clock.ms() - restored_ms),
+            ],
+        );
+        tracing::info!(sandbox = %req.id, slot, address = %sb.slot.address, phases = %report.summary(), "sandbox restored");
         self.add_route(&req.id, sb.slot.address, &req.execd_token);
-        Ok(Placement {
-            slot,
-            address: sb.slot.address,
-            handle: sb.handle,
+        Ok((
+            Placement {
+                slot,
+                address: sb.slot.address,
+                handle: sb.handle,
+            },
+            report,
+        ))
+    }
+
+    /// Makes a restored clone sandbox `req.id`: its limits, hostname and identity files, its
+    /// network opened, its execd claimed (token, environment, entrypoint).
+    fn configure(
+        &self,
+        handle: &SandboxHandle,
+        slot: &fastbox_runtime::net::NetSlot,
+        template: &Template,
+        req: &PlaceRequest,
+    ) -> Result<(), FastletError> {
+        let place_err = |source: HostError| FastletError::Place {
+            id: req.id.clone(),
+            source: Box::new(source),
+        };
+        sandbox::set_identity(handle, &req.id, Some(&slot.resolv_conf()))
+            .map_err(|e| place_err(e.into()))?;
+        self.host
+            .network
+            .allow_egress(slot)
+            .map_err(|e| place_err(e.into()))?;
+        let mut envs: Vec<(String, String)> = req
+            .env
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        envs.extend(crate::host::announced_limits(&req.limits));
+        ExecdClient::new(
+            format!(
+                "http://{}:{}",
+                slot.address,
+                fastbox_runtime::spec::EXECD_PORT
+            ),
+            Some(template.golden_token.clone()),
+        )
+        .and_then(|c| c.claim(&req.execd_token, &envs, &req.entrypoint))
+        .map_err(|source| FastletError::Claim {
+            id: req.id.clone(),
+            source,
         })
+    }
+
+    /// Keeps a warm pool of `template` from now on (no-op without a pool size).
+    pub fn register_template(&self, template: &Template) {
+        self.pools.register(template);
+    }
+
+    /// Ready pooled sandboxes per template digest.
+    pub fn pool_sizes(&self) -> HashMap<String, usize> {
+        self.pools.sizes()
+    }
+
+    /// Takes an unclaimed sandbox of `template` from the warm pool and makes it `req`: O(1)
+    /// admission, then the claim. None when the pool is empty (or `req` needs something a
+    /// pooled sandbox cannot give, such as its own disk size): the caller restores instead.
+    pub fn claim_pooled(
+        &self,
+        template: &Template,
+        req: &PlaceRequest,
+    ) -> Option<Result<(Placement, StartReport), FastletError>> {
+        if req.disk_bytes.is_some() {
+            return None;
+        }
+        let clock = BuildClock::start();
+        let pooled = self.pools.take(&template.image_digest)?;
+        let acquired_ms = clock.ms();
+        let placement = pooled.placement;
+        let slot = match self.host.network.slot(placement.slot) {
+            Ok(slot) => slot,
+            Err(e) => return Some(Err(self.discard_pooled(&placement, req, e.into()))),
+        };
+        let limited = fastbox_runtime::cgroup::Cgroup::open(
+            &self.host.cgroups,
+            &self.cfg.prefix,
+            &placement.handle.id,
+        )
+        .map(|cg| cg.set_limits(&req.limits));
+        if let Some(Err(e)) = limited {
+            return Some(Err(self.discard_pooled(&placement, req, e.into())));
+        }
+        if let Err(e) = self.configure(&placement.handle, &slot, template, req) {
+            let _ = self.remove(&placement.handle.id, Some(&placement), None);
+            return Some(Err(e));
+        }
+        let report = StartReport::new(
+            "pool",
+            &[
+                ("acquire", acquired_ms),
+                ("configure", clock.ms() - acquired_ms),
+            ],
+        );
+        tracing::info!(sandbox = %req.id, pooled = %placement.handle.id, slot = placement.slot, phases = %report.summary(), "sandbox claimed from the warm pool");
+        self.add_route(&req.id, placement.address, &req.execd_token);
+        Some(Ok((placement, report)))
+    }
+
+    fn discard_pooled(
+        &self,
+        placement: &Placement,
+        req: &PlaceRequest,
+        e: HostError,
+    ) -> FastletError {
+        let _ = self.remove(&placement.handle.id, Some(placement), None);
+        FastletError::Place {
+            id: req.id.clone(),
+            source: Box::new(e),
+        }
+    }
+
+    /// Restores one unclaimed sandbox of `template` into the warm pool.
+    fn fill_one(&self, template: &Template) -> Result<(), FastletError> {
+        let id = format!("{POOL_ID_PREFIX}{}", &random_hex()[..12]);
+        let slot = self.reserve_slot()?;
+        let opts = StartOptions {
+            id: id.clone(),
+            execd_token: Some(template.golden_token.clone()),
+            ..StartOptions::default()
+        };
+        let restored = self
+            .host
+            .restore(
+                &self.cfg.criu,
+                &template.checkpoint,
+                &template.rootfs,
+                &self.cfg.data_dir.join("execd"),
+                slot,
+                &opts,
+            )
+            .map_err(|source| FastletError::Place {
+                id: id.clone(),
+                source: Box::new(source),
+            });
+        let sb = match restored {
+            Ok(sb) => sb,
+            Err(e) => {
+                self.release_slot(slot);
+                return Err(e);
+            }
+        };
+        let recorded = std::fs::write(sb.handle.dir.join(POOL_SLOT_FILE), slot.to_string())
+            .map_err(|e| {
+                HostError::from(fastbox_runtime::sandbox::SandboxError::Io {
+                    id: id.clone(),
+                    what: "record the pool slot".into(),
+                    source: e,
+                })
+            })
+            .and_then(|()| Ok(self.host.network.deny_egress(&sb.slot)?));
+        if let Err(e) = recorded {
+            let _ = self.host.destroy(&sb);
+            self.release_slot(slot);
+            return Err(FastletError::Place {
+                id,
+                source: Box::new(e),
+            });
+        }
+        self.pools.put(Pooled {
+            placement: Placement {
+                slot,
+                address: sb.slot.address,
+                handle: sb.handle,
+            },
+            template: template.image_digest.clone(),
+        });
+        Ok(())
+    }
+
+    /// Starts the thread that keeps the warm pools full.
+    pub fn start_refill(self: &std::sync::Arc<Self>) {
+        if self.pools.target() == 0 {
+            return;
+        }
+        let this = std::sync::Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("fastbox-pool".into())
+            .spawn(move || {
+                loop {
+                    let Some(fastlet) = this.upgrade() else { return };
+                    let Some(template) = fastlet.pools.next_to_fill() else {
+                        return;
+                    };
+                    if let Err(e) = fastlet.fill_one(&template) {
+                        tracing::warn!(image = %template.image_reference, error = %e, "warm pool refill failed");
+                        drop(fastlet);
+                        std::thread::sleep(std::time::Duration::from_secs(1));
+                    }
+                }
+            })
+            .expect("spawn the pool thread");
+    }
+
+    /// After a restart, once every recorded sandbox and pooled leftover holds its slot:
+    /// removes network slots of the instance that nothing holds (a start interrupted by a
+    /// crash leaves one). Returns how many.
+    pub fn purge_stale_slots(&self) -> usize {
+        let names = match fastbox_runtime::net::HostNetwork::leaked(&self.cfg.prefix) {
+            Ok(found) => found.netns.into_iter().chain(found.links),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not list network slots");
+                return 0;
+            }
+        };
+        let stale: std::collections::BTreeSet<u32> = names
+            .filter_map(|n| fastbox_runtime::net::names::slot_index(&self.cfg.prefix, &n))
+            .filter(|i| !self.slots.lock().expect("slot table lock").is_used(*i))
+            .collect();
+        for &index in &stale {
+            if let Ok(slot) = self.host.network.slot(index)
+                && let Err(e) = self.host.network.destroy_slot(&slot)
+            {
+                tracing::warn!(slot = index, error = %e, "could not remove a stale slot");
+            }
+        }
+        stale.len()
+    }
+
+    /// After a restart: removes pooled sandboxes a previous run left, except those in
+    /// `claimed` (they became sandboxes before the restart).
+    pub fn purge_pool_leftovers(&self, claimed: &std::collections::HashSet<String>) -> usize {
+        let Ok(entries) = std::fs::read_dir(self.cfg.data_dir.join("sandboxes")) else {
+            return 0;
+        };
+        let mut removed = 0;
+        for entry in entries.flatten() {
+            let id = entry.file_name().to_string_lossy().into_owned();
+            if !id.starts_with(POOL_ID_PREFIX) || claimed.contains(&id) {
+                continue;
+            }
+            let slot = std::fs::read_to_string(entry.path().join(POOL_SLOT_FILE))
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok());
+            if let Some(slot) = slot {
+                self.claim_slot(slot);
+            }
+            match self.remove(&id, None, slot) {
+                Ok(()) => removed += 1,
+                Err(e) => {
+                    tracing::warn!(sandbox = %id, error = %e, "could not remove a pooled sandbox left by an earlier run")
+                }
+            }
+        }
+        removed
     }
 
     /// After a restart: takes back a sandbox recorded as placed here. True when its processes
@@ -408,7 +692,15 @@ impl Fastlet {
     /// Stops the node's in-process services (the DNS forwarder). Sandboxes, slots and the
     /// nft table stay: they outlive the process.
     pub fn shutdown(self) {
+        self.drain_pools();
         self.host.stop_services();
+    }
+
+    /// Stops refilling and removes every pooled (unclaimed) sandbox.
+    pub fn drain_pools(&self) {
+        for pooled in self.pools.drain() {
+            let _ = self.remove(&pooled.placement.handle.id, Some(&pooled.placement), None);
+        }
     }
 }
 

@@ -7,7 +7,10 @@ pub mod blocking;
 pub mod execd_client;
 pub mod host;
 pub mod node_proxy;
+pub mod pool;
 pub mod slots;
 pub mod template;
 
-pub use agent::{Fastlet, FastletConfig, FastletError, PlaceRequest, Placement, Route};
+pub use agent::{
+    Fastlet, FastletConfig, FastletError, PlaceRequest, Placement, Route, StartReport,
+};

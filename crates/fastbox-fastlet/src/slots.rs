@@ -47,6 +47,10 @@ impl SlotTable {
         self.used.remove(&index);
     }
 
+    pub fn is_used(&self, index: u32) -> bool {
+        self.used.contains(&index)
+    }
+
     pub fn in_use(&self) -> usize {
         self.used.len()
     }

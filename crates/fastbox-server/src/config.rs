@@ -37,6 +37,8 @@ pub struct Settings {
     pub execd: Option<PathBuf>,
     /// How long a create waits for its image before answering `Pending`, milliseconds.
     pub create_image_wait_ms: Option<u64>,
+    /// Unclaimed sandboxes kept restored per template (0: no warm pool).
+    pub pool_size: Option<usize>,
 }
 
 impl Settings {
@@ -56,6 +58,7 @@ impl Settings {
             retention_seconds: self.retention_seconds.or(lower.retention_seconds),
             execd: self.execd.or(lower.execd),
             create_image_wait_ms: self.create_image_wait_ms.or(lower.create_image_wait_ms),
+            pool_size: self.pool_size.or(lower.pool_size),
         }
     }
 
@@ -95,6 +98,9 @@ pub const DEFAULT_CACHE_DIR: &str = "/var/lib/fastbox/cache";
 pub const DEFAULT_PREFIX: &str = "fb";
 pub const DEFAULT_POOL: &str = "10.89.0.0/16";
 pub const DEFAULT_IMAGE: &str = "python:3.12";
+/// Warm sandboxes per template: enough for a small burst on a 2-core machine, each costing
+/// an idle execd (a few MiB) and a network slot.
+pub const DEFAULT_POOL_SIZE: usize = 4;
 
 /// The configuration in force, every default applied.
 #[derive(Debug, Clone)]
@@ -111,6 +117,8 @@ pub struct ServerConfig {
     pub max_timeout: Duration,
     pub retention: Duration,
     pub execd: Option<PathBuf>,
+    /// Unclaimed sandboxes kept restored per template.
+    pub pool_size: usize,
     /// How long a create waits for its image before answering `Pending` (an image that fails
     /// within this time is a 400).
     pub image_wait: Duration,
@@ -172,6 +180,7 @@ impl ServerConfig {
             max_timeout: Duration::from_secs(settings.max_timeout_seconds.unwrap_or(86_400)),
             retention: Duration::from_secs(settings.retention_seconds.unwrap_or(3_600)),
             execd: settings.execd,
+            pool_size: settings.pool_size.unwrap_or(DEFAULT_POOL_SIZE),
             image_wait: Duration::from_millis(settings.create_image_wait_ms.unwrap_or(1500)),
             create_wait: Duration::from_secs(20),
             reconcile_every: Duration::from_secs(2),

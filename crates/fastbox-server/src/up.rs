@@ -74,11 +74,22 @@ pub async fn run(
         },
         execd_bin,
         criu,
+        pool_size: cfg.pool_size,
     };
     let fastlet =
         Arc::new(blocking::run("fastbox-node", move || Fastlet::start(fastlet_cfg)).await?);
     let lifecycle = Lifecycle::new(cfg.clone(), store, fastlet.clone(), signer.clone())?;
     let (adopted, lost, restarted) = lifecycle.recover().await;
+    let claimed = lifecycle.runtime_ids();
+    let stale = fastlet.purge_pool_leftovers(&claimed);
+    if stale > 0 {
+        println!("fastbox: removed {stale} unclaimed pooled sandbox(es) of the previous run");
+    }
+    let stale_slots = fastlet.purge_stale_slots();
+    if stale_slots > 0 {
+        println!("fastbox: removed {stale_slots} network slot(s) that no sandbox held");
+    }
+    fastlet.start_refill();
     if adopted + lost + restarted > 0 {
         println!(
             "fastbox: recovered sandboxes: {adopted} re-adopted, {lost} lost (Failed: PROCESS_LOST), {restarted} interrupted creates restarted"
@@ -121,6 +132,8 @@ pub async fn run(
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), &mut servers).await;
         }
     }
+    let drain = fastlet.clone();
+    blocking::run("fastbox-drain", move || drain.drain_pools()).await;
     if let Ok(fastlet) = Arc::try_unwrap(fastlet) {
         fastlet.shutdown();
     }
@@ -192,12 +205,14 @@ async fn prepare_images(lifecycle: Arc<Lifecycle>) {
         let result = blocking::run("fastbox-image", move || {
             let image = fastlet.resolve_image(&r, None, &StderrProgress::new())?;
             eprintln!("fastbox: building the golden checkpoint of {r}");
-            fastlet.template(&image).map(|t| (image, t))
+            let template = fastlet.template(&image)?;
+            fastlet.register_template(&template);
+            Ok::<_, fastbox_fastlet::FastletError>((image, template))
         })
         .await;
         match result {
             Ok((image, template)) => eprintln!(
-                "fastbox: image {reference} ready ({}; template built in {} ms; {:.1?} in all)",
+                "fastbox: image {reference} ready ({}; its template took {} ms to build; {:.1?} here)",
                 image.digest,
                 template.build_ms,
                 started.elapsed()

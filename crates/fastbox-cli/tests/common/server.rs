@@ -75,8 +75,6 @@ impl UpServer {
             api_key.clone(),
             "--data-dir".into(),
             data_dir.display().to_string(),
-            "--cache-dir".into(),
-            test_cache_dir().display().to_string(),
             "--prefix".into(),
             prefix.clone(),
             "--pool".into(),
@@ -84,6 +82,9 @@ impl UpServer {
             "--execd".into(),
             fastbox_testkit::execd_path().unwrap().display().to_string(),
         ];
+        if !extra_args.contains(&"--cache-dir") {
+            args.extend(["--cache-dir".into(), test_cache_dir().display().to_string()]);
+        }
         if !extra_args.iter().any(|a| a.contains("default-image")) {
             args.extend(["--default-image".into(), "fastbox/busybox".into()]);
         }

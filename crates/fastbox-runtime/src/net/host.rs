@@ -193,10 +193,42 @@ impl HostNetwork {
         }
     }
 
+    /// Drops everything the slot's sandbox sends beyond the fixed rules (pooled sandboxes,
+    /// until they are claimed): the slot's entry in the egress verdict map.
+    pub fn deny_egress(&self, slot: &NetSlot) -> Result<(), NetError> {
+        let script = format!(
+            "add element inet {} {} {{ \"{}\" : drop }}\n",
+            self.cfg.prefix,
+            nft::SLOT_EGRESS_MAP,
+            slot.host_if
+        );
+        self.sys.run("nft", &["-f", "-"], Some(&script)).map(drop)
+    }
+
+    /// Undoes [`HostNetwork::deny_egress`]. Idempotent.
+    pub fn allow_egress(&self, slot: &NetSlot) -> Result<(), NetError> {
+        let script = format!(
+            "delete element inet {} {} {{ \"{}\" }}\n",
+            self.cfg.prefix,
+            nft::SLOT_EGRESS_MAP,
+            slot.host_if
+        );
+        match self.sys.run("nft", &["-f", "-"], Some(&script)) {
+            Err(NetError::Command { stderr, .. })
+                if stderr.contains("No such file") || stderr.contains("does not exist") =>
+            {
+                Ok(())
+            }
+            other => other.map(drop),
+        }
+    }
+
     /// Removes the slot: the veth (both ends) and the netns. Idempotent. Processes still
     /// inside the netns keep it alive (without network) until they exit.
     pub fn destroy_slot(&self, slot: &NetSlot) -> Result<(), NetError> {
         delete_link(self.sys.as_ref(), &slot.host_if)?;
+        // A later slot of the same name must not inherit a pooled sandbox's deny.
+        self.allow_egress(slot)?;
         self.sys.remove_netns(&slot.name)?;
         tracing::debug!(slot = %slot.name, "slot destroyed");
         Ok(())
@@ -476,7 +508,11 @@ mod tests {
         let err = host.create_slot(2).unwrap_err();
         assert!(matches!(err, NetError::Command { .. }), "{err}");
         let calls = sys.calls();
-        assert_eq!(calls[calls.len() - 2], "ip link del fbu-2");
+        assert_eq!(calls[calls.len() - 3], "ip link del fbu-2");
+        assert!(
+            calls[calls.len() - 2].contains("delete element inet fbu slot_egress { \"fbu-2\" }"),
+            "{calls:?}"
+        );
         assert_eq!(calls[calls.len() - 1], "remove netns fbu-2");
         assert!(leaked_with(sys.as_ref(), "fbu").unwrap().links.is_empty());
         assert!(leaked_with(sys.as_ref(), "fbu").unwrap().netns.is_empty());

@@ -62,6 +62,14 @@ pub fn slot_name(prefix: &str, index: u32) -> String {
     format!("{prefix}-{}", base36(index))
 }
 
+/// The index of a slot name of instance `prefix` (`{prefix}-{base 36}`), if it is one.
+pub fn slot_index(prefix: &str, name: &str) -> Option<u32> {
+    let digits = name.strip_prefix(prefix)?.strip_prefix('-')?;
+    (!digits.is_empty() && base36(u32::from_str_radix(digits, 36).ok()?) == digits)
+        .then(|| u32::from_str_radix(digits, 36).ok())
+        .flatten()
+}
+
 /// The nft interface wildcard matching every slot veth of the instance.
 pub fn slot_ifname_glob(prefix: &str) -> String {
     format!("{prefix}-*")
@@ -80,6 +88,17 @@ pub fn owned_by(prefix: &str, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slot_names_parse_back() {
+        for i in [0, 9, 35, 36, 1295, 70000] {
+            assert_eq!(slot_index("fb", &slot_name("fb", i)), Some(i));
+        }
+        assert_eq!(slot_index("fb", "fb-"), None);
+        assert_eq!(slot_index("fb", "fb-0a"), None);
+        assert_eq!(slot_index("fb", "fbx-1"), None);
+        assert_eq!(slot_index("fb", "fb_1"), None);
+    }
 
     #[test]
     fn base36_encodes_indexes() {

@@ -16,6 +16,10 @@ use crate::record::SandboxRecord;
 use super::lifecycle::Lifecycle;
 use super::plan::{CreatePlan, limits_of};
 
+/// `extensions` key of a create: `"off"` restores on demand instead of taking a pooled
+/// sandbox (benchmarks measure the restore path with it).
+pub const POOL_EXTENSION: &str = "fastbox.io/pool";
+
 /// Reasons recorded on failed sandboxes.
 pub const IMAGE_FAILED: &str = "IMAGE_RESOLUTION_FAILED";
 pub const START_FAILED: &str = "START_FAILED";
@@ -133,16 +137,28 @@ impl Lifecycle {
             execd_token: record.execd_token.clone(),
         };
         let fastlet = self.fastlet.clone();
+        let use_pool = plan
+            .extensions
+            .as_ref()
+            .and_then(|e| e.get(POOL_EXTENSION))
+            .is_none_or(|v| v != "off");
         let placed = blocking::run("fastbox-place", move || {
             let template = fastlet.template(&image)?;
+            fastlet.register_template(&template);
+            if use_pool && let Some(claimed) = fastlet.claim_pooled(&template, &req) {
+                return claimed;
+            }
             fastlet.restore_from(&template, &req, slot)
         })
         .await;
         match placed {
-            Ok(placement) => {
+            Ok((placement, report)) => {
                 let address = placement.address;
+                let reserved = slot;
                 let updated = self.update(id, |r| {
+                    r.slot = Some(placement.slot);
                     r.placement = Some(placement);
+                    r.event("Started", &report.summary());
                     if r.state() == SandboxState::Pending {
                         r.transition(
                             SandboxState::Running,
@@ -152,6 +168,10 @@ impl Lifecycle {
                     }
                     Ok(())
                 });
+                if updated.as_ref().is_ok_and(|r| r.slot != Some(reserved)) {
+                    // Claimed from the pool: the slot reserved at admission is not needed.
+                    self.fastlet.release_slot(reserved);
+                }
                 if updated.is_ok_and(|r| r.state() != SandboxState::Running) {
                     self.remove_now(id).await;
                 }
@@ -338,9 +358,11 @@ impl Lifecycle {
         let this = self.clone();
         tokio::spawn(async move {
             let fastlet = this.fastlet.clone();
-            let (rid, slot) = (id.clone(), record.slot);
-            let cleaned =
-                blocking::run("fastbox-remove", move || fastlet.remove(&rid, None, slot)).await;
+            let (rid, placement, slot) = (id.clone(), record.placement.clone(), record.slot);
+            let cleaned = blocking::run("fastbox-remove", move || {
+                fastlet.remove(&rid, placement.as_ref(), slot)
+            })
+            .await;
             let plan = limits_of(&record.resource_limits).map(|(limits, disk_bytes)| CreatePlan {
                 image: record.image.clone(),
                 entrypoint: record.entrypoint.clone(),

@@ -155,6 +155,15 @@ impl Lifecycle {
         self.busy.lock().expect("busy lock").remove(id);
     }
 
+    /// Runtime names (cgroup, directory) of every placed sandbox: pooled sandboxes keep
+    /// their pool name after a claim.
+    pub fn runtime_ids(&self) -> HashSet<String> {
+        self.snapshot()
+            .into_iter()
+            .filter_map(|r| r.placement.map(|p| p.handle.id))
+            .collect()
+    }
+
     pub(super) fn snapshot(&self) -> Vec<SandboxRecord> {
         self.records
             .lock()
