@@ -1,6 +1,7 @@
 //! The `fastbox` command line as a library, so integration tests drive the same code.
 
 pub mod bench;
+pub mod bench_create;
 pub mod client;
 pub mod paths;
 pub mod sandbox_run;

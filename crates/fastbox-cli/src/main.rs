@@ -3,7 +3,7 @@
 //! process that builds a sandbox's namespaces (see `fastbox_runtime::init`).
 
 use clap::{Parser, Subcommand};
-use fastbox_cli::{bench, client, paths, sandbox_run, up};
+use fastbox_cli::{bench, bench_create, client, paths, sandbox_run, up};
 
 #[derive(Parser)]
 #[command(name = "fastbox", version, about = "Restore-only Linux sandboxes")]
@@ -39,6 +39,9 @@ enum Command {
 enum BenchCommand {
     /// Cold start (no checkpoint) -> execd /ping, next to `runc run` of the same rootfs.
     ColdStart(bench::ColdStartArgs),
+    /// Create -> execd /ping 200 through the lifecycle API of a running server, N creates at
+    /// a concurrency, with each sandbox deleted outside the timed region.
+    Create(bench_create::CreateBenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -94,6 +97,9 @@ fn main() {
         Command::Bench {
             command: BenchCommand::ColdStart(args),
         } => bench::cold_start(args),
+        Command::Bench {
+            command: BenchCommand::Create(args),
+        } => bench_create::create(args),
         Command::Check(args) => paths::check(&args),
         Command::Up(args) => up::up(args),
         Command::Purge(args) => up::purge(args),
