@@ -28,6 +28,10 @@ fn main() -> ExitCode {
     let access_token = std::env::var("EXECD_ACCESS_TOKEN")
         .ok()
         .filter(|t| !t.is_empty());
+    // The process's original environment block is what /proc/1/environ shows to anything in
+    // the sandbox: blank the token there too (a clone of a checkpoint would otherwise carry
+    // its template's token in readable memory).
+    scrub_initial_env("EXECD_ACCESS_TOKEN");
     // SAFETY: no other thread exists yet (the tokio runtime is built below), so nothing can
     // read the environment concurrently. Children never see the token.
     unsafe { std::env::remove_var("EXECD_ACCESS_TOKEN") };
@@ -104,4 +108,34 @@ async fn serve(cli: cli::Cli, config: Config) -> std::io::Result<()> {
     shutdown::terminate_children(&state, SHUTDOWN_GRACE).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
     Ok(())
+}
+
+/// Overwrites the value of `key` in the environment block the kernel gave this process (the
+/// strings `/proc/self/environ` reads), with `*`s of the same length.
+fn scrub_initial_env(key: &str) {
+    let prefix = format!("{key}=");
+    // SAFETY: `environ` is the C library's NULL-terminated array of pointers to NUL-terminated
+    // strings; no other thread exists yet, so nothing reads or changes it concurrently. Only
+    // bytes before each string's NUL are written, and only in strings that start with the
+    // prefix, so every string keeps its length and terminator.
+    unsafe {
+        let mut entry = libc_environ();
+        while !entry.is_null() && !(*entry).is_null() {
+            let bytes = std::ffi::CStr::from_ptr(*entry).to_bytes();
+            if bytes.starts_with(prefix.as_bytes()) {
+                let value = (*entry).add(prefix.len()).cast::<u8>();
+                std::ptr::write_bytes(value, b'*', bytes.len() - prefix.len());
+            }
+            entry = entry.add(1);
+        }
+    }
+}
+
+/// The C library's `environ`.
+fn libc_environ() -> *mut *mut std::ffi::c_char {
+    unsafe extern "C" {
+        static mut environ: *mut *mut std::ffi::c_char;
+    }
+    // SAFETY: reading the pointer value of a C global that always exists.
+    unsafe { environ }
 }

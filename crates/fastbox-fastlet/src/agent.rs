@@ -133,6 +133,8 @@ pub struct Fastlet {
     routes: RwLock<HashMap<String, Route>>,
     builds: BuildLocks,
     pools: WarmPools,
+    /// Connection pool of execd clients (claims).
+    http: reqwest::blocking::Client,
     /// Recent resolutions by reference (see [`Fastlet::resolve_image`]).
     resolved: Mutex<HashMap<String, (std::time::Instant, ResolvedImage)>>,
 }
@@ -166,6 +168,10 @@ impl Fastlet {
             builds: BuildLocks::default(),
             pools: WarmPools::new(cfg_pool_size),
             resolved: Mutex::new(HashMap::new()),
+            http: ExecdClient::http_client().map_err(|e| FastletError::Execd {
+                path: PathBuf::from("http client"),
+                message: e.to_string(),
+            })?,
         })
     }
 
@@ -376,12 +382,10 @@ impl Fastlet {
             id: req.id.clone(),
             source: Box::new(source),
         };
+        let clock = BuildClock::start();
         sandbox::set_identity(handle, &req.id, Some(&slot.resolv_conf()))
             .map_err(|e| place_err(e.into()))?;
-        self.host
-            .network
-            .allow_egress(slot)
-            .map_err(|e| place_err(e.into()))?;
+        let identity_ms = clock.ms();
         let mut envs: Vec<(String, String)> = req
             .env
             .iter()
@@ -389,19 +393,34 @@ impl Fastlet {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         envs.extend(crate::host::announced_limits(&req.limits));
-        ExecdClient::new(
+        let execd = ExecdClient::with_client(
             format!(
                 "http://{}:{}",
                 slot.address,
                 fastbox_runtime::spec::EXECD_PORT
             ),
             Some(template.golden_token.clone()),
-        )
-        .and_then(|c| c.claim(&req.execd_token, &envs, &req.entrypoint))
-        .map_err(|source| FastletError::Claim {
+            self.http.clone(),
+        );
+        // The network opens while execd is claimed (the entrypoint may start before it is
+        // open, never after this returns).
+        let (opened, claimed) = std::thread::scope(|scope| {
+            let open = scope.spawn(|| {
+                let c = BuildClock::start();
+                self.host.network.allow_egress(slot).map(|()| c.ms())
+            });
+            let c = BuildClock::start();
+            let claimed = execd
+                .claim(&req.execd_token, &envs, &req.entrypoint)
+                .map(|()| c.ms());
+            (open.join().expect("egress thread"), claimed)
+        });
+        tracing::debug!(sandbox = %req.id, identity_ms, claim_ms = ?claimed.as_ref().ok(), egress_ms = ?opened.as_ref().ok(), "configured");
+        claimed.map_err(|source| FastletError::Claim {
             id: req.id.clone(),
             source,
-        })
+        })?;
+        opened.map(drop).map_err(|e| place_err(e.into()))
     }
 
     /// Keeps a warm pool of `template` from now on (no-op without a pool size).

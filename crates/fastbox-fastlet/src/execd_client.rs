@@ -53,11 +53,25 @@ pub struct EventError {
 
 impl ExecdClient {
     pub fn new(base: String, token: Option<String>) -> Result<Self, ExecdClientError> {
-        let http = reqwest::blocking::Client::builder()
+        Ok(Self::with_client(base, token, Self::http_client()?))
+    }
+
+    /// A client over an existing connection pool (cheap: building a blocking client starts
+    /// a thread).
+    pub fn with_client(
+        base: String,
+        token: Option<String>,
+        http: reqwest::blocking::Client,
+    ) -> Self {
+        Self { base, token, http }
+    }
+
+    /// The HTTP client execd clients use.
+    pub fn http_client() -> Result<reqwest::blocking::Client, ExecdClientError> {
+        Ok(reqwest::blocking::Client::builder()
             .timeout(None)
             .connect_timeout(Duration::from_secs(2))
-            .build()?;
-        Ok(Self { base, token, http })
+            .build()?)
     }
 
     fn request(&self, method: reqwest::Method, path: &str) -> reqwest::blocking::RequestBuilder {

@@ -132,11 +132,15 @@ pub async fn run(
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), &mut servers).await;
         }
     }
-    let drain = fastlet.clone();
-    blocking::run("fastbox-drain", move || drain.drain_pools()).await;
-    if let Ok(fastlet) = Arc::try_unwrap(fastlet) {
-        fastlet.shutdown();
-    }
+    // Off the async threads: removing sandboxes blocks, and the node's blocking HTTP client
+    // must not be dropped on a runtime thread.
+    blocking::run("fastbox-stop", move || {
+        fastlet.drain_pools();
+        if let Ok(fastlet) = Arc::try_unwrap(fastlet) {
+            fastlet.shutdown();
+        }
+    })
+    .await;
     Ok(())
 }
 

@@ -107,13 +107,9 @@ impl Lifecycle {
                 return;
             }
         };
-        let Ok(record) = self.update(id, |r| {
-            r.event(
-                "ImageReady",
-                &format!("{} ({})", image.canonical_reference, image.digest),
-            );
-            Ok(())
-        }) else {
+        // Recorded with the start (one durable write less on the create path).
+        let image_event = format!("{} ({})", image.canonical_reference, image.digest);
+        let Ok(record) = self.record(id) else {
             return;
         };
         if record.state() != SandboxState::Pending {
@@ -156,6 +152,7 @@ impl Lifecycle {
                 let address = placement.address;
                 let reserved = slot;
                 let updated = self.update(id, |r| {
+                    r.event("ImageReady", &image_event);
                     r.slot = Some(placement.slot);
                     r.placement = Some(placement);
                     r.event("Started", &report.summary());
