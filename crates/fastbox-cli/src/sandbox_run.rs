@@ -115,6 +115,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         env: args.env.clone(),
         entrypoint: vec![],
         execd_token: None,
+        deny_egress: false,
     };
     let started = Instant::now();
     let result = host

@@ -259,3 +259,61 @@ fn an_image_that_fails_quickly_is_a_400_and_records_nothing() {
     );
     server.finish();
 }
+
+#[test]
+fn pooled_sandboxes_have_no_route_out_until_claimed() {
+    let Some(server) = UpServer::start('v', &["--pool-size", "2"]) else {
+        return;
+    };
+    // Wait for the pool to fill (its sandboxes record their slots).
+    let sandboxes = server.data_dir.join("sandboxes");
+    let pooled_slots = || -> Vec<u32> {
+        std::fs::read_dir(&sandboxes)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| std::fs::read_to_string(e.path().join("pool-slot")).ok())
+            .filter_map(|s| s.trim().parse().ok())
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while pooled_slots().len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pool never filled"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let routes = |slot: u32| {
+        let netns = fastbox_runtime::net::names::slot_name(&server.prefix, slot);
+        let out = std::process::Command::new("ip")
+            .args(["-netns", &netns, "route", "show"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for slot in pooled_slots() {
+        let table = routes(slot);
+        assert!(!table.contains("default"), "pooled slot {slot}: {table}");
+    }
+    // A create claims one: its sandbox has its way out again.
+    let id = server.create_busybox();
+    let store_slot = {
+        let (_, body) = server.get(&format!("/v1/sandboxes/{id}/diagnostics/events"));
+        assert!(
+            body["content"].as_str().unwrap().contains("pool: acquire"),
+            "{body}"
+        );
+        body
+    };
+    let _ = store_slot;
+    let claimed: Vec<u32> = (0..8)
+        .filter(|s| routes(*s).contains("default via"))
+        .collect();
+    assert_eq!(
+        claimed.len(),
+        1,
+        "exactly the claimed sandbox routes out: {claimed:?}"
+    );
+    server.finish();
+}

@@ -229,34 +229,6 @@ impl Fastlet {
         (slots.in_use(), slots.capacity())
     }
 
-    /// Starts `req` in slot `slot` (reserved with [`Fastlet::reserve_slot`]) and waits for
-    /// its execd. On failure nothing of the sandbox is left, and the slot stays reserved for
-    /// the caller to [`Fastlet::remove`].
-    pub fn place(&self, req: &PlaceRequest, slot: u32) -> Result<Placement, FastletError> {
-        let opts = StartOptions {
-            id: req.id.clone(),
-            limits: req.limits,
-            disk_bytes: req.disk_bytes,
-            env: req.env.clone(),
-            entrypoint: req.entrypoint.clone(),
-            execd_token: Some(req.execd_token.clone()),
-        };
-        let started = self
-            .host
-            .start(&req.rootfs, &self.execd, slot, &opts)
-            .map_err(|source| FastletError::Place {
-                id: req.id.clone(),
-                source: Box::new(source),
-            })?;
-        tracing::info!(sandbox = %req.id, slot, address = %started.slot.address, ready_ms = started.ready_after.as_millis() as u64, "sandbox started");
-        self.add_route(&req.id, started.slot.address, &req.execd_token);
-        Ok(Placement {
-            slot,
-            address: started.slot.address,
-            handle: started.handle,
-        })
-    }
-
     /// The golden checkpoint of `image` on this node, built now if there is none: a cold
     /// start with execd only, readiness, then a CRIU dump.
     pub fn template(&self, image: &ResolvedImage) -> Result<Template, FastletError> {
@@ -497,6 +469,7 @@ impl Fastlet {
         let opts = StartOptions {
             id: id.clone(),
             execd_token: Some(template.golden_token.clone()),
+            deny_egress: true,
             ..StartOptions::default()
         };
         let restored = self
@@ -527,8 +500,8 @@ impl Fastlet {
                     what: "record the pool slot".into(),
                     source: e,
                 })
-            })
-            .and_then(|()| Ok(self.host.network.deny_egress(&sb.slot)?));
+            });
+
         if let Err(e) = recorded {
             let _ = self.host.destroy(&sb);
             self.release_slot(slot);

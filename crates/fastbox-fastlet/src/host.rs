@@ -68,6 +68,8 @@ pub struct StartOptions {
     pub env: Vec<String>,
     pub entrypoint: Vec<String>,
     pub execd_token: Option<String>,
+    /// Start without a way out of the slot (pooled sandboxes, until claimed).
+    pub deny_egress: bool,
 }
 
 /// A started sandbox and its slot.
@@ -215,6 +217,12 @@ impl LocalHost {
         place: impl FnOnce(&NetSlot) -> Result<SandboxHandle, HostError>,
     ) -> Result<LocalSandbox, HostError> {
         let slot = self.network.create_slot(index)?;
+        if opts.deny_egress
+            && let Err(e) = self.network.deny_egress(&slot)
+        {
+            let _ = self.network.destroy_slot(&slot);
+            return Err(e.into());
+        }
         match place(&slot) {
             Ok(handle) => self.ready(handle, slot, opts),
             Err(e) => {

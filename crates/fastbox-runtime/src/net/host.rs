@@ -193,42 +193,40 @@ impl HostNetwork {
         }
     }
 
-    /// Drops everything the slot's sandbox sends beyond the fixed rules (pooled sandboxes,
-    /// until they are claimed): the slot's entry in the egress verdict map.
+    /// Cuts the slot's sandbox off from everything but its own link (pooled sandboxes, until
+    /// they are claimed): its default route goes. The host still reaches it on the /31, and
+    /// nothing inside can put the route back (sandboxes have no `CAP_NET_ADMIN`).
     pub fn deny_egress(&self, slot: &NetSlot) -> Result<(), NetError> {
-        let script = format!(
-            "add element inet {} {} {{ \"{}\" : drop }}\n",
-            self.cfg.prefix,
-            nft::SLOT_EGRESS_MAP,
-            slot.host_if
-        );
-        self.sys.run("nft", &["-f", "-"], Some(&script)).map(drop)
+        self.sys
+            .run(
+                "ip",
+                &["-netns", &slot.name, "route", "del", "default"],
+                None,
+            )
+            .map(drop)
     }
 
-    /// Undoes [`HostNetwork::deny_egress`]. Idempotent.
+    /// Undoes [`HostNetwork::deny_egress`]: the default route via the gateway again.
     pub fn allow_egress(&self, slot: &NetSlot) -> Result<(), NetError> {
-        let script = format!(
-            "delete element inet {} {} {{ \"{}\" }}\n",
-            self.cfg.prefix,
-            nft::SLOT_EGRESS_MAP,
-            slot.host_if
-        );
-        match self.sys.run("nft", &["-f", "-"], Some(&script)) {
-            Err(NetError::Command { stderr, .. })
-                if stderr.contains("No such file") || stderr.contains("does not exist") =>
-            {
-                Ok(())
-            }
-            other => other.map(drop),
-        }
+        let gateway = slot.gateway.to_string();
+        let args = [
+            "-netns",
+            &slot.name,
+            "route",
+            "replace",
+            "default",
+            "via",
+            &gateway,
+            "dev",
+            SANDBOX_IFNAME,
+        ];
+        self.sys.run("ip", &args, None).map(drop)
     }
 
     /// Removes the slot: the veth (both ends) and the netns. Idempotent. Processes still
     /// inside the netns keep it alive (without network) until they exit.
     pub fn destroy_slot(&self, slot: &NetSlot) -> Result<(), NetError> {
         delete_link(self.sys.as_ref(), &slot.host_if)?;
-        // A later slot of the same name must not inherit a pooled sandbox's deny.
-        self.allow_egress(slot)?;
         self.sys.remove_netns(&slot.name)?;
         tracing::debug!(slot = %slot.name, "slot destroyed");
         Ok(())
@@ -502,17 +500,30 @@ mod tests {
     }
 
     #[test]
+    fn egress_is_denied_and_allowed_by_the_default_route() {
+        let (sys, host) = host();
+        let slot = host.slot(3).unwrap();
+        host.deny_egress(&slot).unwrap();
+        host.allow_egress(&slot).unwrap();
+        let calls = sys.calls();
+        assert_eq!(calls[calls.len() - 2], "ip -netns fbu-3 route del default");
+        assert_eq!(
+            calls[calls.len() - 1],
+            format!(
+                "ip -netns fbu-3 route replace default via {} dev eth0",
+                slot.gateway
+            )
+        );
+    }
+
+    #[test]
     fn create_slot_failure_removes_what_it_made() {
         let (sys, host) = host();
         *sys.fail_on.lock().unwrap() = Some("-netns fbu-2".into());
         let err = host.create_slot(2).unwrap_err();
         assert!(matches!(err, NetError::Command { .. }), "{err}");
         let calls = sys.calls();
-        assert_eq!(calls[calls.len() - 3], "ip link del fbu-2");
-        assert!(
-            calls[calls.len() - 2].contains("delete element inet fbu slot_egress { \"fbu-2\" }"),
-            "{calls:?}"
-        );
+        assert_eq!(calls[calls.len() - 2], "ip link del fbu-2");
         assert_eq!(calls[calls.len() - 1], "remove netns fbu-2");
         assert!(leaked_with(sys.as_ref(), "fbu").unwrap().links.is_empty());
         assert!(leaked_with(sys.as_ref(), "fbu").unwrap().netns.is_empty());
