@@ -128,9 +128,11 @@ pub fn restore(
             digest: meta.execd_digest.clone(),
         }
     })?;
-    // CRIU writes its restore log and pidfile next to the images: work on a private copy so
-    // one checkpoint can be restored many times, concurrently.
-    let images = target.dir.join("restore-images");
+    // CRIU only reads the images; its log and pidfile go to a private work directory, so one
+    // checkpoint is restored many times, concurrently, without copies.
+    let images = images_dir(checkpoint);
+    let work_dir = target.dir.join("criu-work");
+    let clock = std::time::Instant::now();
     let rootfs = Rootfs::create(
         target.dir,
         target.lower,
@@ -141,35 +143,43 @@ pub fn restore(
         id: id.clone(),
         source,
     })?;
-    let result = copy_tree(&id, &images_dir(checkpoint), &images).and_then(|()| {
-        let cgroup =
-            Cgroup::create(cgroups, target.prefix, target.id, target.limits).map_err(|source| {
-                CheckpointError::Cgroup {
+    let rootfs_ms = clock.elapsed().as_millis() as u64;
+    let result = fs::create_dir_all(&work_dir)
+        .map_err(|source| CheckpointError::Io {
+            id: id.clone(),
+            what: "create",
+            path: work_dir.clone(),
+            source,
+        })
+        .and_then(|()| {
+            let cgroup = Cgroup::create(cgroups, target.prefix, target.id, target.limits).map_err(
+                |source| CheckpointError::Cgroup {
+                    id: id.clone(),
+                    source,
+                },
+            )?;
+            criu.restore(&RestoreRequest {
+                images: &images,
+                work_dir: &work_dir,
+                root: &rootfs.root,
+                netns: target.netns,
+                execd_host: &execd.path,
+                cgroup_procs: cgroup.procs_files(),
+                tcp_close: target.tcp_close,
+            })
+            .map_err(|source| {
+                let _ = cgroup.kill_all();
+                let _ = cgroup.remove();
+                CheckpointError::Criu {
                     id: id.clone(),
                     source,
                 }
-            })?;
-        criu.restore(&RestoreRequest {
-            images: &images,
-            root: &rootfs.root,
-            netns: target.netns,
-            execd_host: &execd.path,
-            cgroup_procs: cgroup.procs_files(),
-            tcp_close: target.tcp_close,
-        })
-        .map_err(|source| {
-            let _ = cgroup.kill_all();
-            let _ = cgroup.remove();
-            CheckpointError::Criu {
-                id: id.clone(),
-                source,
-            }
-        })
-    });
+            })
+        });
     match result {
         Ok(init_pid) => {
-            // The restored processes hold their memory: the image copy is not needed again.
-            let _ = fs::remove_dir_all(&images);
+            let _ = fs::remove_dir_all(&work_dir);
+            tracing::debug!(sandbox = %id, rootfs_ms, criu_ms = clock.elapsed().as_millis() as u64 - rootfs_ms, "restored");
             Ok(SandboxHandle {
                 id,
                 prefix: target.prefix.to_string(),

@@ -73,7 +73,10 @@ pub struct DumpRequest<'a> {
 /// What a restore needs: the images, and the new home of the tree.
 #[derive(Debug, Clone)]
 pub struct RestoreRequest<'a> {
+    /// The checkpoint images; only read, so many restores can share them.
     pub images: &'a Path,
+    /// Where CRIU writes its log and the pidfile (private to this restore).
+    pub work_dir: &'a Path,
     /// The mounted overlay that becomes the restored tree's root.
     pub root: &'a Path,
     /// The network namespace file of the target slot.
@@ -151,7 +154,7 @@ impl Criu {
     /// Restore `images` into the given root, network namespace and cgroups; returns the host
     /// pid of the restored init.
     pub fn restore(&self, req: &RestoreRequest<'_>) -> Result<i32, CriuError> {
-        let pidfile = req.images.join("restore.pid");
+        let pidfile = req.work_dir.join("restore.pid");
         let _ = fs::remove_file(&pidfile);
         let netns = fs::File::open(req.netns).map_err(|source| CriuError::Io {
             what: "open",
@@ -176,7 +179,9 @@ impl Criu {
         cmd.arg("restore")
             .arg("--images-dir")
             .arg(req.images)
-            .args(["--log-file", "restore.log", "-v4"])
+            .arg("--work-dir")
+            .arg(req.work_dir)
+            .args(["--log-file", "restore.log", "-v2"])
             .arg("--root")
             .arg(req.root)
             .arg("--inherit-fd")
@@ -209,7 +214,7 @@ impl Criu {
                 Ok(())
             });
         }
-        run(cmd, "restore", &req.images.join("restore.log"))?;
+        run(cmd, "restore", &req.work_dir.join("restore.log"))?;
         drop((netns, procs));
         let pid = fs::read_to_string(&pidfile)
             .ok()
