@@ -36,7 +36,13 @@ struct PoolState {
     templates: HashMap<String, Template>,
     ready: HashMap<String, VecDeque<Pooled>>,
     stopping: bool,
+    /// When a sandbox was last taken: refills wait out a burst (a restore takes a core
+    /// for ~100 ms, which the burst's claims would otherwise share).
+    last_take: Option<std::time::Instant>,
 }
+
+/// A refill waits until no sandbox was taken for this long, unless its pool is empty.
+pub const REFILL_QUIET: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl WarmPools {
     pub fn new(target: usize) -> Self {
@@ -69,6 +75,7 @@ impl WarmPools {
         let mut state = self.lock();
         let taken = state.ready.get_mut(image_digest)?.pop_front();
         if taken.is_some() {
+            state.last_take = Some(std::time::Instant::now());
             self.wake.notify_all();
         }
         taken
@@ -99,14 +106,21 @@ impl WarmPools {
             if state.stopping {
                 return None;
             }
-            let short = state
-                .templates
-                .values()
-                .find(|t| state.ready.get(&t.image_digest).map_or(0, VecDeque::len) < self.target);
-            if let Some(t) = short {
-                return Some(t.clone());
+            let ready = |t: &Template| state.ready.get(&t.image_digest).map_or(0, VecDeque::len);
+            let short = state.templates.values().find(|t| ready(t) < self.target);
+            let quiet = state.last_take.map_or(REFILL_QUIET, |at| at.elapsed());
+            match short {
+                Some(t) if ready(t) == 0 || quiet >= REFILL_QUIET => return Some(t.clone()),
+                Some(_) => {
+                    let wait = REFILL_QUIET.saturating_sub(quiet);
+                    state = self
+                        .wake
+                        .wait_timeout(state, wait)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+                None => state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner()),
             }
-            state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
         }
     }
 
