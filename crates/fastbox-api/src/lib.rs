@@ -3,3 +3,4 @@
 pub mod lifecycle;
 pub mod metadata;
 pub mod quantity;
+pub mod templates;

@@ -232,11 +232,22 @@ impl Fastlet {
     /// The golden checkpoint of `image` on this node, built now if there is none: a cold
     /// start with execd only, readiness, then a CRIU dump.
     pub fn template(&self, image: &ResolvedImage) -> Result<Template, FastletError> {
-        let dir = template::template_dir(&self.cfg.data_dir, &image.digest);
+        self.template_for(&image.digest, image, &[])
+    }
+
+    /// The golden checkpoint named `key` of `image` with `env` baked in (a template of the
+    /// templates API), built now if this node has none.
+    pub fn template_for(
+        &self,
+        key: &str,
+        image: &ResolvedImage,
+        env: &[String],
+    ) -> Result<Template, FastletError> {
+        let dir = template::template_dir(&self.cfg.data_dir, key);
         if let Some(t) = template::load(&dir) {
             return Ok(t);
         }
-        let lock = self.builds.for_image(&image.digest);
+        let lock = self.builds.for_image(key);
         let _building = lock.lock().expect("build lock");
         if let Some(t) = template::load(&dir) {
             return Ok(t);
@@ -251,9 +262,11 @@ impl Fastlet {
         let golden_token = random_hex();
         let id = format!("{}-{}", template::short_name(image), &random_hex()[..6]);
         let slot = self.reserve_slot()?;
+        let mut golden_env = image.config.env.clone();
+        golden_env.extend(env.iter().cloned());
         let opts = StartOptions {
             id: id.clone(),
-            env: image.config.env.clone(),
+            env: golden_env,
             execd_token: Some(golden_token.clone()),
             ..StartOptions::default()
         };
@@ -274,6 +287,7 @@ impl Fastlet {
             return Err(fail(e.to_string()));
         }
         let t = Template {
+            key: key.to_string(),
             image_digest: image.digest.clone(),
             image_reference: image.canonical_reference.clone(),
             rootfs: image.rootfs.clone(),
@@ -395,6 +409,16 @@ impl Fastlet {
         opened.map(drop).map_err(|e| place_err(e.into()))
     }
 
+    /// Forgets the template named `key` on this node (its directory; pooled sandboxes of it
+    /// are not refilled after a restart).
+    pub fn remove_template(&self, key: &str) -> std::io::Result<()> {
+        self.pools.unregister(key);
+        match std::fs::remove_dir_all(template::template_dir(&self.cfg.data_dir, key)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// Keeps a warm pool of `template` from now on (no-op without a pool size).
     pub fn register_template(&self, template: &Template) {
         self.pools.register(template);
@@ -417,7 +441,7 @@ impl Fastlet {
             return None;
         }
         let clock = BuildClock::start();
-        let pooled = self.pools.take(&template.image_digest)?;
+        let pooled = self.pools.take(&template.key)?;
         let acquired_ms = clock.ms();
         let placement = pooled.placement;
         let slot = match self.host.network.slot(placement.slot) {
@@ -516,7 +540,7 @@ impl Fastlet {
                 address: sb.slot.address,
                 handle: sb.handle,
             },
-            template: template.image_digest.clone(),
+            template: template.key.clone(),
         });
         Ok(())
     }

@@ -19,7 +19,7 @@ pub const POOL_SLOT_FILE: &str = "pool-slot";
 #[derive(Debug, Clone)]
 pub struct Pooled {
     pub placement: Placement,
-    /// The image digest of its template.
+    /// The key of its template.
     pub template: String,
 }
 
@@ -65,15 +65,20 @@ impl WarmPools {
         let mut state = self.lock();
         state
             .templates
-            .entry(template.image_digest.clone())
+            .entry(template.key.clone())
             .or_insert_with(|| template.clone());
         self.wake.notify_all();
     }
 
-    /// Takes a ready sandbox of `image_digest`, if there is one (and wakes the refill).
-    pub fn take(&self, image_digest: &str) -> Option<Pooled> {
+    /// Stops keeping sandboxes of template `key` (ready ones stay until taken or drained).
+    pub fn unregister(&self, key: &str) {
+        self.lock().templates.remove(key);
+    }
+
+    /// Takes a ready sandbox of template `key`, if there is one (and wakes the refill).
+    pub fn take(&self, key: &str) -> Option<Pooled> {
         let mut state = self.lock();
-        let taken = state.ready.get_mut(image_digest)?.pop_front();
+        let taken = state.ready.get_mut(key)?.pop_front();
         if taken.is_some() {
             state.last_take = Some(std::time::Instant::now());
             self.wake.notify_all();
@@ -106,7 +111,7 @@ impl WarmPools {
             if state.stopping {
                 return None;
             }
-            let ready = |t: &Template| state.ready.get(&t.image_digest).map_or(0, VecDeque::len);
+            let ready = |t: &Template| state.ready.get(&t.key).map_or(0, VecDeque::len);
             let short = state.templates.values().find(|t| ready(t) < self.target);
             let quiet = state.last_take.map_or(REFILL_QUIET, |at| at.elapsed());
             match short {
@@ -144,6 +149,7 @@ mod tests {
 
     fn template(digest: &str) -> Template {
         Template {
+            key: digest.into(),
             image_digest: digest.into(),
             image_reference: "r".into(),
             rootfs: "/r".into(),
@@ -168,12 +174,12 @@ mod tests {
     fn takes_in_order_and_asks_for_refills() {
         let pools = WarmPools::new(2);
         pools.register(&template("a"));
-        assert_eq!(pools.next_to_fill().unwrap().image_digest, "a");
+        assert_eq!(pools.next_to_fill().unwrap().key, "a");
         pools.put(pooled("a", 1));
         pools.put(pooled("a", 2));
         assert_eq!(pools.take("a").unwrap().placement.slot, 1);
         assert_eq!(pools.take("b").map(|p| p.placement.slot), None);
-        assert_eq!(pools.next_to_fill().unwrap().image_digest, "a");
+        assert_eq!(pools.next_to_fill().unwrap().key, "a");
         assert_eq!(pools.sizes()["a"], 1);
         let drained = pools.drain();
         assert_eq!(drained.len(), 1);

@@ -15,6 +15,10 @@ use serde::{Deserialize, Serialize};
 /// What `template.json` records.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Template {
+    /// What names the template on this node: the image digest for the implicit template of
+    /// an image, the template id (`tpl_...`) for one created through the templates API.
+    #[serde(default)]
+    pub key: String,
     /// The image the template was built from (`sha256:...`).
     pub image_digest: String,
     /// The image's canonical reference.
@@ -32,16 +36,20 @@ pub struct Template {
 /// The file that marks a finished template (written last).
 const TEMPLATE_FILE: &str = "template.json";
 
-/// Where the template of `image_digest` lives.
-pub fn template_dir(data_dir: &Path, image_digest: &str) -> PathBuf {
-    let name = image_digest.replace(':', "-");
+/// Where the template named `key` lives.
+pub fn template_dir(data_dir: &Path, key: &str) -> PathBuf {
+    let name = key.replace(':', "-");
     data_dir.join("templates").join(name)
 }
 
 /// Reads a finished template, if there is one.
 pub fn load(dir: &Path) -> Option<Template> {
     let bytes = std::fs::read(dir.join(TEMPLATE_FILE)).ok()?;
-    serde_json::from_slice(&bytes).ok()
+    let mut t: Template = serde_json::from_slice(&bytes).ok()?;
+    if t.key.is_empty() {
+        t.key = t.image_digest.clone();
+    }
+    Some(t)
 }
 
 /// Writes `template.json` into `dir` (the commit point of a build).
@@ -101,6 +109,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(load(dir.path()), None);
         let t = Template {
+            key: "sha256:ab".into(),
             image_digest: "sha256:ab".into(),
             image_reference: "recipe:busybox".into(),
             rootfs: "/r".into(),

@@ -23,6 +23,8 @@ pub enum ApiError {
     Forbidden(String),
     #[error("sandbox {0} not found")]
     SandboxNotFound(String),
+    #[error("template {0} not found")]
+    TemplateNotFound(String),
     #[error("sandbox {id} is not reachable yet (state {state})")]
     NotReady { id: String, state: String },
     #[error("sandbox {id} is {state}{detail}")]
@@ -55,9 +57,10 @@ impl ApiError {
             }
             Self::MissingApiKey | Self::InvalidApiKey => StatusCode::UNAUTHORIZED,
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
-            Self::SandboxNotFound(_) | Self::NotReady { .. } | Self::RouteNotFound { .. } => {
-                StatusCode::NOT_FOUND
-            }
+            Self::SandboxNotFound(_)
+            | Self::TemplateNotFound(_)
+            | Self::NotReady { .. }
+            | Self::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             Self::NotRunning { .. } | Self::Conflict(_) => StatusCode::CONFLICT,
             Self::Capacity { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
@@ -76,6 +79,7 @@ impl ApiError {
             Self::InvalidApiKey => "INVALID_API_KEY",
             Self::Forbidden(_) => "SANDBOX::FORBIDDEN",
             Self::SandboxNotFound(_) => "SANDBOX::NOT_FOUND",
+            Self::TemplateNotFound(_) => "TEMPLATE::NOT_FOUND",
             // The one code the SDK keeps polling on while a sandbox is being created.
             Self::NotReady { .. } => "KUBERNETES::POD_IP_NOT_AVAILABLE",
             Self::NotRunning { .. } => "SANDBOX::NOT_RUNNING",

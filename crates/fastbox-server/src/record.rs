@@ -31,6 +31,9 @@ pub struct SandboxRecord {
     /// Where it runs, once started.
     pub placement: Option<Placement>,
     pub events: Vec<Event>,
+    /// The template (templates API) it was created from, if any.
+    #[serde(default)]
+    pub template_id: Option<String>,
 }
 
 /// One lifecycle event (`GET .../diagnostics/events`).
@@ -147,6 +150,7 @@ pub(crate) mod tests {
             slot: None,
             placement: None,
             events: vec![],
+            template_id: None,
         }
     }
 

@@ -5,9 +5,17 @@ use std::path::Path;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
+use fastbox_api::templates::Template;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
 use crate::record::SandboxRecord;
 
 const SANDBOXES: TableDefinition<&str, &[u8]> = TableDefinition::new("sandboxes");
+const TEMPLATES: TableDefinition<&str, &[u8]> = TableDefinition::new("templates");
+
+/// The store's tables: id -> JSON.
+type Table = TableDefinition<'static, &'static str, &'static [u8]>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -35,34 +43,61 @@ impl Store {
         let db = dbr(Database::create(path))?;
         let txn = dbr(db.begin_write())?;
         dbr(txn.open_table(SANDBOXES))?;
+        dbr(txn.open_table(TEMPLATES))?;
         dbr(txn.commit())?;
         Ok(Self { db })
     }
 
     /// Writes `record` durably (replacing an earlier version).
     pub fn put(&self, record: &SandboxRecord) -> Result<(), StoreError> {
-        let bytes = serde_json::to_vec(record).expect("records serialize");
-        let txn = dbr(self.db.begin_write())?;
-        {
-            let mut table = dbr(txn.open_table(SANDBOXES))?;
-            dbr(table.insert(record.id.as_str(), bytes.as_slice()))?;
-        }
-        dbr(txn.commit())
+        self.put_in(SANDBOXES, &record.id, record)
     }
 
     pub fn remove(&self, id: &str) -> Result<(), StoreError> {
+        self.remove_from(SANDBOXES, id)
+    }
+
+    /// Every sandbox record.
+    pub fn load(&self) -> Result<Vec<SandboxRecord>, StoreError> {
+        self.load_from(SANDBOXES)
+    }
+
+    /// Writes a template durably.
+    pub fn put_template(&self, template: &Template) -> Result<(), StoreError> {
+        self.put_in(TEMPLATES, &template.template_id, template)
+    }
+
+    pub fn remove_template(&self, id: &str) -> Result<(), StoreError> {
+        self.remove_from(TEMPLATES, id)
+    }
+
+    /// Every template.
+    pub fn load_templates(&self) -> Result<Vec<Template>, StoreError> {
+        self.load_from(TEMPLATES)
+    }
+
+    fn put_in<T: Serialize>(&self, def: Table, key: &str, value: &T) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec(value).expect("records serialize");
         let txn = dbr(self.db.begin_write())?;
         {
-            let mut table = dbr(txn.open_table(SANDBOXES))?;
-            dbr(table.remove(id))?;
+            let mut table = dbr(txn.open_table(def))?;
+            dbr(table.insert(key, bytes.as_slice()))?;
         }
         dbr(txn.commit())
     }
 
-    /// Every record.
-    pub fn load(&self) -> Result<Vec<SandboxRecord>, StoreError> {
+    fn remove_from(&self, def: Table, key: &str) -> Result<(), StoreError> {
+        let txn = dbr(self.db.begin_write())?;
+        {
+            let mut table = dbr(txn.open_table(def))?;
+            dbr(table.remove(key))?;
+        }
+        dbr(txn.commit())
+    }
+
+    fn load_from<T: DeserializeOwned>(&self, def: Table) -> Result<Vec<T>, StoreError> {
         let txn = dbr(self.db.begin_read())?;
-        let table = dbr(txn.open_table(SANDBOXES))?;
+        let table = dbr(txn.open_table(def))?;
         let mut out = Vec::new();
         for item in dbr(table.iter())? {
             let (key, value) = dbr(item)?;

@@ -32,6 +32,10 @@ use super::AppState;
         super::sandboxes::endpoint,
         super::sandboxes::diagnostics_logs,
         super::sandboxes::diagnostics_events,
+        super::templates::create,
+        super::templates::list,
+        super::templates::get,
+        super::templates::delete,
     ),
     components(schemas(
         wire::CreateSandboxRequest,
@@ -100,7 +104,7 @@ pub async fn metrics_event(body: axum::body::Bytes) -> StatusCode {
     StatusCode::NO_CONTENT
 }
 
-/// Pause/resume, snapshots, templates and network policies arrive with later milestones.
+/// Pause/resume, snapshots and network policies arrive with later milestones.
 pub async fn not_supported(uri: axum::http::Uri) -> ApiError {
     ApiError::NotImplemented(format!(
         "{} is not supported by this server yet",

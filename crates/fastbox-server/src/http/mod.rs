@@ -6,6 +6,7 @@ pub mod middleware;
 mod misc;
 mod proxy;
 mod sandboxes;
+mod templates;
 
 use std::sync::Arc;
 
@@ -56,8 +57,11 @@ fn routes() -> Router<AppState> {
         .route("/sandboxes/{id}/networkpolicy", any(misc::not_supported))
         .route("/snapshots", any(misc::not_supported))
         .route("/snapshots/{sid}", any(misc::not_supported))
-        .route("/templates", any(misc::not_supported))
-        .route("/templates/{tid}", any(misc::not_supported))
+        .route("/templates", post(templates::create).get(templates::list))
+        .route(
+            "/templates/{id}",
+            get(templates::get).delete(templates::delete),
+        )
         .route("/metrics/events", post(misc::metrics_event))
         .route("/sandboxes/{id}/proxy/{port}", any(proxy::server_proxy))
         .route("/sandboxes/{id}/proxy/{port}/", any(proxy::server_proxy))

@@ -53,6 +53,17 @@ pub async fn list(
     for m in query.all("metadata") {
         metadata.extend(parse_metadata_filter(m)?);
     }
+    let (page, page_size) = page_of(&query)?;
+    Ok(Json(state.lifecycle.list(&ListQuery {
+        states,
+        metadata,
+        page,
+        page_size,
+    })))
+}
+
+/// `page` (from 1) and `pageSize` (1..200, default 20).
+pub fn page_of(query: &QueryPairs) -> Result<(u32, u32), ApiError> {
     let page = query.number("page", 1u32)?;
     let page_size = query.number("pageSize", 20u32)?;
     if page < 1 {
@@ -63,17 +74,12 @@ pub async fn list(
             "pageSize must be 1..{MAX_PAGE_SIZE}"
         )));
     }
-    Ok(Json(state.lifecycle.list(&ListQuery {
-        states,
-        metadata,
-        page,
-        page_size,
-    })))
+    Ok((page, page_size))
 }
 
 /// `metadata=a%3Db%2520c` arrives decoded once as `a=b%20c`: parse it as a query string
 /// (strictly: every pair needs `=`).
-fn parse_metadata_filter(raw: &str) -> Result<Vec<(String, String)>, ApiError> {
+pub fn parse_metadata_filter(raw: &str) -> Result<Vec<(String, String)>, ApiError> {
     if raw.is_empty() {
         return Ok(Vec::new());
     }

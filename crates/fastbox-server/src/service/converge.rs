@@ -138,8 +138,13 @@ impl Lifecycle {
             .as_ref()
             .and_then(|e| e.get(POOL_EXTENSION))
             .is_none_or(|v| v != "off");
+        let template_key = plan.template_id.clone();
+        let template_env: Vec<String> = plan.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let placed = blocking::run("fastbox-place", move || {
-            let template = fastlet.template(&image)?;
+            let template = match &template_key {
+                Some(key) => fastlet.template_for(key, &image, &template_env)?,
+                None => fastlet.template(&image)?,
+            };
             fastlet.register_template(&template);
             if use_pool && let Some(claimed) = fastlet.claim_pooled(&template, &req) {
                 return claimed;
@@ -370,6 +375,7 @@ impl Lifecycle {
                 disk_bytes,
                 timeout_secs: None,
                 extensions: record.extensions.clone(),
+                template_id: record.template_id.clone(),
             });
             match (cleaned, plan) {
                 (Ok(()), Ok(plan)) => {

@@ -18,7 +18,7 @@ use crate::error::ApiError;
 use crate::record::SandboxRecord;
 use crate::store::Store;
 
-use super::plan::plan;
+use super::plan::{plan, plan_from_template};
 
 /// The execd header that carries the per-sandbox token.
 pub const EXECD_TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
@@ -39,6 +39,8 @@ pub struct Lifecycle {
     pub(super) fastlet: Arc<Fastlet>,
     pub(super) signer: RouteSigner,
     health: RwLock<Health>,
+    /// Templates of the templates API, written through to the store.
+    pub(super) templates: Mutex<HashMap<String, fastbox_api::templates::Template>>,
 }
 
 /// `GET /v1/sandboxes` filters.
@@ -72,8 +74,14 @@ impl Lifecycle {
             .into_iter()
             .map(|r| (r.id.clone(), r))
             .collect();
+        let templates = store
+            .load_templates()?
+            .into_iter()
+            .map(|t| (t.template_id.clone(), t))
+            .collect();
         Ok(Arc::new(Self {
             cfg,
+            templates: Mutex::new(templates),
             store,
             records: Mutex::new(records),
             busy: Mutex::new(HashSet::new()),
@@ -175,7 +183,14 @@ impl Lifecycle {
 
     /// `POST /v1/sandboxes`: validate, admit into a slot, record the intent, start.
     pub async fn create(self: &Arc<Self>, req: CreateSandboxRequest) -> Result<Sandbox, ApiError> {
-        let plan = plan(req, self.cfg.max_timeout.as_secs())?;
+        let max_timeout = self.cfg.max_timeout.as_secs();
+        let plan = match req.template_id.clone() {
+            Some(template_id) => {
+                let template = self.ready_template(&template_id)?;
+                plan_from_template(req, &template, max_timeout)?
+            }
+            None => plan(req, max_timeout)?,
+        };
         self.fastlet
             .check_image(&plan.image.uri)
             .map_err(|e| ApiError::InvalidParameter(format!("image: {e}")))?;
@@ -210,6 +225,7 @@ impl Lifecycle {
             slot: Some(slot),
             placement: None,
             events: Vec::new(),
+            template_id: plan.template_id.clone(),
         };
         record.event(
             "Created",

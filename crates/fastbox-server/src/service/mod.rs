@@ -4,5 +4,6 @@
 mod converge;
 mod lifecycle;
 pub mod plan;
+mod templates;
 
 pub use lifecycle::{EndpointQuery, Health, Lifecycle, ListQuery, random_token};

@@ -3,6 +3,7 @@
 
 use fastbox_api::lifecycle::{CreateSandboxRequest, ImageSpec, StringMap};
 use fastbox_api::quantity::{parse_bytes, parse_cpu_millis};
+use fastbox_api::templates::Template;
 use fastbox_runtime::cgroup::{CgroupLimits, MIN_CPU_MILLIS};
 use fastbox_runtime::spec::DEFAULT_PIDS;
 
@@ -26,6 +27,8 @@ pub struct CreatePlan {
     pub disk_bytes: Option<u64>,
     pub timeout_secs: Option<i64>,
     pub extensions: Option<StringMap>,
+    /// The template (templates API) the sandbox comes from; None: the image's own.
+    pub template_id: Option<String>,
 }
 
 fn invalid(message: impl Into<String>) -> ApiError {
@@ -43,11 +46,6 @@ pub fn plan(req: CreateSandboxRequest, max_timeout_secs: u64) -> Result<CreatePl
             "creating from a snapshot (snapshotId) is not supported by this server yet",
         ));
     }
-    if req.template_id.is_some() {
-        return Err(unsupported(
-            "creating from a template (templateId) is not supported by this server yet",
-        ));
-    }
     let image = req
         .image
         .ok_or_else(|| invalid("image is required: {\"image\": {\"uri\": \"...\"}}"))?;
@@ -63,20 +61,7 @@ pub fn plan(req: CreateSandboxRequest, max_timeout_secs: u64) -> Result<CreatePl
     if entrypoint.iter().any(|a| a.contains('\0')) {
         return Err(invalid("entrypoint arguments must not contain NUL"));
     }
-    let timeout_secs = match req.timeout {
-        None => None,
-        Some(t) if t < MIN_TIMEOUT_SECS => {
-            return Err(invalid(format!(
-                "timeout must be at least {MIN_TIMEOUT_SECS} seconds (or null for no expiry), got {t}"
-            )));
-        }
-        Some(t) if t as u64 > max_timeout_secs => {
-            return Err(invalid(format!(
-                "timeout must be at most {max_timeout_secs} seconds, got {t}"
-            )));
-        }
-        Some(t) => Some(t),
-    };
+    let timeout_secs = timeout_of(req.timeout, max_timeout_secs)?;
     let env = req.env.unwrap_or_default();
     for key in env.keys() {
         if key.is_empty() || key.contains('=') || key.contains('\0') {
@@ -91,16 +76,8 @@ pub fn plan(req: CreateSandboxRequest, max_timeout_secs: u64) -> Result<CreatePl
     if env.values().any(|v| v.contains('\0')) {
         return Err(invalid("env values must not contain NUL"));
     }
-    let metadata = req.metadata.unwrap_or_default();
-    fastbox_api::metadata::validate(metadata.iter())
-        .map_err(|e| ApiError::InvalidMetadata(e.to_string()))?;
-    if let Some(policy) = &req.network_policy
-        && !policy.is_allow_all()
-    {
-        return Err(unsupported(
-            "networkPolicy: egress policies are not enforced by this server yet; omit it or use {} (allow all)",
-        ));
-    }
+    let metadata = metadata_of(req.metadata)?;
+    policy_of(req.network_policy.as_ref())?;
     if req.secure_access == Some(true) {
         return Err(invalid("secureAccess is not supported by this server"));
     }
@@ -145,7 +122,93 @@ pub fn plan(req: CreateSandboxRequest, max_timeout_secs: u64) -> Result<CreatePl
         disk_bytes,
         timeout_secs,
         extensions: req.extensions,
+        template_id: None,
     })
+}
+
+/// A create with `templateId`: the template decides image, entrypoint, environment and
+/// limits; the request brings only a (required) timeout, metadata, policy and extensions.
+pub fn plan_from_template(
+    req: CreateSandboxRequest,
+    template: &Template,
+    max_timeout_secs: u64,
+) -> Result<CreatePlan, ApiError> {
+    let refused = [
+        ("image", req.image.is_some()),
+        ("snapshotId", req.snapshot_id.is_some()),
+        ("entrypoint", req.entrypoint.is_some()),
+        ("env", req.env.is_some()),
+        ("resourceLimits", req.resource_limits.is_some()),
+        ("resourceRequests", req.resource_requests.is_some()),
+        ("volumes", req.volumes.is_some()),
+        ("platform", req.platform.is_some()),
+        ("credentialProxy", req.credential_proxy.is_some()),
+        ("lifecycle", req.lifecycle.is_some()),
+        ("secureAccess", req.secure_access == Some(true)),
+    ];
+    if let Some((field, _)) = refused.iter().find(|(_, given)| *given) {
+        return Err(invalid(format!(
+            "{field} cannot be given with templateId: the template decides it"
+        )));
+    }
+    let timeout_secs = timeout_of(req.timeout, max_timeout_secs)?
+        .ok_or_else(|| invalid("timeout is required with templateId"))?;
+    let resource_limits = template.resource_limits.clone().unwrap_or_default();
+    let (limits, disk_bytes) = limits_of(&resource_limits)?;
+    policy_of(req.network_policy.as_ref())?;
+    Ok(CreatePlan {
+        image: ImageSpec {
+            uri: template.image.clone(),
+            auth: None,
+        },
+        entrypoint: template
+            .entrypoint
+            .clone()
+            .filter(|e| !e.is_empty())
+            .unwrap_or_else(default_entrypoint),
+        env: template.env.clone().unwrap_or_default(),
+        metadata: metadata_of(req.metadata)?,
+        resource_limits,
+        limits,
+        disk_bytes,
+        timeout_secs: Some(timeout_secs),
+        extensions: req.extensions,
+        template_id: Some(template.template_id.clone()),
+    })
+}
+
+/// The SDK's default entrypoint: keep the sandbox alive.
+pub fn default_entrypoint() -> Vec<String> {
+    ["tail", "-f", "/dev/null"].map(String::from).to_vec()
+}
+
+fn timeout_of(timeout: Option<i64>, max_timeout_secs: u64) -> Result<Option<i64>, ApiError> {
+    match timeout {
+        None => Ok(None),
+        Some(t) if t < MIN_TIMEOUT_SECS => Err(invalid(format!(
+            "timeout must be at least {MIN_TIMEOUT_SECS} seconds (or null for no expiry), got {t}"
+        ))),
+        Some(t) if t as u64 > max_timeout_secs => Err(invalid(format!(
+            "timeout must be at most {max_timeout_secs} seconds, got {t}"
+        ))),
+        Some(t) => Ok(Some(t)),
+    }
+}
+
+fn metadata_of(metadata: Option<StringMap>) -> Result<StringMap, ApiError> {
+    let metadata = metadata.unwrap_or_default();
+    fastbox_api::metadata::validate(metadata.iter())
+        .map_err(|e| ApiError::InvalidMetadata(e.to_string()))?;
+    Ok(metadata)
+}
+
+fn policy_of(policy: Option<&fastbox_api::lifecycle::NetworkPolicy>) -> Result<(), ApiError> {
+    match policy {
+        Some(p) if !p.is_allow_all() => Err(unsupported(
+            "networkPolicy: egress policies are not enforced by this server yet; omit it or use {} (allow all)",
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn host_arch() -> &'static str {

@@ -1,0 +1,200 @@
+//! The templates API: a template is a golden checkpoint of an image with the entrypoint,
+//! environment and limits its sandboxes get. Creating one records it (`Pending`) and builds it
+//! in the background (`Building` -> `Succeeded` or `Failed`); creates with its id restore it.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use fastbox_api::lifecycle::{PaginationInfo, StringMap};
+use fastbox_api::templates::{
+    CreateTemplateRequest, ListTemplatesResponse, Template, TemplatePhase, TemplateStatus,
+};
+use fastbox_fastlet::blocking;
+use fastbox_image::NoProgress;
+
+use crate::error::ApiError;
+
+use super::lifecycle::Lifecycle;
+use super::plan::limits_of;
+
+/// Publish targets this server accepts: its own artifact store.
+const PUBLISH_TARGETS: &[&str] = &["local", "file://"];
+
+impl Lifecycle {
+    /// `POST /v1/templates`: validates, records `Pending`, builds in the background.
+    pub fn create_template(
+        self: &Arc<Self>,
+        req: CreateTemplateRequest,
+    ) -> Result<Template, ApiError> {
+        let invalid = |m: String| ApiError::InvalidParameter(m);
+        if req.image.trim().is_empty() {
+            return Err(invalid("image is required".into()));
+        }
+        if !PUBLISH_TARGETS.iter().any(|p| req.publish.starts_with(p)) {
+            return Err(ApiError::NotSupported(format!(
+                "publish {:?}: this server publishes to its own artifact store only (\"local\"); S3 targets arrive with the DART milestone",
+                req.publish
+            )));
+        }
+        if let Some(format) = &req.format
+            && !matches!(format.as_str(), "native" | "overlaybd")
+        {
+            return Err(invalid(format!(
+                "format {format:?} is not native or overlaybd"
+            )));
+        }
+        self.fastlet
+            .check_image(&req.image)
+            .map_err(|e| invalid(format!("image: {e}")))?;
+        let limits = req.resource_limits.clone().unwrap_or_default();
+        limits_of(&limits)?;
+        let env = req.env.clone().unwrap_or_default();
+        if let Some(key) = env.keys().find(|k| k.is_empty() || k.contains('=')) {
+            return Err(invalid(format!("env key {key:?} is not a variable name")));
+        }
+        fastbox_api::metadata::validate(req.metadata.as_ref().unwrap_or(&StringMap::new()).iter())
+            .map_err(|e| ApiError::InvalidMetadata(e.to_string()))?;
+        let now = Utc::now();
+        let template = Template {
+            template_id: format!("tpl_{}", uuid::Uuid::new_v4()),
+            image: req.image,
+            publish: req.publish,
+            format: "native".into(),
+            status: TemplateStatus {
+                phase: TemplatePhase::Pending,
+                manifest_ref: None,
+                message: None,
+            },
+            created_at: now,
+            updated_at: now,
+            resource_limits: req.resource_limits,
+            entrypoint: req.entrypoint,
+            env: req.env,
+            metadata: req.metadata,
+            readiness: req.readiness,
+        };
+        self.store.put_template(&template)?;
+        self.templates
+            .lock()
+            .expect("templates lock")
+            .insert(template.template_id.clone(), template.clone());
+        let this = self.clone();
+        let id = template.template_id.clone();
+        tokio::spawn(async move { this.build_template(&id).await });
+        Ok(template)
+    }
+
+    /// Builds template `id`: resolve the image, then the golden checkpoint with its env.
+    async fn build_template(self: &Arc<Self>, id: &str) {
+        let Ok(template) = self.set_phase(id, TemplatePhase::Building, None) else {
+            return;
+        };
+        let fastlet = self.fastlet.clone();
+        let env: Vec<String> = template
+            .env
+            .iter()
+            .flatten()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let key = template.template_id.clone();
+        let image = template.image.clone();
+        let built = blocking::run("fastbox-template", move || {
+            let resolved = fastlet.resolve_image(&image, None, &NoProgress)?;
+            let golden = fastlet.template_for(&key, &resolved, &env)?;
+            fastlet.register_template(&golden);
+            Ok::<_, fastbox_fastlet::FastletError>(golden)
+        })
+        .await;
+        let result = match built {
+            Ok(golden) => self.set_phase(
+                id,
+                TemplatePhase::Succeeded,
+                Some(format!("golden checkpoint built in {} ms", golden.build_ms)),
+            ),
+            Err(e) => self.set_phase(id, TemplatePhase::Failed, Some(e.to_string())),
+        };
+        if let Err(e) = result {
+            tracing::warn!(template = %id, error = %e, "could not record the template build");
+        }
+    }
+
+    fn set_phase(
+        &self,
+        id: &str,
+        phase: TemplatePhase,
+        message: Option<String>,
+    ) -> Result<Template, ApiError> {
+        let mut templates = self.templates.lock().expect("templates lock");
+        let template = templates
+            .get_mut(id)
+            .ok_or_else(|| ApiError::TemplateNotFound(id.to_string()))?;
+        let mut next = template.clone();
+        next.status.phase = phase;
+        next.status.message = message;
+        next.updated_at = Utc::now();
+        self.store.put_template(&next)?;
+        *template = next.clone();
+        Ok(next)
+    }
+
+    /// `GET /v1/templates/{id}`.
+    pub fn get_template(&self, id: &str) -> Result<Template, ApiError> {
+        self.templates
+            .lock()
+            .expect("templates lock")
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::TemplateNotFound(id.to_string()))
+    }
+
+    /// A template sandboxes can be created from (`Succeeded`), or 404.
+    pub(super) fn ready_template(&self, id: &str) -> Result<Template, ApiError> {
+        match self.get_template(id)? {
+            t if t.status.phase == TemplatePhase::Succeeded => Ok(t),
+            t => Err(ApiError::TemplateNotFound(format!(
+                "{id} (its build is {:?}, not Succeeded)",
+                t.status.phase
+            ))),
+        }
+    }
+
+    /// `GET /v1/templates`: metadata filter, newest first, paginated.
+    pub fn list_templates(
+        &self,
+        metadata: &[(String, String)],
+        page: u32,
+        page_size: u32,
+    ) -> ListTemplatesResponse {
+        let empty = StringMap::new();
+        let mut items: Vec<Template> = self
+            .templates
+            .lock()
+            .expect("templates lock")
+            .values()
+            .filter(|t| {
+                let m = t.metadata.as_ref().unwrap_or(&empty);
+                metadata.iter().all(|(k, v)| m.get(k) == Some(v))
+            })
+            .cloned()
+            .collect();
+        items.sort_by_key(|t| std::cmp::Reverse(t.created_at));
+        let (pagination, range) = PaginationInfo::of(page, page_size, items.len());
+        ListTemplatesResponse {
+            items: items[range].to_vec(),
+            pagination,
+        }
+    }
+
+    /// `DELETE /v1/templates/{id}`: forgets it and removes its golden checkpoint from this
+    /// node. Sandboxes created from it keep running.
+    pub async fn delete_template(&self, id: &str) -> Result<(), ApiError> {
+        self.get_template(id)?;
+        self.store.remove_template(id)?;
+        self.templates.lock().expect("templates lock").remove(id);
+        let fastlet = self.fastlet.clone();
+        let key = id.to_string();
+        blocking::run("fastbox-template", move || fastlet.remove_template(&key))
+            .await
+            .map_err(|e| ApiError::Internal(format!("remove template files: {e}")))
+    }
+}
