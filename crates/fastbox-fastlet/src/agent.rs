@@ -103,6 +103,14 @@ impl StartReport {
     }
 }
 
+/// How long a removal took: until every process was gone, and until the files, mounts,
+/// cgroup and slot were released too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoveReport {
+    pub processes_gone_ms: u64,
+    pub total_ms: u64,
+}
+
 /// A sandbox start, decided by the server.
 #[derive(Debug, Clone)]
 pub struct PlaceRequest {
@@ -613,7 +621,7 @@ impl Fastlet {
                 self.claim_slot(slot);
             }
             match self.remove(&id, None, slot) {
-                Ok(()) => removed += 1,
+                Ok(_) => removed += 1,
                 Err(e) => {
                     tracing::warn!(sandbox = %id, error = %e, "could not remove a pooled sandbox left by an earlier run")
                 }
@@ -655,13 +663,19 @@ impl Fastlet {
         id: &str,
         placement: Option<&Placement>,
         slot: Option<u32>,
-    ) -> Result<(), FastletError> {
+    ) -> Result<RemoveReport, FastletError> {
+        let clock = BuildClock::start();
         self.routes.write().expect("routes lock").remove(id);
         let handle = placement
             .map(|p| p.handle.clone())
             .unwrap_or_else(|| self.unstarted_handle(id));
         let slot = placement.map(|p| p.slot).or(slot);
-        let result = sandbox::destroy(&handle, &self.host.cgroups)
+        let mut processes_gone_ms = 0;
+        let result = sandbox::stop_processes(&handle, &self.host.cgroups)
+            .and_then(|()| {
+                processes_gone_ms = clock.ms();
+                sandbox::destroy(&handle, &self.host.cgroups)
+            })
             .map_err(HostError::from)
             .and_then(|()| match slot {
                 Some(index) => {
@@ -676,8 +690,12 @@ impl Fastlet {
                 if let Some(index) = slot {
                     self.slots.lock().expect("slot table lock").release(index);
                 }
-                tracing::info!(sandbox = %id, "sandbox removed");
-                Ok(())
+                let report = RemoveReport {
+                    processes_gone_ms,
+                    total_ms: clock.ms(),
+                };
+                tracing::info!(sandbox = %id, processes_gone_ms, total_ms = report.total_ms, "sandbox removed");
+                Ok(report)
             }
             Err(source) => Err(FastletError::Remove {
                 id: id.to_string(),

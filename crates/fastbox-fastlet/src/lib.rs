@@ -3,6 +3,7 @@
 //! proxy through which clients reach sandbox ports.
 
 pub mod agent;
+pub mod artifact;
 pub mod blocking;
 pub mod execd_client;
 pub mod host;
@@ -12,5 +13,5 @@ pub mod slots;
 pub mod template;
 
 pub use agent::{
-    Fastlet, FastletConfig, FastletError, PlaceRequest, Placement, Route, StartReport,
+    Fastlet, FastletConfig, FastletError, PlaceRequest, Placement, RemoveReport, Route, StartReport,
 };

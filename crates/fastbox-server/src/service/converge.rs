@@ -225,11 +225,17 @@ impl Lifecycle {
         .await;
         let result = self.update(id, |r| {
             match &removed {
-                Ok(()) => {
+                Ok(report) => {
                     r.placement = None;
                     r.slot = None;
-                    if !r.state().is_final() {
-                        r.transition(SandboxState::Terminated, None, "removed");
+                    let message = format!(
+                        "processes gone after {} ms, slot and files released after {} ms",
+                        report.processes_gone_ms, report.total_ms
+                    );
+                    if r.state().is_final() {
+                        r.event("Removed", &message);
+                    } else {
+                        r.transition(SandboxState::Terminated, None, &message);
                     }
                 }
                 Err(e) => r.event("RemoveFailed", &e.to_string()),
@@ -378,7 +384,7 @@ impl Lifecycle {
                 template_id: record.template_id.clone(),
             });
             match (cleaned, plan) {
-                (Ok(()), Ok(plan)) => {
+                (Ok(_), Ok(plan)) => {
                     // remove() freed the slot: take it again for the retry.
                     if let Some(slot) = record.slot {
                         this.fastlet.claim_slot(slot);
