@@ -41,6 +41,8 @@ def test_templates_build_and_serve_creates(
     assert created.status.phase in ("Pending", "Building", "Succeeded")
     info = wait_for_phase(manager, created.template_id)
     assert info.status.phase == "Succeeded", info.status.message
+    # Published as an artifact: content-addressed blocks under a manifest.
+    assert (info.status.manifest_ref or "").startswith("blake3:"), info.status
 
     listed = manager.list_templates(TemplateFilter(metadata={"suite": "templates"}))
     assert [t.template_id for t in listed.template_infos] == [created.template_id]

@@ -427,6 +427,35 @@ impl Fastlet {
         }
     }
 
+    /// Publishes `template` into this node's artifact store (`DATA_DIR/artifacts`): packed
+    /// rootfs and checkpoint as content-addressed blocks, the manifest, and the index entry
+    /// `index_key` (an image reference or a template id), created only if absent.
+    pub fn publish_template(
+        &self,
+        template: &Template,
+        index_key: &str,
+    ) -> Result<crate::artifact::PublishedTemplate, FastletError> {
+        let fail = |message: String| FastletError::Template {
+            image: template.image_reference.clone(),
+            message,
+        };
+        let store = fastbox_artifact::LocalStore::open(self.cfg.data_dir.join("artifacts"))
+            .map_err(|e| fail(format!("artifact store: {e}")))?;
+        let work_dir = self.cfg.data_dir.join("artifacts-work");
+        std::fs::create_dir_all(&work_dir)
+            .map_err(|e| fail(format!("{}: {e}", work_dir.display())))?;
+        let opts = crate::artifact::PublishOptions::new(index_key, &work_dir);
+        let published = crate::artifact::publish_template(
+            &store,
+            template,
+            &opts,
+            &fastbox_artifact::NoProgress,
+        )
+        .map_err(|e| fail(format!("publish: {e}")))?;
+        tracing::info!(key = %index_key, manifest = %published.manifest.to_hex(), blocks = published.stats.blocks, new_blocks = published.stats.new_blocks, seconds = published.seconds, "template published");
+        Ok(published)
+    }
+
     /// Keeps a warm pool of `template` from now on (no-op without a pool size).
     pub fn register_template(&self, template: &Template) {
         self.pools.register(template);

@@ -214,6 +214,20 @@ async fn prepare_images(lifecycle: Arc<Lifecycle>) {
             Ok::<_, fastbox_fastlet::FastletError>((image, template))
         })
         .await;
+        if let Ok((_, template)) = &result {
+            // The artifact (packed rootfs + checkpoint, indexed by the reference) is made in
+            // the background: creates do not wait for it.
+            let (fastlet, template, key) = (
+                lifecycle.fastlet().clone(),
+                template.clone(),
+                reference.clone(),
+            );
+            tokio::spawn(blocking::run("fastbox-publish", move || {
+                if let Err(e) = fastlet.publish_template(&template, &key) {
+                    tracing::warn!(image = %key, error = %e, "template artifact not published");
+                }
+            }));
+        }
         match result {
             Ok((image, template)) => eprintln!(
                 "fastbox: image {reference} ready ({}; its template took {} ms to build; {:.1?} here)",

@@ -101,16 +101,24 @@ impl Lifecycle {
         let built = blocking::run("fastbox-template", move || {
             let resolved = fastlet.resolve_image(&image, None, &NoProgress)?;
             let golden = fastlet.template_for(&key, &resolved, &env)?;
+            let published = fastlet.publish_template(&golden, &key)?;
             fastlet.register_template(&golden);
-            Ok::<_, fastbox_fastlet::FastletError>(golden)
+            Ok::<_, fastbox_fastlet::FastletError>((golden, published))
         })
         .await;
         let result = match built {
-            Ok(golden) => self.set_phase(
-                id,
-                TemplatePhase::Succeeded,
-                Some(format!("golden checkpoint built in {} ms", golden.build_ms)),
-            ),
+            Ok((golden, published)) => {
+                let manifest = format!("blake3:{}", published.manifest.to_hex());
+                let message = format!(
+                    "golden checkpoint built in {} ms, published in {:.1} s ({} blocks, {} new)",
+                    golden.build_ms,
+                    published.seconds,
+                    published.stats.blocks,
+                    published.stats.new_blocks
+                );
+                self.set_manifest(id, manifest)
+                    .and_then(|_| self.set_phase(id, TemplatePhase::Succeeded, Some(message)))
+            }
             Err(e) => self.set_phase(id, TemplatePhase::Failed, Some(e.to_string())),
         };
         if let Err(e) = result {
@@ -132,6 +140,18 @@ impl Lifecycle {
         next.status.phase = phase;
         next.status.message = message;
         next.updated_at = Utc::now();
+        self.store.put_template(&next)?;
+        *template = next.clone();
+        Ok(next)
+    }
+
+    fn set_manifest(&self, id: &str, manifest: String) -> Result<Template, ApiError> {
+        let mut templates = self.templates.lock().expect("templates lock");
+        let template = templates
+            .get_mut(id)
+            .ok_or_else(|| ApiError::TemplateNotFound(id.to_string()))?;
+        let mut next = template.clone();
+        next.status.manifest_ref = Some(manifest);
         self.store.put_template(&next)?;
         *template = next.clone();
         Ok(next)
