@@ -116,6 +116,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         entrypoint: vec![],
         execd_token: None,
         deny_egress: false,
+        probe_without_token: false,
     };
     let started = Instant::now();
     let result = host

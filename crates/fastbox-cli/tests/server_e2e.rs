@@ -317,3 +317,55 @@ fn pooled_sandboxes_have_no_route_out_until_claimed() {
     );
     server.finish();
 }
+
+#[test]
+fn golden_checkpoints_and_their_artifacts_hold_no_golden_token() {
+    let Some(server) = UpServer::start('w', &[]) else {
+        return;
+    };
+    let templates = server.data_dir.join("templates");
+    let template_dir = std::fs::read_dir(&templates)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.join("template.json").exists())
+        .expect("the default image's template");
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(template_dir.join("template.json")).unwrap())
+            .unwrap();
+    let token = meta["golden_token"].as_str().unwrap().as_bytes().to_vec();
+    // The artifact is published in the background: wait for its manifest.
+    let manifests = server.data_dir.join("artifacts/manifests");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::fs::read_dir(&manifests).map_or(true, |mut d| d.next().is_none()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no artifact published"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let mut checked = 0;
+    for root in [
+        template_dir.join("checkpoint"),
+        server.data_dir.join("artifacts"),
+    ] {
+        let mut stack = vec![root];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if let Ok(bytes) = std::fs::read(&path) {
+                    checked += 1;
+                    assert!(
+                        !bytes.windows(token.len()).any(|w| w == token.as_slice()),
+                        "the golden token is in {}",
+                        path.display()
+                    );
+                }
+            }
+        }
+    }
+    assert!(checked > 5, "only {checked} files checked");
+    server.finish();
+}

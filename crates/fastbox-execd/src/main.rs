@@ -58,7 +58,7 @@ fn main() -> ExitCode {
     }
 
     let mut config = Config::with_env(daemon_env);
-    config.access_token = access_token;
+    config.access_token = access_token.map(fastbox_execd::auth::AccessToken::from_secret);
     config.log_dir = cli.log_dir.clone();
     config.reap_scope = ReapScope::AnyChild;
 

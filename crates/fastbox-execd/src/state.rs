@@ -5,6 +5,7 @@ use std::ops::Deref;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
+use crate::auth::AccessToken;
 use crate::code::CodeStore;
 use crate::command::store::CommandStore;
 use crate::entrypoint::Entrypoint;
@@ -22,7 +23,7 @@ use crate::tenancy::{Tenancy, TenancyCell};
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Required in `X-EXECD-ACCESS-TOKEN` on every request when set.
-    pub access_token: Option<String>,
+    pub access_token: Option<AccessToken>,
     /// The environment children inherit (execd's own, without the access token).
     pub daemon_env: EnvList,
     /// The `EXECD_ENVS` file, re-read at every spawn.
@@ -47,7 +48,7 @@ impl Config {
 
     fn initial_tenancy(&self) -> Tenancy {
         Tenancy {
-            access_token: self.access_token.as_deref().map(Arc::from),
+            access_token: self.access_token,
             env: self.daemon_env.clone(),
             envs_file: self.envs_file.clone(),
             claimed: false,

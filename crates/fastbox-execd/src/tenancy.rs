@@ -9,12 +9,13 @@
 use std::path::PathBuf;
 use std::sync::{Arc, PoisonError, RwLock};
 
+use crate::auth::AccessToken;
 use crate::env::EnvList;
 
 #[derive(Debug, Clone)]
 pub struct Tenancy {
     /// Required in `X-EXECD-ACCESS-TOKEN` on every request when set.
-    pub access_token: Option<Arc<str>>,
+    pub access_token: Option<AccessToken>,
     /// The environment every child starts from: execd's own (without the access token), then
     /// the claim's `envs`.
     pub env: EnvList,
@@ -66,7 +67,7 @@ mod tests {
         let before = cell.current();
         cell.replace(|t| {
             Ok::<_, ()>(Tenancy {
-                access_token: Some("new".into()),
+                access_token: Some(AccessToken::from_secret("new".into())),
                 claimed: true,
                 ..t.clone()
             })
@@ -75,7 +76,7 @@ mod tests {
         assert!(!before.claimed && before.access_token.is_none());
         let after = cell.current();
         assert!(after.claimed);
-        assert_eq!(after.access_token.as_deref(), Some("new"));
+        assert!(after.access_token.unwrap().matches(b"new"));
         assert_eq!(after.env, before.env);
     }
 

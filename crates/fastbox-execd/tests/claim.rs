@@ -15,7 +15,12 @@ const TEMPLATE: &str = "template-token-0123";
 const OWNER: &str = "owner-token-0123456789";
 
 fn template() -> TestApp {
-    test_app_with(|c| c.access_token = Some(TEMPLATE.into())).with_token(TEMPLATE)
+    test_app_with(|c| {
+        c.access_token = Some(fastbox_execd::auth::AccessToken::from_secret(
+            TEMPLATE.into(),
+        ))
+    })
+    .with_token(TEMPLATE)
 }
 
 async fn claim(app: &TestApp, body: Value) -> Reply {

@@ -138,7 +138,11 @@ async fn envs_file_is_read_at_every_spawn_and_request_envs_win() {
 
 #[tokio::test]
 async fn access_token_is_not_inherited() {
-    let app = test_app_with(|c| c.access_token = Some("secret".into()));
+    let app = test_app_with(|c| {
+        c.access_token = Some(fastbox_execd::auth::AccessToken::from_secret(
+            "secret".into(),
+        ))
+    });
     let r = app
         .send(
             axum::http::Request::post("/command")

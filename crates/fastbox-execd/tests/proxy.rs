@@ -66,7 +66,9 @@ async fn upstream() -> u16 {
 #[tokio::test]
 async fn proxies_requests_and_strips_the_token() {
     let port = upstream().await;
-    let app = test_app_with(|c| c.access_token = Some("tok".into()));
+    let app = test_app_with(|c| {
+        c.access_token = Some(fastbox_execd::auth::AccessToken::from_secret("tok".into()))
+    });
     let r = app
         .send(
             axum::http::Request::get(format!("/proxy/{port}/hello?a=1&b=2"))

@@ -16,7 +16,11 @@ async fn ping_is_an_empty_200() {
 
 #[tokio::test]
 async fn token_is_required_on_every_route_when_configured() {
-    let app = test_app_with(|c| c.access_token = Some("s3cret".into()));
+    let app = test_app_with(|c| {
+        c.access_token = Some(fastbox_execd::auth::AccessToken::from_secret(
+            "s3cret".into(),
+        ))
+    });
     for uri in ["/ping", "/command/status/x", "/proxy/1/x", "/metrics"] {
         let r = app.get(uri).await;
         assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{uri}");

@@ -276,6 +276,7 @@ impl Fastlet {
             id: id.clone(),
             env: golden_env,
             execd_token: Some(golden_token.clone()),
+            probe_without_token: true,
             ..StartOptions::default()
         };
         let checkpoint = dir.join("checkpoint");

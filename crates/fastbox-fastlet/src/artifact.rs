@@ -40,12 +40,12 @@
 //! (by the server, from its state store) can check it before restoring
 //! ([`MaterializedTemplate::accepts_golden_token`]). The node keeps the token in its own
 //! local `template.json`, written when it commits the materialized template.
-//! **This does not make the artifact token-free**: execd holds the token in memory, so the
-//! CRIU page images (`pages-*.img`) contain it in plain text (measured: three copies in the
-//! default template's `pages-1.img`), and with the label anyone who can read the store can
-//! confirm a candidate. Until execd keeps only a digest of its golden token, whoever can read
-//! the artifact store can claim unclaimed clones that they can reach; the store must be
-//! treated as holding that secret.
+//! The checkpoint holds no copy of it either: execd keeps only a SHA-256 digest of its token
+//! (the plain text is overwritten in its environment block and heap string), and a template's
+//! start waits for execd without sending the token (`ExecdClient::wait_serving`), so no request
+//! buffer holds it. Checked on the default template: the token is in none of its CRIU images
+//! nor in the published blocks. The label lets a holder of a candidate confirm it, which is
+//! as much as the digest in the pages would.
 //!
 //! **Trust.** A restore runs what the CRIU images say as root inside the sandbox, so the
 //! manifest digest a node materializes is the trust decision; every block is verified

@@ -84,14 +84,28 @@ impl ExecdClient {
 
     /// Poll `/ping` until it answers 2xx or `timeout` passes.
     pub fn wait_ready(&self, timeout: Duration) -> Result<Duration, ExecdClientError> {
+        self.poll_ping(timeout, true)
+    }
+
+    /// Like [`ExecdClient::wait_ready`], but without sending the token: a 401 proves execd
+    /// serves too. For the start of a template, whose memory (request buffers included) is
+    /// checkpointed and published: the token must never have passed through it.
+    pub fn wait_serving(&self, timeout: Duration) -> Result<Duration, ExecdClientError> {
+        self.poll_ping(timeout, false)
+    }
+
+    fn poll_ping(&self, timeout: Duration, with_token: bool) -> Result<Duration, ExecdClientError> {
         let start = Instant::now();
         loop {
-            let answered = self
-                .request(reqwest::Method::GET, "/ping")
-                .timeout(Duration::from_millis(500))
-                .send();
+            let req = if with_token {
+                self.request(reqwest::Method::GET, "/ping")
+            } else {
+                self.http.get(format!("{}/ping", self.base))
+            };
+            let answered = req.timeout(Duration::from_millis(500)).send();
             if let Ok(resp) = answered
-                && resp.status().is_success()
+                && (resp.status().is_success()
+                    || (!with_token && resp.status() == reqwest::StatusCode::UNAUTHORIZED))
             {
                 return Ok(start.elapsed());
             }

@@ -70,6 +70,9 @@ pub struct StartOptions {
     pub execd_token: Option<String>,
     /// Start without a way out of the slot (pooled sandboxes, until claimed).
     pub deny_egress: bool,
+    /// Wait for execd without sending it the token (template starts: see
+    /// [`ExecdClient::wait_serving`]).
+    pub probe_without_token: bool,
 }
 
 /// A started sandbox and its slot.
@@ -249,7 +252,12 @@ impl LocalHost {
             execd,
             ready_after: Duration::ZERO,
         };
-        match sandbox.execd.wait_ready(Duration::from_secs(20)) {
+        let ready = if opts.probe_without_token {
+            sandbox.execd.wait_serving(Duration::from_secs(20))
+        } else {
+            sandbox.execd.wait_ready(Duration::from_secs(20))
+        };
+        match ready {
             Ok(after) => Ok(LocalSandbox {
                 ready_after: after,
                 ..sandbox

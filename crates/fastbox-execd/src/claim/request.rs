@@ -6,11 +6,11 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use serde::Deserialize;
 
 use super::ClaimError;
+use crate::auth::AccessToken;
 use crate::env;
 use crate::tenancy::Tenancy;
 
@@ -33,7 +33,7 @@ pub struct ClaimRequest {
 
 /// A validated claim.
 pub struct Claim {
-    pub access_token: Arc<str>,
+    pub access_token: AccessToken,
     pub envs: BTreeMap<String, String>,
     pub envs_file: Option<String>,
     pub entrypoint: Option<Vec<String>>,
@@ -82,7 +82,7 @@ impl ClaimRequest {
             }
         }
         Ok(Claim {
-            access_token: Arc::from(token),
+            access_token: AccessToken::from_secret(token),
             envs,
             envs_file,
             entrypoint: self.entrypoint,
@@ -101,7 +101,7 @@ impl Claim {
             env::set(&mut env, ENVS_FILE_VAR, file);
         }
         Tenancy {
-            access_token: Some(Arc::clone(&self.access_token)),
+            access_token: Some(self.access_token),
             env,
             envs_file: self
                 .envs_file
@@ -195,7 +195,7 @@ mod tests {
         .unwrap_or_else(|_| panic!("rejected"));
         let after = claim.tenancy_after(&unclaimed());
         assert!(after.claimed);
-        assert_eq!(after.access_token.as_deref(), Some(TOKEN));
+        assert!(after.access_token.unwrap().matches(TOKEN.as_bytes()));
         assert_eq!(env::get(&after.env, "HOME"), Some("/root"));
         assert_eq!(env::get(&after.env, "A"), Some("new"));
         assert_eq!(env::get(&after.env, "B"), Some("b"));
