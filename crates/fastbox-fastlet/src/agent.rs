@@ -330,15 +330,7 @@ impl Fastlet {
             source: Box::new(source),
         };
         let sb = self
-            .host
-            .restore(
-                &self.cfg.criu,
-                &template.checkpoint,
-                &template.rootfs,
-                &self.cfg.data_dir.join("execd"),
-                slot,
-                &opts,
-            )
+            .restore_template(template, slot, &opts)
             .map_err(place_err)?;
         let restored_ms = clock.ms();
         if let Err(e) = self.configure(&sb.handle, &sb.slot, template, req) {
@@ -362,6 +354,23 @@ impl Fastlet {
             },
             report,
         ))
+    }
+
+    /// Restores the golden checkpoint of `template` into slot `slot` and waits for execd.
+    fn restore_template(
+        &self,
+        template: &Template,
+        slot: u32,
+        opts: &StartOptions,
+    ) -> Result<crate::host::LocalSandbox, HostError> {
+        self.host.restore(
+            &self.cfg.criu,
+            &template.checkpoint,
+            &template.rootfs,
+            &self.cfg.data_dir.join("execd"),
+            slot,
+            opts,
+        )
     }
 
     /// Makes a restored clone sandbox `req.id`: its limits, hostname and identity files, its
@@ -535,15 +544,7 @@ impl Fastlet {
             ..StartOptions::default()
         };
         let restored = self
-            .host
-            .restore(
-                &self.cfg.criu,
-                &template.checkpoint,
-                &template.rootfs,
-                &self.cfg.data_dir.join("execd"),
-                slot,
-                &opts,
-            )
+            .restore_template(template, slot, &opts)
             .map_err(|source| FastletError::Place {
                 id: id.clone(),
                 source: Box::new(source),

@@ -12,14 +12,13 @@ mod request;
 mod run;
 mod stats;
 
-use std::path::Path;
 use std::time::Duration;
 
 use anyhow::ensure;
 
 pub use request::Pool;
 
-use crate::client::connection::{self, DEFAULT_KEY_FILE};
+use crate::client::connection::ServerArgs;
 use client::BenchClient;
 use report::{Report, Settings};
 use request::Source;
@@ -27,18 +26,9 @@ use run::{Pace, Plan};
 
 #[derive(clap::Args, Debug)]
 pub struct CreateBenchArgs {
-    /// Lifecycle API URL; else $OPEN_SANDBOX_DOMAIN, else http://127.0.0.1:8080.
-    #[arg(long, env = "FASTBOX_SERVER", value_name = "URL")]
-    pub url: Option<String>,
-    /// API key (sent as OPEN-SANDBOX-API-KEY); else $OPEN_SANDBOX_API_KEY, else the contents
-    /// of /var/lib/fastbox/api-key when readable.
-    #[arg(
-        long,
-        env = "FASTBOX_API_KEY",
-        hide_env_values = true,
-        value_name = "KEY"
-    )]
-    pub api_key: Option<String>,
+    /// `--url` (or `--server`) and `--api-key`, as for the client commands.
+    #[command(flatten)]
+    pub connection: ServerArgs,
     /// Timed creates.
     #[arg(long, default_value_t = 100)]
     pub n: usize,
@@ -86,9 +76,7 @@ pub fn create(args: CreateBenchArgs) -> anyhow::Result<i32> {
         .batch_pause
         .map(|s| seconds("--batch-pause", s))
         .transpose()?;
-    let env = |name: &str| std::env::var(name).ok();
-    let server = connection::server_url(args.url.as_deref(), &env)?;
-    let api_key = connection::api_key(args.api_key.as_deref(), &env, Path::new(DEFAULT_KEY_FILE));
+    let (server, api_key) = args.connection.resolve()?;
     let source = args.source();
     let plan = Plan {
         n: args.n,

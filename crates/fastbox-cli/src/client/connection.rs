@@ -22,7 +22,12 @@ const SDK_API_KEY_ENV: &str = "OPEN_SANDBOX_API_KEY";
 pub struct ServerArgs {
     /// Lifecycle API URL; else $OPEN_SANDBOX_DOMAIN (`host:port` means http), else
     /// http://127.0.0.1:8080.
-    #[arg(long, env = "FASTBOX_SERVER", value_name = "URL")]
+    #[arg(
+        long,
+        visible_alias = "url",
+        env = "FASTBOX_SERVER",
+        value_name = "URL"
+    )]
     pub server: Option<String>,
     /// API key (sent as OPEN-SANDBOX-API-KEY); else $OPEN_SANDBOX_API_KEY, else the contents
     /// of /var/lib/fastbox/api-key when readable.
@@ -38,10 +43,16 @@ pub struct ServerArgs {
 impl ServerArgs {
     /// A client of the server these arguments and the environment name.
     pub fn client(&self) -> anyhow::Result<ApiClient> {
+        let (server, key) = self.resolve()?;
+        Ok(ApiClient::try_new(server, key)?)
+    }
+
+    /// The server URL and API key, each from its flag, the environment or the default.
+    pub fn resolve(&self) -> anyhow::Result<(Url, Option<String>)> {
         let env = |name: &str| std::env::var(name).ok();
         let server = server_url(self.server.as_deref(), &env)?;
         let key = api_key(self.api_key.as_deref(), &env, Path::new(DEFAULT_KEY_FILE));
-        Ok(ApiClient::try_new(server, key)?)
+        Ok((server, key))
     }
 }
 
