@@ -8,6 +8,7 @@
 pub mod cgroup;
 pub mod checkpoint;
 pub mod criu;
+pub mod criu_stats;
 pub mod execd_binary;
 pub mod init;
 pub mod net;
