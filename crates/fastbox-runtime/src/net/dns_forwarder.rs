@@ -6,15 +6,25 @@
 //! the destination to the gateway address of whichever slot the query came from. The
 //! table drops traffic to the port that arrives from anywhere but slots and `lo`.
 //!
-//! The relay does not parse or cache: it passes each query to the upstreams in order and
-//! returns the first answer whose id matches (SERVFAIL when none answers). One thread polls
-//! both listening sockets; each UDP query and each TCP connection is handled on its own
-//! short-lived thread, bounded by `max_in_flight`. The query's source address is the
-//! sandbox's own (the redirect does not change it), which is what per-sandbox name policy
-//! will key on. Dropping the [`DnsForwarder`] stops it.
+//! The relay does not cache: it passes each query to the upstreams in order and returns the
+//! first answer whose id matches (SERVFAIL when none answers). One thread polls both
+//! listening sockets; each UDP query and each TCP connection is handled on its own
+//! short-lived thread, bounded by `max_in_flight`. Dropping the [`DnsForwarder`] stops it.
+//!
+//! **Name policy.** Without a hook the relay does not parse messages at all. With a
+//! [`DnsHook`] (`DnsForwarderConfig::hook`), each query's question is read ([`message`])
+//! and the hook decides, by the query's source address (the sandbox's own: the redirect does
+//! not change it) and the name, whether it is forwarded or refused with NXDOMAIN (refused
+//! names never reach an upstream). Before an answer is returned, the hook sees its A records
+//! and TTLs (so egress enforcement can open those addresses first); if it fails, the client
+//! gets SERVFAIL instead of addresses it might not reach. A query whose question cannot be
+//! read as a host name gets FORMERR.
 
+pub mod message;
+
+use std::fmt;
 use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,16 +36,44 @@ use nix::fcntl::OFlag;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use super::NetError;
+use message::HEADER_LEN;
 
 /// Largest DNS message (TCP length prefix is 16 bits; EDNS UDP stays below).
 const MAX_MESSAGE: usize = 65535;
-/// Length of the DNS header.
-const HEADER_LEN: usize = 12;
 /// How long a TCP client may stay idle between queries.
 const TCP_IDLE: Duration = Duration::from_secs(10);
 
+/// What the hook says about a query.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueryVerdict {
+    /// Ask the upstreams.
+    Forward,
+    /// Answer NXDOMAIN without asking anyone.
+    Refuse,
+}
+
+/// Why a hook could not take an answer in (the client then gets SERVFAIL).
+pub type DnsHookError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Per-client name policy, consulted on every query once set (see the module docs). Called
+/// from the forwarder's worker threads, concurrently.
+pub trait DnsHook: Send + Sync {
+    /// Whether `client` may resolve `name` (lower case, no trailing dot).
+    fn on_query(&self, client: IpAddr, name: &str) -> QueryVerdict;
+
+    /// The A records (address, TTL in seconds) of the answer to `client`'s query for `name`,
+    /// before the answer is returned to it; called for every forwarded answer, also with no
+    /// records. An error turns the answer into SERVFAIL.
+    fn on_answer(
+        &self,
+        client: IpAddr,
+        name: &str,
+        addresses: &[(Ipv4Addr, u32)],
+    ) -> Result<(), DnsHookError>;
+}
+
 /// How to run the forwarder.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct DnsForwarderConfig {
     /// Where to listen, UDP and TCP; port 0 picks a free port. Default `0.0.0.0:0`.
     pub listen: SocketAddr,
@@ -45,6 +83,20 @@ pub struct DnsForwarderConfig {
     pub timeout: Duration,
     /// Queries (UDP) plus connections (TCP) served at once; more are dropped. Default 256.
     pub max_in_flight: usize,
+    /// Name policy; `None` (the default) relays every query unread.
+    pub hook: Option<Arc<dyn DnsHook>>,
+}
+
+impl fmt::Debug for DnsForwarderConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DnsForwarderConfig")
+            .field("listen", &self.listen)
+            .field("upstreams", &self.upstreams)
+            .field("timeout", &self.timeout)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("hook", &self.hook.as_ref().map(|_| "set"))
+            .finish()
+    }
 }
 
 impl DnsForwarderConfig {
@@ -55,7 +107,14 @@ impl DnsForwarderConfig {
             upstreams,
             timeout: Duration::from_secs(2),
             max_in_flight: 256,
+            hook: None,
         }
+    }
+
+    /// The same configuration with `hook` deciding names.
+    pub fn with_hook(mut self, hook: Arc<dyn DnsHook>) -> Self {
+        self.hook = Some(hook);
+        self
     }
 }
 
@@ -250,7 +309,7 @@ fn drain_udp(
             .name("dns-udp".into())
             .spawn(move || {
                 let _permit = permit;
-                let reply = ask_upstreams_udp(&query, &cfg).unwrap_or_else(|| servfail(&query));
+                let reply = respond(&query, client.ip(), &cfg, ask_upstreams_udp);
                 if let Err(e) = udp.send_to(&reply, client) {
                     tracing::debug!(%client, error = %e, "dns udp reply failed");
                 }
@@ -280,7 +339,7 @@ fn drain_tcp(tcp: &TcpListener, in_flight: &Arc<AtomicUsize>, cfg: &Arc<DnsForwa
             .name("dns-tcp".into())
             .spawn(move || {
                 let _permit = permit;
-                if let Err(e) = serve_tcp_client(stream, &cfg) {
+                if let Err(e) = serve_tcp_client(stream, client.ip(), &cfg) {
                     tracing::debug!(%client, error = %e, "dns tcp client ended");
                 }
             });
@@ -290,7 +349,11 @@ fn drain_tcp(tcp: &TcpListener, in_flight: &Arc<AtomicUsize>, cfg: &Arc<DnsForwa
     }
 }
 
-fn serve_tcp_client(mut stream: TcpStream, cfg: &DnsForwarderConfig) -> io::Result<()> {
+fn serve_tcp_client(
+    mut stream: TcpStream,
+    client: IpAddr,
+    cfg: &DnsForwarderConfig,
+) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(TCP_IDLE))?;
     stream.set_write_timeout(Some(TCP_IDLE))?;
@@ -298,10 +361,47 @@ fn serve_tcp_client(mut stream: TcpStream, cfg: &DnsForwarderConfig) -> io::Resu
         if query.len() < HEADER_LEN {
             return Ok(());
         }
-        let reply = ask_upstreams_tcp(&query, cfg).unwrap_or_else(|| servfail(&query));
+        let reply = respond(&query, client, cfg, ask_upstreams_tcp);
         write_framed(&mut stream, &reply)?;
     }
     Ok(())
+}
+
+/// The reply to `client`'s `query`: relayed through `ask` (one transport's upstream walk),
+/// filtered by the hook when there is one.
+fn respond(
+    query: &[u8],
+    client: IpAddr,
+    cfg: &DnsForwarderConfig,
+    ask: fn(&[u8], &DnsForwarderConfig) -> Option<Vec<u8>>,
+) -> Vec<u8> {
+    let Some(hook) = &cfg.hook else {
+        return ask(query, cfg).unwrap_or_else(|| servfail(query));
+    };
+    let question = match message::question(query) {
+        Ok(question) => question,
+        Err(e) => {
+            tracing::debug!(%client, error = %e, "dns query refused: unreadable question");
+            return message::format_error(query);
+        }
+    };
+    if hook.on_query(client, &question.name) == QueryVerdict::Refuse {
+        tracing::debug!(%client, name = %question.name, "dns query refused by policy");
+        return message::reply_with_rcode(query, question.end, message::NXDOMAIN);
+    }
+    let Some(reply) = ask(query, cfg) else {
+        return servfail(query);
+    };
+    let learned = message::a_records(&reply)
+        .map_err(DnsHookError::from)
+        .and_then(|addresses| hook.on_answer(client, &question.name, &addresses));
+    match learned {
+        Ok(()) => reply,
+        Err(e) => {
+            tracing::warn!(%client, name = %question.name, error = %e, "dns answer withheld (servfail)");
+            servfail(query)
+        }
+    }
 }
 
 /// One length-prefixed DNS message, or `None` at a clean end of stream.
@@ -429,22 +529,164 @@ mod tests {
 
     /// A fake upstream on 127.0.0.1 (UDP and TCP, same port) answering `ip` to anything.
     fn fake_upstream(ip: [u8; 4]) -> SocketAddr {
+        counting_upstream(ip).0
+    }
+
+    /// [`fake_upstream`] that also counts the queries it got.
+    fn counting_upstream(ip: [u8; 4]) -> (SocketAddr, Arc<AtomicUsize>) {
         let (udp, tcp) = bind_pair((Ipv4Addr::LOCALHOST, 0).into()).unwrap();
         let addr = udp.local_addr().unwrap();
+        let asked = Arc::new(AtomicUsize::new(0));
+        let udp_asked = asked.clone();
         std::thread::spawn(move || {
             let mut buf = [0u8; 512];
             while let Ok((n, from)) = udp.recv_from(&mut buf) {
+                udp_asked.fetch_add(1, Ordering::SeqCst);
                 let _ = udp.send_to(&answer(&buf[..n], ip), from);
             }
         });
+        let tcp_asked = asked.clone();
         std::thread::spawn(move || {
             for mut s in tcp.incoming().flatten() {
                 while let Ok(Some(q)) = read_framed(&mut s) {
+                    tcp_asked.fetch_add(1, Ordering::SeqCst);
                     let _ = write_framed(&mut s, &answer(&q, ip));
                 }
             }
         });
-        addr
+        (addr, asked)
+    }
+
+    /// One answer a hook saw: client, name, A records.
+    type SeenAnswer = (IpAddr, String, Vec<(Ipv4Addr, u32)>);
+
+    /// A name policy that refuses one name, records what it sees, and can fail answers.
+    #[derive(Default)]
+    struct FakeHook {
+        refuse: &'static str,
+        fail_answers: bool,
+        queries: std::sync::Mutex<Vec<(IpAddr, String)>>,
+        answers: std::sync::Mutex<Vec<SeenAnswer>>,
+    }
+
+    impl DnsHook for FakeHook {
+        fn on_query(&self, client: IpAddr, name: &str) -> QueryVerdict {
+            self.queries.lock().unwrap().push((client, name.to_owned()));
+            if name == self.refuse {
+                QueryVerdict::Refuse
+            } else {
+                QueryVerdict::Forward
+            }
+        }
+
+        fn on_answer(
+            &self,
+            client: IpAddr,
+            name: &str,
+            addresses: &[(Ipv4Addr, u32)],
+        ) -> Result<(), DnsHookError> {
+            if self.fail_answers {
+                return Err("set is full".into());
+            }
+            self.answers
+                .lock()
+                .unwrap()
+                .push((client, name.to_owned(), addresses.to_vec()));
+            Ok(())
+        }
+    }
+
+    fn forwarder_with_hook(upstream: SocketAddr, hook: Arc<FakeHook>) -> DnsForwarder {
+        let mut cfg = DnsForwarderConfig::new(vec![upstream]).with_hook(hook);
+        cfg.listen = (Ipv4Addr::LOCALHOST, 0).into();
+        cfg.timeout = Duration::from_millis(300);
+        DnsForwarder::start(cfg).unwrap()
+    }
+
+    fn rcode(reply: &[u8]) -> u8 {
+        reply[3] & 0x0f
+    }
+
+    #[test]
+    fn a_hook_refuses_names_with_nxdomain_without_asking_upstream() {
+        let (upstream, asked) = counting_upstream([192, 0, 2, 20]);
+        let hook = Arc::new(FakeHook {
+            refuse: "denied.test",
+            ..FakeHook::default()
+        });
+        let fwd = forwarder_with_hook(upstream, hook.clone());
+        let q = query(0x0707, "Denied.TEST");
+        let r = ask_forwarder_udp(fwd.local_addr(), &q).unwrap();
+        assert_eq!((&r[..2], rcode(&r)), (&q[..2], message::NXDOMAIN));
+        assert_eq!(&r[12..], &q[12..], "the question is echoed");
+        let mut s = TcpStream::connect(fwd.local_addr()).unwrap();
+        write_framed(&mut s, &q).unwrap();
+        assert_eq!(
+            rcode(&read_framed(&mut s).unwrap().unwrap()),
+            message::NXDOMAIN
+        );
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            0,
+            "a refused name reached the upstream"
+        );
+        assert!(hook.answers.lock().unwrap().is_empty());
+        let queries = hook.queries.lock().unwrap().clone();
+        assert_eq!(queries.len(), 2);
+        assert_eq!(
+            queries[0],
+            (IpAddr::from(Ipv4Addr::LOCALHOST), "denied.test".into())
+        );
+    }
+
+    #[test]
+    fn a_hook_sees_the_client_and_the_answer_before_the_client_does() {
+        let hook = Arc::new(FakeHook::default());
+        let fwd = forwarder_with_hook(fake_upstream([192, 0, 2, 21]), hook.clone());
+        let q = query(0x0808, "ok.test");
+        let r = ask_forwarder_udp(fwd.local_addr(), &q).unwrap();
+        assert_eq!(r, answer(&q, [192, 0, 2, 21]));
+        // The hook ran before the reply was sent, so it is recorded by now.
+        let mut s = TcpStream::connect(fwd.local_addr()).unwrap();
+        write_framed(&mut s, &q).unwrap();
+        assert_eq!(read_framed(&mut s).unwrap().unwrap(), r);
+        let answers = hook.answers.lock().unwrap().clone();
+        let want = (
+            IpAddr::from(Ipv4Addr::LOCALHOST),
+            "ok.test".to_owned(),
+            vec![(Ipv4Addr::new(192, 0, 2, 21), 60)],
+        );
+        assert_eq!(answers, [want.clone(), want]);
+    }
+
+    #[test]
+    fn a_failing_hook_turns_the_answer_into_servfail() {
+        let hook = Arc::new(FakeHook {
+            fail_answers: true,
+            ..FakeHook::default()
+        });
+        let fwd = forwarder_with_hook(fake_upstream([192, 0, 2, 22]), hook);
+        let r = ask_forwarder_udp(fwd.local_addr(), &query(9, "ok.test")).unwrap();
+        assert_eq!(rcode(&r), 2, "SERVFAIL");
+        assert_eq!(&r[12..], &query(9, "ok.test")[12..], "no answer records");
+    }
+
+    #[test]
+    fn unreadable_questions_get_formerr_under_a_hook_and_pass_without_one() {
+        let (upstream, asked) = counting_upstream([192, 0, 2, 23]);
+        let hook = Arc::new(FakeHook::default());
+        let fwd = forwarder_with_hook(upstream, hook.clone());
+        let mut q = query(5, "a.b.test");
+        q[13] = b'.'; // label "a" -> "."
+        let r = ask_forwarder_udp(fwd.local_addr(), &q).unwrap();
+        assert_eq!((&r[..2], rcode(&r)), (&q[..2], message::FORMERR));
+        assert!(hook.queries.lock().unwrap().is_empty());
+        assert_eq!(asked.load(Ordering::SeqCst), 0);
+        let plain = forwarder(vec![upstream]);
+        assert_eq!(
+            ask_forwarder_udp(plain.local_addr(), &q).unwrap(),
+            answer(&q, [192, 0, 2, 23])
+        );
     }
 
     fn forwarder(upstreams: Vec<SocketAddr>) -> DnsForwarder {
