@@ -33,6 +33,7 @@ PACKAGES=(
     debootstrap       # built-in template recipe for offline machines
     busybox-static    # tiny static rootfs for tests
     nftables          # egress enforcement (nft -j)
+    conntrack         # egress: a policy change flushes the connections it newly denies
     iptables          # CRIU's default network locking (iptables-restore)
     iproute2          # ip: netns/veth tooling; CRIU executes it to dump/restore netns
     e2fsprogs         # mkfs.ext4 for disk-limited sandboxes

@@ -1,0 +1,3 @@
+//! Egress policy for sandboxes (work in progress).
+
+pub mod policy;
