@@ -32,8 +32,9 @@ pub struct ColdStartArgs {
     pub json: bool,
 }
 
-/// Latency percentiles of one series, in milliseconds.
-#[derive(Debug, serde::Serialize)]
+/// Latency percentiles of one series, in milliseconds. Nearest rank: pN is the value at rank
+/// `ceil(N/100 * n)` (1-based) of the sorted samples (see `docs/bench.md`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Percentiles {
     pub n: usize,
     pub p50_ms: f64,
@@ -44,18 +45,36 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
+    /// The percentiles of `samples`, which must not be empty.
     pub fn of(samples: &[Duration]) -> Self {
-        let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+        let mut ms: Vec<f64> = samples
+            .iter()
+            .map(|d| d.as_micros() as f64 / 1000.0)
+            .collect();
         ms.sort_by(f64::total_cmp);
-        let at = |q: f64| ms[((ms.len() as f64 - 1.0) * q).round() as usize];
+        // Integer arithmetic: `0.99 * 100.0` must not become rank 100 through rounding.
+        let at = |percent: usize| ms[(percent * ms.len()).div_ceil(100).clamp(1, ms.len()) - 1];
         Self {
             n: ms.len(),
-            p50_ms: at(0.5),
-            p90_ms: at(0.9),
-            p99_ms: at(0.99),
+            p50_ms: at(50),
+            p90_ms: at(90),
+            p99_ms: at(99),
             min_ms: ms[0],
             max_ms: ms[ms.len() - 1],
         }
+    }
+
+    /// The percentiles of `samples`, or None when there are none.
+    pub fn of_some(samples: &[Duration]) -> Option<Self> {
+        (!samples.is_empty()).then(|| Self::of(samples))
+    }
+
+    /// `n=20  p50 12.3 ms  p90 ...` for a terminal.
+    pub fn line(&self) -> String {
+        format!(
+            "n={:<4} p50 {:>8.1} ms  p90 {:>8.1} ms  p99 {:>8.1} ms  (min {:.1}, max {:.1})",
+            self.n, self.p50_ms, self.p90_ms, self.p99_ms, self.min_ms, self.max_ms
+        )
     }
 }
 
@@ -104,12 +123,7 @@ pub fn cold_start(args: ColdStartArgs) -> anyhow::Result<i32> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        let line = |name: &str, p: &Percentiles| {
-            println!(
-                "{name:<28} n={:<4} p50 {:>8.1} ms  p90 {:>8.1} ms  p99 {:>8.1} ms  (min {:.1}, max {:.1})",
-                p.n, p.p50_ms, p.p90_ms, p.p99_ms, p.min_ms, p.max_ms
-            )
-        };
+        let line = |name: &str, p: &Percentiles| println!("{name:<28} {}", p.line());
         println!("cold start -> execd /ping 200, image {}", args.image);
         line("fastbox sandbox start", &Percentiles::of(&fastbox));
         if let Some(runc) = &runc {
@@ -119,34 +133,12 @@ pub fn cold_start(args: ColdStartArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// `runc run -d` of `rootfs` with execd (bind-mounted read-only, host network namespace, a
-/// free port) as the container process, timed until `/ping` answers; `n` times.
+/// `runc run -d` of `rootfs` with execd (see [`runc_bundle`]) as the container process, timed
+/// until `/ping` answers; `n` times.
 fn runc_series(rootfs: &Path, execd: &Path, n: usize) -> anyhow::Result<Vec<Duration>> {
     let bundle = tempfile::tempdir()?;
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let status = Command::new("runc")
-        .arg("spec")
-        .current_dir(bundle.path())
-        .status()
-        .context("runc spec (is runc installed?)")?;
-    if !status.success() {
-        bail!("runc spec failed");
-    }
-    let config_path = bundle.path().join("config.json");
-    let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(&config_path)?)?;
-    config["root"] = serde_json::json!({ "path": rootfs, "readonly": true });
-    config["process"]["terminal"] = false.into();
-    config["process"]["args"] = serde_json::json!([EXECD_SANDBOX_PATH, "--port", port.to_string()]);
-    config["mounts"].as_array_mut().context("runc spec has mounts")?.push(serde_json::json!({
-        "destination": EXECD_SANDBOX_PATH, "type": "bind", "source": execd, "options": ["bind", "ro"]
-    }));
-    config["mounts"].as_array_mut().unwrap().push(serde_json::json!({
-        "destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]
-    }));
-    if let Some(ns) = config["linux"]["namespaces"].as_array_mut() {
-        ns.retain(|n| n["type"] != "network");
-    }
-    std::fs::write(&config_path, serde_json::to_vec_pretty(&config)?)?;
+    let port = free_port()?;
+    runc_bundle(bundle.path(), rootfs, execd, port)?;
     let client = ExecdClient::new(format!("http://127.0.0.1:{port}"), None)?;
     let mut samples = Vec::with_capacity(n);
     for i in 0..n {
@@ -172,4 +164,65 @@ fn runc_series(rootfs: &Path, execd: &Path, n: usize) -> anyhow::Result<Vec<Dura
         }
     }
     Ok(samples)
+}
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Writes `BUNDLE/config.json` for the runc baselines: `runc spec`'s defaults with `rootfs`
+/// as a read-only root, execd bind-mounted read-only at its sandbox path and run as the
+/// container process on `127.0.0.1:port`, a tmpfs `/tmp`, and the host's network namespace
+/// (so the benchmark reaches execd without entering a namespace).
+pub fn runc_bundle(bundle: &Path, rootfs: &Path, execd: &Path, port: u16) -> anyhow::Result<()> {
+    let status = Command::new("runc")
+        .arg("spec")
+        .current_dir(bundle)
+        .status()
+        .context("runc spec (is runc installed?)")?;
+    if !status.success() {
+        bail!("runc spec failed");
+    }
+    let config_path = bundle.join("config.json");
+    let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(&config_path)?)?;
+    config["root"] = serde_json::json!({ "path": rootfs, "readonly": true });
+    config["process"]["terminal"] = false.into();
+    config["process"]["args"] = serde_json::json!([EXECD_SANDBOX_PATH, "--port", port.to_string()]);
+    let mounts = config["mounts"]
+        .as_array_mut()
+        .context("runc spec has mounts")?;
+    mounts.push(serde_json::json!({
+        "destination": EXECD_SANDBOX_PATH, "type": "bind", "source": execd, "options": ["bind", "ro"]
+    }));
+    mounts.push(serde_json::json!({
+        "destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]
+    }));
+    if let Some(ns) = config["linux"]["namespaces"].as_array_mut() {
+        ns.retain(|n| n["type"] != "network");
+    }
+    std::fs::write(&config_path, serde_json::to_vec_pretty(&config)?)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(values: &[u64]) -> Vec<Duration> {
+        values.iter().map(|v| Duration::from_millis(*v)).collect()
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let twenty: Vec<u64> = (1..=20).collect();
+        let p = Percentiles::of(&ms(&twenty));
+        assert_eq!((p.p50_ms, p.p90_ms, p.p99_ms), (10.0, 18.0, 20.0));
+        assert_eq!((p.min_ms, p.max_ms, p.n), (1.0, 20.0, 20));
+        let p = Percentiles::of(&ms(&[30, 10, 20]));
+        assert_eq!((p.p50_ms, p.p90_ms, p.p99_ms), (20.0, 30.0, 30.0));
+        let p = Percentiles::of(&[Duration::from_micros(1500)]);
+        assert_eq!((p.p50_ms, p.min_ms, p.max_ms), (1.5, 1.5, 1.5));
+        assert_eq!(Percentiles::of_some(&[]), None);
+    }
 }
