@@ -1,0 +1,382 @@
+//! [`EgressEnforcer`]: the policies of an instance's slots, enforced in its nft table and
+//! by its DNS forwarder.
+//!
+//! One enforcer per instance. The node agent creates it before the DNS forwarder (it is
+//! the forwarder's [`DnsHook`]) and calls [`EgressEnforcer::apply`] for every slot before
+//! the sandbox in it may run (create, claim, policy change), and
+//! [`EgressEnforcer::remove`] when the slot is destroyed. A slot is keyed by its address,
+//! which is also the source address of the sandbox's DNS queries.
+//!
+//! Fail closed: every error is returned. After an error from `apply` the slot's previous
+//! state (no policy, or the previous one) is either fully in force or, when only cutting
+//! connections failed, the new rules are in force but old connections may live on; either
+//! way the caller must not start (or keep serving) the sandbox as if the policy held. DNS
+//! for a slot without a policy is refused.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::time::Instant;
+
+use fastbox_runtime::net::dns_forwarder::{DnsHook, DnsHookError, QueryVerdict};
+use fastbox_runtime::net::{NetError, NetSlot, NetSys, RealNetSys, names};
+
+use crate::conntrack::{self, ConntrackError, Flow};
+use crate::learned::LearnedAddresses;
+use crate::nft;
+use crate::policy::{Action, EgressPolicy};
+
+/// Destination port of DNS, which the instance table redirects to the forwarder whatever
+/// the policy.
+const DNS_PORT: u16 = 53;
+
+/// The slot a policy is for: the host end of its veth and the sandbox's address.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SlotRef {
+    /// Host end of the slot's veth (`{prefix}-{index}`): the key of the `slot_egress` map.
+    pub ifname: String,
+    /// The sandbox's address: source of its connections and of its DNS queries.
+    pub address: Ipv4Addr,
+}
+
+impl From<&NetSlot> for SlotRef {
+    fn from(slot: &NetSlot) -> Self {
+        Self {
+            ifname: slot.host_if.clone(),
+            address: slot.address,
+        }
+    }
+}
+
+/// What failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EgressError {
+    /// The instance prefix (the nft table's name) is invalid.
+    #[error("egress enforcer: invalid instance prefix")]
+    Prefix(#[source] NetError),
+    /// `nft` cannot run.
+    #[error("egress enforcer: nft cannot run")]
+    NftUnavailable(#[source] NetError),
+    /// `conntrack` cannot run.
+    #[error("egress enforcer: conntrack cannot run")]
+    ConntrackUnavailable(#[source] ConntrackError),
+    /// The interface name is not one of this instance's slots.
+    #[error("{ifname:?} is not a slot interface of instance {table:?}")]
+    NotASlot {
+        /// The name given.
+        ifname: String,
+        /// The instance.
+        table: String,
+    },
+    /// The address belongs to another slot that still has a policy.
+    #[error(
+        "address {address} is registered for slot {other}, not {ifname}; remove that slot's policy first"
+    )]
+    AddressInUse {
+        /// The address.
+        address: Ipv4Addr,
+        /// The slot asking.
+        ifname: String,
+        /// The slot holding it.
+        other: String,
+    },
+    /// `nft` failed (the slot's rules are as they were before the call: every script is one
+    /// transaction).
+    #[error("slot {ifname}: nft failed")]
+    Nft {
+        /// The slot.
+        ifname: String,
+        /// Why.
+        #[source]
+        source: NetError,
+    },
+    /// Reading or deleting connection tracking entries failed.
+    #[error("slot {ifname}: cutting connections the policy denies failed")]
+    Conntrack {
+        /// The slot.
+        ifname: String,
+        /// Why.
+        #[source]
+        source: ConntrackError,
+    },
+    /// A DNS answer would overflow the slot's learned set.
+    #[error("slot {ifname}: {source}")]
+    LearnedSetFull {
+        /// The slot.
+        ifname: String,
+        /// How full.
+        #[source]
+        source: crate::learned::Full,
+    },
+    /// A DNS answer arrived for a slot without a policy, or for a name it no longer allows.
+    #[error("dns answer for {name:?} to {client}: not allowed (any more)")]
+    AnswerNotAllowed {
+        /// The querying address.
+        client: IpAddr,
+        /// The name.
+        name: String,
+    },
+}
+
+/// The policies of one instance's slots (see the module docs).
+pub struct EgressEnforcer {
+    table: String,
+    sys: Arc<dyn NetSys>,
+    slots: RwLock<Slots>,
+}
+
+/// Registered slots by address.
+type Slots = HashMap<Ipv4Addr, Arc<SlotEntry>>;
+
+/// A registered slot. Lock order: the registry before a slot's state, never the other way.
+#[derive(Debug)]
+struct SlotEntry {
+    ifname: String,
+    state: Mutex<SlotState>,
+}
+
+/// A slot's policy (`None` until the first apply succeeds) and learned addresses.
+#[derive(Debug, Default)]
+struct SlotState {
+    policy: Option<EgressPolicy>,
+    learned: LearnedAddresses,
+}
+
+impl std::fmt::Debug for EgressEnforcer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressEnforcer")
+            .field("table", &self.table)
+            .field("slots", &read(&self.slots).len())
+            .finish()
+    }
+}
+
+impl EgressEnforcer {
+    /// The enforcer of instance `prefix` (whose nft table is `inet {prefix}`, installed by
+    /// `HostNetwork`, possibly later). Fails if `nft` or `conntrack` cannot run.
+    pub fn try_new(prefix: &str) -> Result<Self, EgressError> {
+        Self::with_sys(prefix, Arc::new(RealNetSys))
+    }
+
+    /// [`EgressEnforcer::try_new`] over another kernel seam.
+    pub fn with_sys(prefix: &str, sys: Arc<dyn NetSys>) -> Result<Self, EgressError> {
+        names::validate_prefix(prefix).map_err(EgressError::Prefix)?;
+        sys.run("nft", &["--version"], None)
+            .map_err(EgressError::NftUnavailable)?;
+        conntrack::check_installed(sys.as_ref()).map_err(EgressError::ConntrackUnavailable)?;
+        Ok(Self {
+            table: prefix.to_owned(),
+            sys,
+            slots: RwLock::new(HashMap::new()),
+        })
+    }
+
+    /// Installs `policy` on `slot`, or replaces its policy, in one nft transaction; then cuts
+    /// the slot's open connections that `policy` denies. Addresses learned from names that
+    /// `policy` still allows stay open; the rest are forgotten. See the module docs for what
+    /// an error means.
+    pub fn apply(&self, slot: &SlotRef, policy: &EgressPolicy) -> Result<(), EgressError> {
+        self.check_slot(&slot.ifname)?;
+        let entry = self.entry_for(slot)?;
+        let mut state = lock(&entry.state);
+        let now = Instant::now();
+        let mut learned = state.learned.clone();
+        let keep = learned.retain_allowed(now, policy);
+        let script = nft::apply_script(&self.table, &slot.ifname, policy, &keep);
+        self.nft(&slot.ifname, &script)?;
+        state.policy = Some(policy.clone());
+        state.learned = learned;
+        tracing::debug!(slot = %slot.ifname, mode = %policy.mode(), rules = policy.rules().len(), learned = keep.len(), "egress policy applied");
+        self.cut_denied_connections(slot, &state)
+    }
+
+    /// Removes the slot's policy: its chain, set and map element, and its DNS registration.
+    /// Idempotent. For a slot being destroyed: without a policy, the instance table lets
+    /// the slot's traffic through (only the fixed denies apply), while DNS is refused.
+    pub fn remove(&self, slot: &SlotRef) -> Result<(), EgressError> {
+        self.check_slot(&slot.ifname)?;
+        // Unregister first: from now on the slot's DNS is refused.
+        let entry = {
+            let mut slots = write(&self.slots);
+            match slots.get(&slot.address) {
+                Some(e) if e.ifname == slot.ifname => slots.remove(&slot.address),
+                _ => None,
+            }
+        };
+        // Wait for an apply or a DNS answer in progress on the slot.
+        let _state = entry.as_ref().map(|e| lock(&e.state));
+        self.nft(&slot.ifname, &nft::remove_script(&self.table, &slot.ifname))?;
+        tracing::debug!(slot = %slot.ifname, "egress policy removed");
+        Ok(())
+    }
+
+    /// The policy in force for the slot with `address`, if one was applied.
+    pub fn policy(&self, address: Ipv4Addr) -> Option<EgressPolicy> {
+        let entry = read(&self.slots).get(&address).cloned()?;
+        let state = lock(&entry.state);
+        state.policy.clone()
+    }
+
+    /// The instance prefix (nft table name).
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The registry entry for `slot`, created (without a policy) if there is none.
+    fn entry_for(&self, slot: &SlotRef) -> Result<Arc<SlotEntry>, EgressError> {
+        let mut slots = write(&self.slots);
+        let entry = slots.entry(slot.address).or_insert_with(|| {
+            Arc::new(SlotEntry {
+                ifname: slot.ifname.clone(),
+                state: Mutex::default(),
+            })
+        });
+        if entry.ifname != slot.ifname {
+            return Err(EgressError::AddressInUse {
+                address: slot.address,
+                ifname: slot.ifname.clone(),
+                other: entry.ifname.clone(),
+            });
+        }
+        Ok(entry.clone())
+    }
+
+    fn check_slot(&self, ifname: &str) -> Result<(), EgressError> {
+        // Only names the table's slot wildcard matches, which also keeps the name safe to
+        // write into an nft script.
+        if names::slot_index(&self.table, ifname).is_some() && ifname.len() <= names::MAX_IFNAME_LEN
+        {
+            Ok(())
+        } else {
+            Err(EgressError::NotASlot {
+                ifname: ifname.to_owned(),
+                table: self.table.clone(),
+            })
+        }
+    }
+
+    fn nft(&self, ifname: &str, script: &str) -> Result<(), EgressError> {
+        if script.is_empty() {
+            return Ok(());
+        }
+        self.sys
+            .run("nft", &["-f", "-"], Some(script))
+            .map(drop)
+            .map_err(|source| EgressError::Nft {
+                ifname: ifname.to_owned(),
+                source,
+            })
+    }
+
+    /// Deletes the conntrack entries of `slot` that its policy (in `state`) denies.
+    fn cut_denied_connections(&self, slot: &SlotRef, state: &SlotState) -> Result<(), EgressError> {
+        let conntrack_err = |source| EgressError::Conntrack {
+            ifname: slot.ifname.clone(),
+            source,
+        };
+        let policy = state
+            .policy
+            .as_ref()
+            .expect("called after a successful apply");
+        let now = Instant::now();
+        let denied: BTreeSet<Ipv4Addr> = conntrack::flows_from(self.sys.as_ref(), slot.address)
+            .map_err(conntrack_err)?
+            .into_iter()
+            .filter(|flow| !flow_allowed(policy, &state.learned, now, flow))
+            .map(|flow| flow.dst)
+            .collect();
+        for dst in &denied {
+            conntrack::delete(self.sys.as_ref(), slot.address, *dst).map_err(conntrack_err)?;
+        }
+        if !denied.is_empty() {
+            tracing::debug!(slot = %slot.ifname, destinations = denied.len(), "connections cut by the new policy");
+        }
+        Ok(())
+    }
+
+    /// The slot entry of a DNS client, if it has one.
+    fn entry_of(&self, client: IpAddr) -> Option<Arc<SlotEntry>> {
+        let IpAddr::V4(v4) = client else {
+            return None;
+        };
+        read(&self.slots).get(&v4).cloned()
+    }
+}
+
+/// Whether a tracked connection may live on under `policy`: DNS is the forwarder's
+/// business, DNS over TLS never passes, the rest as a new connection would be decided.
+fn flow_allowed(
+    policy: &EgressPolicy,
+    learned: &LearnedAddresses,
+    now: Instant,
+    flow: &Flow,
+) -> bool {
+    match flow.dport {
+        Some(DNS_PORT) => true,
+        Some(nft::DOT_PORT) if flow.proto == "tcp" || flow.proto == "udp" => false,
+        _ => policy.allows_connection(flow.dst, learned.contains(now, flow.dst)),
+    }
+}
+
+impl DnsHook for EgressEnforcer {
+    fn on_query(&self, client: IpAddr, name: &str) -> QueryVerdict {
+        let allowed = self.entry_of(client).is_some_and(|entry| {
+            lock(&entry.state)
+                .policy
+                .as_ref()
+                .is_some_and(|p| p.decide_name(name) == Action::Allow)
+        });
+        if allowed {
+            QueryVerdict::Forward
+        } else {
+            QueryVerdict::Refuse
+        }
+    }
+
+    fn on_answer(
+        &self,
+        client: IpAddr,
+        name: &str,
+        addresses: &[(Ipv4Addr, u32)],
+    ) -> Result<(), DnsHookError> {
+        let not_allowed = || EgressError::AnswerNotAllowed {
+            client,
+            name: name.to_owned(),
+        };
+        let entry = self.entry_of(client).ok_or_else(not_allowed)?;
+        let mut state = lock(&entry.state);
+        let allowed = state
+            .policy
+            .as_ref()
+            .is_some_and(|p| p.decide_name(name) == Action::Allow);
+        if !allowed {
+            return Err(not_allowed().into());
+        }
+        let now = Instant::now();
+        let writes = state
+            .learned
+            .learn(now, name, addresses, nft::MAX_LEARNED)
+            .map_err(|source| EgressError::LearnedSetFull {
+                ifname: entry.ifname.clone(),
+                source,
+            })?;
+        let script = nft::learn_script(&self.table, &entry.ifname, &writes);
+        if let Err(e) = self.nft(&entry.ifname, &script) {
+            state.learned.unwritten(now, &writes);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+}
+
+fn lock(m: &Mutex<SlotState>) -> MutexGuard<'_, SlotState> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn read(slots: &RwLock<Slots>) -> std::sync::RwLockReadGuard<'_, Slots> {
+    slots.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write(slots: &RwLock<Slots>) -> std::sync::RwLockWriteGuard<'_, Slots> {
+    slots.write().unwrap_or_else(PoisonError::into_inner)
+}

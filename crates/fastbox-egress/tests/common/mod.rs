@@ -1,0 +1,247 @@
+//! The egress lab: one instance (nft table, DNS forwarder with the egress enforcer as its
+//! hook, slots) in front of a test internet, all under one per-test prefix.
+//!
+//! Prefix tags: this crate's tests use `f` (egress_matrix.rs) and `0` (enforcement.rs); see
+//! `fastbox_testkit::run_prefix` for the letters other suites use. Addresses:
+//! `10.219.<tag byte>.0/24`, slots in the lower half, the internet in the upper half.
+
+#![allow(dead_code)] // each test binary uses its own part
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+use fastbox_egress::testkit::{
+    DnsTransport, EchoServer, Reach, Resolution, TestInternet, Zone, connect_from, greeting,
+    resolve_from,
+};
+use fastbox_egress::{EgressEnforcer, EgressError, EgressPolicy, SlotRef};
+use fastbox_runtime::net::{
+    DnsForwarder, DnsForwarderConfig, HostNetwork, NetConfig, NetSlot, in_netns,
+};
+
+/// Names of the lab's zone and the internet host each resolves to.
+pub const ALLOWED: (&str, u8) = ("allowed.test", 10);
+pub const WILD_SUB: (&str, u8) = ("api.wild.test", 11);
+pub const WILD_DEEP: (&str, u8) = ("deep.api.wild.test", 12);
+pub const WILD_APEX: (&str, u8) = ("wild.test", 13);
+pub const DENIED: (&str, u8) = ("denied.test", 14);
+pub const NEVER: (&str, u8) = ("never.test", 15);
+/// A name whose TTL (5 s) is below the 60 s floor.
+pub const SHORT: (&str, u8) = ("short.test", 16);
+/// TTL of every other name.
+pub const TTL: u32 = 300;
+/// An address rule's target host, and the first host of a /28 rule (hosts 32..=47).
+pub const IP_HOST: u8 = 20;
+pub const CIDR_FIRST: u8 = 32;
+pub const CIDR_LEN: u8 = 28;
+/// A host just outside the /28.
+pub const OUTSIDE_CIDR: u8 = 48;
+/// The echo port of every internet host.
+pub const PORT: u16 = 80;
+
+/// Why the lab cannot run here, if it cannot.
+fn unavailable() -> Option<String> {
+    if let Some(reason) = fastbox_testkit::privileged_unavailable() {
+        return Some(reason);
+    }
+    for (tool, arg) in [
+        ("ip", "-V"),
+        ("nft", "--version"),
+        ("conntrack", "--version"),
+    ] {
+        match Command::new(tool).arg(arg).output() {
+            Ok(out) if out.status.success() => {}
+            _ => {
+                return Some(format!(
+                    "`{tool}` is not installed (scripts/setup.sh installs it)"
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// A running lab. Dropping it removes everything carrying its prefix, also after a failed
+/// assertion; [`Lab::close`] does the same and checks that nothing is left.
+pub struct Lab {
+    pub prefix: String,
+    pub internet: TestInternet,
+    pub enforcer: Arc<EgressEnforcer>,
+    pub host: HostNetwork,
+    forwarder: DnsForwarder,
+    _purge: PurgeOnDrop,
+}
+
+struct PurgeOnDrop(String);
+
+impl Drop for PurgeOnDrop {
+    fn drop(&mut self) {
+        if let Err(e) = HostNetwork::purge(&self.0) {
+            eprintln!("purge of {} failed: {e}", self.0);
+        }
+    }
+}
+
+impl Lab {
+    /// Starts the lab for test `tag`; `None` (reason printed) when it cannot run here.
+    pub fn start(tag: char) -> Option<Lab> {
+        if let Some(reason) = unavailable() {
+            eprintln!("skipped: {reason}");
+            return None;
+        }
+        let prefix = fastbox_testkit::run_prefix(&tag.to_string());
+        assert!(prefix.len() <= 8, "prefix {prefix:?} is too long");
+        let purge = PurgeOnDrop(prefix.clone());
+        let net = [10, 219, tag as u8];
+        let internet = TestInternet::start(&prefix, net, zone_for(net)).expect("test internet");
+        let enforcer = Arc::new(EgressEnforcer::try_new(&prefix).expect("egress enforcer"));
+        let forwarder = DnsForwarder::start(
+            DnsForwarderConfig::new(vec![internet.dns_addr()]).with_hook(enforcer.clone()),
+        )
+        .expect("dns forwarder");
+        let host = HostNetwork::try_new(NetConfig {
+            prefix: prefix.clone(),
+            pool: format!("10.219.{}.0/25", tag as u8).parse().unwrap(),
+            dns_port: forwarder.port(),
+        })
+        .expect("host network");
+        eprintln!("lab {prefix}: 10.219.{}.0/24", tag as u8);
+        Some(Lab {
+            prefix,
+            internet,
+            enforcer,
+            host,
+            forwarder,
+            _purge: purge,
+        })
+    }
+
+    /// Internet host `n`.
+    pub fn inet(&self, n: u8) -> Ipv4Addr {
+        self.internet.host(n)
+    }
+
+    /// A new slot with `policy` applied.
+    pub fn slot(&self, index: u32, policy: &EgressPolicy) -> NetSlot {
+        let slot = self.host.create_slot(index).expect("slot");
+        self.apply(&slot, policy).expect("apply policy");
+        slot
+    }
+
+    pub fn apply(&self, slot: &NetSlot, policy: &EgressPolicy) -> Result<(), EgressError> {
+        self.enforcer.apply(&SlotRef::from(slot), policy)
+    }
+
+    /// An echo server listening on 0.0.0.0 inside `netns`.
+    pub fn echo_server_in(netns: &Path) -> EchoServer {
+        let listener = in_netns(netns, || TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)))
+            .unwrap()
+            .unwrap();
+        EchoServer::serve(listener).unwrap()
+    }
+
+    /// Removes everything and checks nothing with the prefix is left.
+    pub fn close(self) {
+        let prefix = self.prefix.clone();
+        let Lab {
+            internet,
+            host,
+            forwarder,
+            ..
+        } = self;
+        drop(internet);
+        drop(forwarder);
+        host.teardown().expect("teardown");
+        let left = HostNetwork::leaked(&prefix).unwrap();
+        assert!(left.is_empty(), "left behind: {left}");
+    }
+}
+
+fn zone_for(net: [u8; 3]) -> Zone {
+    let host = |n: u8| Ipv4Addr::new(net[0], net[1], net[2], 128 + n);
+    let mut zone = Zone::new();
+    for (name, n) in [ALLOWED, WILD_SUB, WILD_DEEP, WILD_APEX, DENIED, NEVER] {
+        zone = zone.with(name, &[host(n)], TTL);
+    }
+    zone.with(SHORT.0, &[host(SHORT.1)], 5)
+}
+
+/// Checks made from inside one slot; failures are collected, not raised, so a matrix
+/// reports every failing case at once.
+pub struct Probe<'a> {
+    pub case: &'a str,
+    pub lab: &'a Lab,
+    pub slot: &'a NetSlot,
+    pub failures: Vec<String>,
+}
+
+impl<'a> Probe<'a> {
+    pub fn new(case: &'a str, lab: &'a Lab, slot: &'a NetSlot) -> Self {
+        Self {
+            case,
+            lab,
+            slot,
+            failures: Vec::new(),
+        }
+    }
+
+    fn fail(&mut self, what: String) {
+        self.failures.push(format!("{}: {what}", self.case));
+    }
+
+    /// Resolves `name` through the slot's resolver (its gateway).
+    pub fn resolve(&self, name: &str) -> Resolution {
+        resolve_from(
+            &self.slot.netns_path,
+            SocketAddr::from((self.slot.gateway, 53)),
+            name,
+            DnsTransport::Udp,
+        )
+    }
+
+    /// `name` resolves to internet host `n`.
+    pub fn resolves(&mut self, (name, n): (&str, u8)) {
+        let got = self.resolve(name);
+        let want = Resolution::Addresses(vec![self.lab.inet(n)]);
+        if got != want {
+            self.fail(format!("resolve {name}: got {got:?}, want {want:?}"));
+        }
+    }
+
+    /// `name` gets NXDOMAIN.
+    pub fn refused(&mut self, name: &str) {
+        let got = self.resolve(name);
+        if got != Resolution::NXDOMAIN {
+            self.fail(format!("resolve {name}: got {got:?}, want NXDOMAIN"));
+        }
+    }
+
+    /// A connection to `addr:port` completes and reaches that address.
+    pub fn connects(&mut self, addr: Ipv4Addr, port: u16) -> Option<std::net::TcpStream> {
+        match connect_from(&self.slot.netns_path, SocketAddr::from((addr, port))) {
+            Reach::Connected(mut stream) => match greeting(&mut stream) {
+                Ok(g) if g == addr.to_string() => Some(stream),
+                other => {
+                    self.fail(format!("{addr}:{port}: greeting {other:?}"));
+                    None
+                }
+            },
+            other => {
+                self.fail(format!(
+                    "{addr}:{port}: expected a connection, got {other:?}"
+                ));
+                None
+            }
+        }
+    }
+
+    /// A connection attempt to `addr:port` is silently dropped.
+    pub fn dropped(&mut self, addr: Ipv4Addr, port: u16) {
+        let reach = connect_from(&self.slot.netns_path, SocketAddr::from((addr, port)));
+        if !reach.is_dropped() {
+            self.fail(format!("{addr}:{port}: expected a drop, got {reach:?}"));
+        }
+    }
+}
