@@ -5,6 +5,8 @@
 use clap::{Parser, Subcommand};
 use fastbox_cli::{bench, bench_create, client, paths, sandbox_run, up};
 
+mod bench_restore;
+
 #[derive(Parser)]
 #[command(name = "fastbox", version, about = "Restore-only Linux sandboxes")]
 struct Cli {
@@ -42,6 +44,9 @@ enum BenchCommand {
     /// Create -> execd /ping 200 through the lifecycle API of a running server, N creates at
     /// a concurrency, with each sandbox deleted outside the timed region.
     Create(bench_create::CreateBenchArgs),
+    /// Node-side restore of an image's golden checkpoint, next to `runc restore` of clones
+    /// of a checkpoint of the same workload, with CRIU's own restore statistics.
+    Restore(bench_restore::RestoreBenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -100,6 +105,9 @@ fn main() {
         Command::Bench {
             command: BenchCommand::Create(args),
         } => bench_create::create(args),
+        Command::Bench {
+            command: BenchCommand::Restore(args),
+        } => bench_restore::restore(args),
         Command::Check(args) => paths::check(&args),
         Command::Up(args) => up::up(args),
         Command::Purge(args) => up::purge(args),

@@ -1,0 +1,123 @@
+//! The fastbox side: the node-side restore of an image's golden checkpoint, as the server's
+//! create path calls it (`Fastlet::restore_from` into a reserved slot), N times, each clone
+//! removed outside the timed region.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use fastbox_fastlet::{Fastlet, FastletConfig, PlaceRequest, StartReport};
+use fastbox_image::{ImageConfig, ResolvedImage};
+use fastbox_runtime::criu_stats::RestoreStats;
+
+use super::Run;
+
+/// One timed restore.
+#[derive(Debug)]
+pub struct Sample {
+    /// `restore_from`'s wall time: slot, rootfs, CRIU restore, execd ready, claim.
+    pub wall: Duration,
+    /// The phases of its [`StartReport`], in order.
+    pub phases: Vec<(String, Duration)>,
+    /// CRIU's `stats-restore` of it, when the runtime reports it.
+    pub criu: Option<RestoreStats>,
+    /// It restored into a spare slot made ahead (not the slot reserved for it).
+    pub spare: bool,
+}
+
+/// What the fastbox side measured.
+#[derive(Debug)]
+pub struct Series {
+    /// Building the golden checkpoint (cold start, readiness, CRIU dump): untimed set-up.
+    pub template_build: Duration,
+    pub samples: Vec<Sample>,
+}
+
+/// Starts a fastlet of the run's own (prefix, data directory, address pool, no warm pool,
+/// `run.spare_slots` spare slots), builds the template of `image` and restores it `run.n`
+/// times.
+pub fn series(run: &Run, image: &ResolvedImage) -> anyhow::Result<Series> {
+    let fastlet = Arc::new(Fastlet::start(FastletConfig {
+        prefix: run.prefix.clone(),
+        data_dir: run.dir.join("fastlet"),
+        helper: std::env::current_exe().context("locate the fastbox executable")?,
+        pool: run.pool,
+        images: ImageConfig {
+            cache_dir: run.cache_dir.clone(),
+            ..ImageConfig::default()
+        },
+        execd_bin: run.execd.clone(),
+        criu: run.criu.clone(),
+        pool_size: 0,
+        spare_slots: run.spare_slots,
+    })?);
+    fastlet.start_spares();
+    let measured = measure(&fastlet, run, image);
+    fastlet.drain_pools();
+    if let Ok(fastlet) = Arc::try_unwrap(fastlet) {
+        fastlet.shutdown();
+    }
+    measured
+}
+
+fn measure(fastlet: &Fastlet, run: &Run, image: &ResolvedImage) -> anyhow::Result<Series> {
+    eprintln!("fastbox: building the golden checkpoint of {}", run.image);
+    let build = Instant::now();
+    let template = fastlet.template(image)?;
+    let template_build = build.elapsed();
+    let mut samples = Vec::with_capacity(run.n);
+    for i in 0..run.n {
+        let req = PlaceRequest {
+            id: format!("{}-f{i}", run.prefix),
+            rootfs: image.rootfs.clone(),
+            entrypoint: Vec::new(),
+            env: image.config.env.clone(),
+            limits: Default::default(),
+            disk_bytes: None,
+            execd_token: format!("{:032x}", rand::random::<u128>()),
+        };
+        let slot = fastlet.reserve_slot()?;
+        let start = Instant::now();
+        let restored = fastlet.restore_from(&template, &req, slot);
+        let wall = start.elapsed();
+        let (placement, report) = match restored {
+            Ok(done) => done,
+            Err(e) => {
+                let _ = fastlet.remove(&req.id, None, Some(slot));
+                return Err(anyhow::Error::from(e).context(format!("restore {i}")));
+            }
+        };
+        let spare = placement.slot != slot;
+        if spare {
+            fastlet.release_slot(slot);
+        }
+        fastlet
+            .remove(&req.id, Some(&placement), None)
+            .with_context(|| format!("remove clone {i}"))?;
+        samples.push(Sample {
+            wall,
+            phases: phases(&report),
+            criu: criu_stats(&report),
+            spare,
+        });
+    }
+    Ok(Series {
+        template_build,
+        samples,
+    })
+}
+
+fn phases(report: &StartReport) -> Vec<(String, Duration)> {
+    report
+        .phases
+        .iter()
+        .map(|(name, took)| (name.to_string(), took))
+        .collect()
+}
+
+/// CRIU's own statistics of the restore. The runtime removes the CRIU work directory (and
+/// its `stats-restore`) before `restore_from` returns and its report does not carry them
+/// yet, so there are none.
+fn criu_stats(_report: &StartReport) -> Option<RestoreStats> {
+    None
+}
