@@ -22,4 +22,5 @@ pub mod policy;
 pub mod testkit;
 
 pub use enforcer::{EgressEnforcer, EgressError, SlotRef};
+pub use policy::wire::rules_from_wire;
 pub use policy::{Action, EgressPolicy, Mode, PolicyError, Rule, Target};

@@ -9,6 +9,7 @@ mod common;
 use std::net::Ipv4Addr;
 use std::process::Command;
 use std::sync::Arc;
+use std::time::Instant;
 
 use common::*;
 use fastbox_egress::learned::{MIN_HOLD, SLACK};
@@ -87,7 +88,15 @@ fn enforcement_lifecycle_on_the_real_table() {
 
     // Answers open their addresses for max(TTL, 60 s), plus the write slack.
     let mut pa = Probe::new("slot a", &lab, &a);
+    let started = Instant::now();
     pa.resolves(ALLOWED);
+    let learning = started.elapsed();
+    let started = Instant::now();
+    pa.resolves(ALLOWED);
+    eprintln!(
+        "resolve through the proxy: {learning:?} when the answer is written to the set, {:?} when the set holds it already",
+        started.elapsed()
+    );
     pa.resolves(SHORT);
     assert_eq!(pa.failures, Vec::<String>::new());
     let hold = |ttl: u64| ttl.max(MIN_HOLD.as_secs()) + SLACK.as_secs();

@@ -14,7 +14,7 @@ mod server;
 pub use dns_server::{TestDnsServer, Zone, a_query};
 pub use internet::{ECHO_PORTS, InternetError, TestInternet};
 pub use probe::{
-    DNS_TIMEOUT, DROP_TIMEOUT, DnsTransport, Reach, Resolution, connect_from, echo, greeting,
-    resolve_from,
+    DNS_TIMEOUT, DROP_TIMEOUT, DnsTransport, READ_TIMEOUT, Reach, Resolution, connect_from, echo,
+    greeting, resolve_from,
 };
 pub use server::{EchoServer, StopFlag, Stoppable};

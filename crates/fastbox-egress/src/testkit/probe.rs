@@ -12,8 +12,14 @@ use fastbox_runtime::net::in_netns;
 
 use super::dns_server::a_query;
 
-/// How long a connection attempt or a read may take before we call it silently dropped.
+/// How long a connection attempt may take before we call it silently dropped (a handshake
+/// over a veth takes well under a millisecond).
 pub const DROP_TIMEOUT: Duration = Duration::from_millis(700);
+
+/// How long a read from a connected server may take (generous: a loaded machine may be
+/// slow to schedule the server's thread; a dropped connection is told apart by the read
+/// failing at all).
+pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long a DNS query may take (the forwarder may wait on an upstream).
 pub const DNS_TIMEOUT: Duration = Duration::from_secs(3);
@@ -63,7 +69,7 @@ pub fn connect_from(netns: &Path, to: SocketAddr) -> Reach {
 
 /// The first line an echo server sends: the address it was reached at.
 pub fn greeting(stream: &mut TcpStream) -> io::Result<String> {
-    stream.set_read_timeout(Some(DROP_TIMEOUT))?;
+    stream.set_read_timeout(Some(READ_TIMEOUT))?;
     let mut line = Vec::new();
     let mut byte = [0u8; 1];
     while stream.read(&mut byte)? == 1 && byte[0] != b'\n' {
@@ -72,10 +78,10 @@ pub fn greeting(stream: &mut TcpStream) -> io::Result<String> {
     String::from_utf8(line).map_err(io::Error::other)
 }
 
-/// Sends `msg` and reads what comes back within [`DROP_TIMEOUT`]: the echo, or an error
+/// Sends `msg` and reads what comes back within [`READ_TIMEOUT`]: the echo, or an error
 /// (timed out when the connection's packets are dropped).
 pub fn echo(stream: &mut TcpStream, msg: &str) -> io::Result<String> {
-    stream.set_read_timeout(Some(DROP_TIMEOUT))?;
+    stream.set_read_timeout(Some(READ_TIMEOUT))?;
     stream.write_all(msg.as_bytes())?;
     let mut buf = vec![0u8; msg.len()];
     stream.read_exact(&mut buf)?;
