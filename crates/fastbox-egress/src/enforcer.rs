@@ -380,3 +380,64 @@ fn read(slots: &RwLock<Slots>) -> std::sync::RwLockReadGuard<'_, Slots> {
 fn write(slots: &RwLock<Slots>) -> std::sync::RwLockWriteGuard<'_, Slots> {
     slots.write().unwrap_or_else(PoisonError::into_inner)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Rule;
+
+    fn flow(proto: &str, dst: [u8; 4], dport: Option<u16>) -> Flow {
+        Flow {
+            proto: proto.into(),
+            dst: Ipv4Addr::from(dst),
+            dport,
+        }
+    }
+
+    #[test]
+    fn open_connections_live_on_only_where_a_new_one_would_pass() {
+        let now = Instant::now();
+        let mut learned = LearnedAddresses::default();
+        learned
+            .learn(now, "ok.test", &[(Ipv4Addr::new(192, 0, 2, 1), 60)], 10)
+            .unwrap();
+        let policy = EgressPolicy::try_new(
+            Action::Deny,
+            vec![
+                Rule::parse(0, "allow", "ok.test").unwrap(),
+                Rule::parse(1, "allow", "198.51.100.0/24").unwrap(),
+            ],
+        )
+        .unwrap();
+        let allowed = |f: &Flow| flow_allowed(&policy, &learned, now, f);
+        assert!(allowed(&flow("tcp", [192, 0, 2, 1], Some(443))), "learned");
+        assert!(
+            allowed(&flow("tcp", [198, 51, 100, 9], Some(22))),
+            "address rule"
+        );
+        assert!(allowed(&flow("icmp", [198, 51, 100, 9], None)));
+        assert!(!allowed(&flow("tcp", [192, 0, 2, 2], Some(443))), "default");
+        assert!(
+            allowed(&flow("udp", [192, 0, 2, 2], Some(53))),
+            "dns is redirected"
+        );
+        assert!(!allowed(&flow("tcp", [192, 0, 2, 1], Some(853))), "dot");
+        assert!(
+            !allowed(&flow("udp", [198, 51, 100, 9], Some(853))),
+            "dot over udp"
+        );
+        let open = EgressPolicy::allow_all();
+        assert!(flow_allowed(
+            &open,
+            &learned,
+            now,
+            &flow("tcp", [203, 0, 113, 1], Some(80))
+        ));
+        assert!(!flow_allowed(
+            &open,
+            &learned,
+            now,
+            &flow("tcp", [203, 0, 113, 1], Some(853))
+        ));
+    }
+}
