@@ -58,6 +58,8 @@ pub enum CriuError {
 pub struct Criu {
     pub path: PathBuf,
     pub version: String,
+    /// Where CRIU's kernel-feature cache lives when `/run` cannot hold it (see [`kdat`]).
+    kdat_run: Option<std::ffi::CString>,
 }
 
 /// What a dump needs to know about the sandbox.
@@ -116,7 +118,22 @@ impl Criu {
         Ok(Self {
             path: path.to_path_buf(),
             version: found,
+            kdat_run: kdat::run_dir(),
         })
+    }
+
+    /// A `criu` command; when `/run` is not a tmpfs, it runs in a private mount namespace
+    /// whose `/run` is a tmpfs directory, so CRIU keeps its kernel-feature cache (see [`kdat`]).
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.path);
+        if let Some(dir) = self.kdat_run.clone() {
+            // SAFETY: unshare and mount are async-signal-safe syscalls; the path was
+            // allocated before the fork.
+            unsafe {
+                cmd.pre_exec(move || kdat::enter_private_run(&dir));
+            }
+        }
+        cmd
     }
 
     /// Dump the tree rooted at the sandbox init into `images`.
@@ -133,7 +150,7 @@ impl Criu {
                 source,
             })?
             .ino();
-        let mut cmd = Command::new(&self.path);
+        let mut cmd = self.command();
         cmd.arg("dump")
             .arg("--tree")
             .arg(req.init_pid.to_string())
@@ -175,7 +192,7 @@ impl Criu {
                     })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let mut cmd = Command::new(&self.path);
+        let mut cmd = self.command();
         cmd.arg("restore")
             .arg("--images-dir")
             .arg(req.images)
@@ -284,6 +301,84 @@ fn run(mut cmd: Command, action: &'static str, log: &Path) -> Result<(), CriuErr
         log: log.to_path_buf(),
         tail,
     })
+}
+
+/// CRIU probes the kernel at every start (about 35 ms here: the compat vDSO alone forks a
+/// helper) unless it finds its cache `/run/criu.kdat`, which it only writes when `/run` is a
+/// tmpfs (the cache is per boot). Hosts whose `/run` is on disk get a shared tmpfs directory
+/// under `/dev/shm` bound over `/run` in a mount namespace private to each CRIU run; nothing
+/// else CRIU does touches `/run`.
+mod kdat {
+    use std::ffi::CString;
+    use std::io;
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Path;
+    use std::time::{Duration, SystemTime};
+
+    /// Shared by every fastbox instance on the host: the cache describes the kernel only.
+    const SHM_DIR: &str = "/dev/shm/fastbox-criu-run";
+    /// CRIU's temporary cache file; a crash between its create and rename leaves it behind,
+    /// and CRIU then never writes the cache again (it creates it with `O_EXCL`).
+    const STALE_TMP: &str = "criu.kdat.tmp";
+
+    fn is_tmpfs(path: &Path) -> bool {
+        nix::sys::statfs::statfs(path)
+            .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+    }
+
+    /// The directory to bind over `/run`, or `None` when `/run` can hold the cache itself
+    /// (or no tmpfs is at hand: CRIU then just probes every time).
+    pub(super) fn run_dir() -> Option<CString> {
+        if is_tmpfs(Path::new("/run")) || !is_tmpfs(Path::new("/dev/shm")) {
+            return None;
+        }
+        let dir = Path::new(SHM_DIR);
+        std::fs::create_dir_all(dir).ok()?;
+        let tmp = dir.join(STALE_TMP);
+        let old = std::fs::metadata(&tmp)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| {
+                SystemTime::now()
+                    .duration_since(t)
+                    .is_ok_and(|age| age > Duration::from_secs(30))
+            });
+        if old {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        CString::new(dir.as_os_str().as_bytes()).ok()
+    }
+
+    /// In the forked child before exec: a private mount namespace (slave, so nothing
+    /// propagates back to the host) whose `/run` is `dir`.
+    pub(super) fn enter_private_run(dir: &CString) -> io::Result<()> {
+        // SAFETY: plain syscalls on NUL-terminated strings that outlive the calls.
+        unsafe {
+            if libc::unshare(libc::CLONE_NEWNS) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::mount(
+                c"none".as_ptr(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_SLAVE,
+                std::ptr::null(),
+            ) < 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::mount(
+                dir.as_ptr(),
+                c"/run".as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            ) < 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `Version: 4.2` or `Version: 4.2.1` in `criu --version` output.
