@@ -21,13 +21,17 @@ const MASKED_FILES: &[&str] = &[
     "/proc/latency_stats",
     "/proc/interrupts",
 ];
-/// Directories hidden behind an empty read-only tmpfs (runc's `maskedPaths`, directories).
+/// Directories hidden behind an empty read-only directory (runc's `maskedPaths`,
+/// directories; runc mounts an empty tmpfs, but every tmpfs costs a restore a `tar` process,
+/// so fastbox binds [`EMPTY_DIR`] read-only instead).
 const MASKED_DIRS: &[&str] = &[
     "/proc/acpi",
     "/proc/scsi",
     "/sys/firmware",
     "/sys/devices/virtual/powercap",
 ];
+/// An empty, read-only directory of the sandbox root, bound over the masked directories.
+const EMPTY_DIR: &str = "/.fastbox/empty";
 /// runc's default `readonlyPaths`.
 const READONLY_PATHS: &[&str] = &[
     "/proc/bus",
@@ -79,6 +83,10 @@ pub(super) fn setup_root(config: &InitConfig) -> Result<(), String> {
         .map_err(|e| format!("chmod /tmp: {e}"))?;
 
     bind_execd(root, &config.execd_host)?;
+    let empty = root.join(EMPTY_DIR.trim_start_matches('/'));
+    fs::create_dir_all(&empty).map_err(|e| format!("create {EMPTY_DIR}: {e}"))?;
+    fs::set_permissions(&empty, fs::Permissions::from_mode(0o555))
+        .map_err(|e| format!("chmod {EMPTY_DIR}: {e}"))?;
 
     std::env::set_current_dir(root).map_err(|e| format!("chdir {}: {e}", root.display()))?;
     nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
@@ -117,13 +125,11 @@ fn setup_dev(root: &Path) -> Result<(), String> {
         MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
         Some("newinstance,ptmxmode=0666,mode=0620"),
     )?;
-    mount_at(
-        Some("shm"),
-        &dir_in(&dev, "shm")?,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        Some("mode=1777,size=65536k"),
-    )?;
+    // `/dev/shm` is a directory of the `/dev` tmpfs (same 64 MiB bound) rather than a mount
+    // of its own: every tmpfs costs a restore a `tar` process.
+    let shm = dir_in(&dev, "shm")?;
+    fs::set_permissions(&shm, fs::Permissions::from_mode(0o1777))
+        .map_err(|e| format!("chmod /dev/shm: {e}"))?;
     for (link, target) in [
         ("ptmx", "pts/ptmx"),
         ("fd", "/proc/self/fd"),
@@ -162,13 +168,7 @@ fn mask_and_protect() -> Result<(), String> {
     }
     for dir in MASKED_DIRS {
         if Path::new(dir).is_dir() {
-            mount_at(
-                Some("tmpfs"),
-                Path::new(dir),
-                Some("tmpfs"),
-                MsFlags::MS_RDONLY,
-                Some("size=0"),
-            )?;
+            bind_read_only(Path::new(EMPTY_DIR), Path::new(dir))?;
         }
     }
     for path in READONLY_PATHS {
