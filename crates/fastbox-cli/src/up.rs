@@ -73,6 +73,10 @@ pub struct UpArgs {
     /// pool off [default: 4].
     #[arg(long, env = "FASTBOX_POOL_SIZE")]
     pub pool_size: Option<usize>,
+    /// Network slots with an empty writable layer kept made ahead of demand, so a restore
+    /// only mounts an overlay and runs CRIU; 0 makes each slot at its restore [default: 8].
+    #[arg(long, env = "FASTBOX_SPARE_SLOTS")]
+    pub spare_slots: Option<usize>,
 }
 
 impl UpArgs {
@@ -96,6 +100,7 @@ impl UpArgs {
             execd: self.execd.clone(),
             create_image_wait_ms: self.create_image_wait_ms,
             pool_size: self.pool_size,
+            spare_slots: self.spare_slots,
         }
     }
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use common::Fixture;
 use common::server::UpServer;
-use fastbox_cli::local_sandbox::{LocalHost, LocalSandbox, StartOptions};
+use fastbox_cli::local_sandbox::{LocalHost, LocalSandbox, SlotSource, StartOptions};
 use reqwest::blocking::Client;
 use serde_json::Value;
 
@@ -499,7 +499,7 @@ fn a_process_alive_at_checkpoint_time_hands_its_random_state_to_every_clone() {
                 &checkpoint,
                 &python.rootfs,
                 f.dir.path(),
-                slot,
+                SlotSource::Fresh(slot),
                 &opts(name),
             )
             .expect("restore");

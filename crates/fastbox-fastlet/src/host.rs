@@ -3,7 +3,7 @@
 //! tests.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fastbox_runtime::cgroup::{CgroupLimits, CgroupRoot};
 use fastbox_runtime::checkpoint::RestoreTarget;
@@ -16,6 +16,7 @@ use fastbox_runtime::sandbox::{self, SandboxHandle};
 use fastbox_runtime::spec::{EXECD_PORT, SandboxSpec};
 
 use crate::execd_client::{ExecdClient, ExecdClientError};
+use crate::phases::{LapClock, Phases};
 
 /// The limits execd reports in `/metrics` (the sandbox cannot read its cgroup on every host).
 pub fn announced_limits(limits: &CgroupLimits) -> Vec<(String, String)> {
@@ -47,6 +48,46 @@ pub enum HostError {
     Checkpoint(#[from] fastbox_runtime::checkpoint::CheckpointError),
     #[error(transparent)]
     Execd(#[from] ExecdClientError),
+    #[error("writable layer: {0}")]
+    Rootfs(#[from] fastbox_runtime::rootfs::RootfsError),
+    #[error("spare slot {index}: {what} {path}: {source}")]
+    Spare {
+        index: u32,
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Id prefix of spare directories under `DATA_DIR/sandboxes` (`spare-<slot index>`): they are
+/// removed like sandboxes by purges and at start.
+pub const SPARE_ID_PREFIX: &str = "spare-";
+
+/// A network slot and a writable layer made ahead of demand: the slot's namespace, veth and
+/// routes (without a default route: no way out until a claim opens it), and a mounted empty
+/// writable layer of the default disk size in `DATA_DIR/sandboxes/spare-<index>`. A restore
+/// into a spare only renames that directory and mounts the overlay.
+#[derive(Debug)]
+pub struct Spare {
+    pub index: u32,
+    pub slot: NetSlot,
+    pub dir: PathBuf,
+}
+
+/// Where a start gets its slot: made now, or a spare made earlier.
+#[derive(Debug)]
+pub enum SlotSource {
+    Fresh(u32),
+    Spare(Spare),
+}
+
+impl SlotSource {
+    pub fn index(&self) -> u32 {
+        match self {
+            Self::Fresh(index) => *index,
+            Self::Spare(spare) => spare.index,
+        }
+    }
 }
 
 /// Everything one fastbox instance owns on the host, named with its prefix.
@@ -80,7 +121,8 @@ pub struct LocalSandbox {
     pub handle: SandboxHandle,
     pub slot: NetSlot,
     pub execd: ExecdClient,
-    pub ready_after: Duration,
+    /// How the start went: `slot`, then the start's own phases, then `ready` (execd).
+    pub phases: Phases,
 }
 
 impl LocalHost {
@@ -119,8 +161,12 @@ impl LocalHost {
         slot_index: u32,
         opts: &StartOptions,
     ) -> Result<LocalSandbox, HostError> {
-        self.in_new_slot(slot_index, opts, |slot| {
-            self.start_in(slot, rootfs, execd, opts)
+        self.in_slot(SlotSource::Fresh(slot_index), opts, |slot, _| {
+            let clock = Instant::now();
+            let handle = self.start_in(slot, rootfs, execd, opts)?;
+            let mut phases = Phases::default();
+            phases.push("start", clock.elapsed());
+            Ok((handle, phases))
         })
     }
 
@@ -176,18 +222,18 @@ impl LocalHost {
         self.destroy(sandbox)
     }
 
-    /// Restore the checkpoint in `checkpoint` (taken over `rootfs`) as sandbox `id` in network
-    /// slot `slot_index`, and wait for its execd.
+    /// Restore the checkpoint in `checkpoint` (taken over `rootfs`) as sandbox `id` in the
+    /// network slot of `source`, and wait for its execd.
     pub fn restore(
         &self,
         criu: &Criu,
         checkpoint: &Path,
         rootfs: &Path,
         execd_store: &Path,
-        slot_index: u32,
+        source: SlotSource,
         opts: &StartOptions,
     ) -> Result<LocalSandbox, HostError> {
-        self.in_new_slot(slot_index, opts, |slot| {
+        self.in_slot(source, opts, |slot, layer_ready| {
             let dir = crate::agent::sandbox_dir(&self.data_dir, &opts.id);
             let target = RestoreTarget {
                 id: &opts.id,
@@ -201,33 +247,104 @@ impl LocalHost {
                     .unwrap_or(fastbox_runtime::spec::DEFAULT_DISK_BYTES),
                 execd_store,
                 tcp_close: true,
+                layer_ready,
             };
-            Ok(fastbox_runtime::checkpoint::restore(
-                criu,
-                &self.cgroups,
-                checkpoint,
-                &target,
-            )?)
+            let (handle, took) =
+                fastbox_runtime::checkpoint::restore(criu, &self.cgroups, checkpoint, &target)?;
+            let mut phases = Phases::default();
+            phases.push("rootfs", took.rootfs);
+            phases.push("cgroup", took.cgroup);
+            phases.push("criu", took.criu);
+            Ok((handle, phases))
         })
     }
 
-    /// Create network slot `index`, run `place` to put a sandbox into it, wait for its execd;
-    /// the slot is removed again when placing fails.
-    fn in_new_slot(
-        &self,
-        index: u32,
-        opts: &StartOptions,
-        place: impl FnOnce(&NetSlot) -> Result<SandboxHandle, HostError>,
-    ) -> Result<LocalSandbox, HostError> {
+    /// Make a spare: network slot `index` without a way out, and an empty writable layer of
+    /// the default disk size. Nothing is left behind when it fails.
+    pub fn make_spare(&self, index: u32) -> Result<Spare, HostError> {
         let slot = self.network.create_slot(index)?;
-        if opts.deny_egress
-            && let Err(e) = self.network.deny_egress(&slot)
-        {
-            let _ = self.network.destroy_slot(&slot);
-            return Err(e.into());
+        let dir = crate::agent::sandbox_dir(&self.data_dir, &format!("{SPARE_ID_PREFIX}{index}"));
+        let made = self
+            .network
+            .deny_egress(&slot)
+            .map_err(HostError::from)
+            .and_then(|()| {
+                fastbox_runtime::rootfs::Rootfs::create_layer(
+                    &dir,
+                    fastbox_runtime::spec::DEFAULT_DISK_BYTES,
+                )
+                .map_err(HostError::from)
+            });
+        let spare = Spare { index, slot, dir };
+        match made {
+            Ok(_) => Ok(spare),
+            Err(e) => {
+                let _ = self.destroy_spare(&spare);
+                Err(e)
+            }
         }
-        match place(&slot) {
-            Ok(handle) => self.ready(handle, slot, opts),
+    }
+
+    /// Remove a spare that was not used: its layer, directory and network slot.
+    pub fn destroy_spare(&self, spare: &Spare) -> Result<(), HostError> {
+        fastbox_runtime::rootfs::Rootfs::at(&spare.dir).destroy()?;
+        match std::fs::remove_dir_all(&spare.dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(HostError::Spare {
+                    index: spare.index,
+                    what: "remove",
+                    path: spare.dir.clone(),
+                    source: e,
+                });
+            }
+            _ => {}
+        }
+        self.network.destroy_slot(&spare.slot)?;
+        Ok(())
+    }
+
+    /// Get the network slot of `source` (making it, or taking over a spare and moving its
+    /// layer to the sandbox's directory), run `place` to put a sandbox into it (told whether
+    /// the writable layer is already there), and wait for its execd. The slot is removed
+    /// again when this fails.
+    fn in_slot(
+        &self,
+        source: SlotSource,
+        opts: &StartOptions,
+        place: impl FnOnce(&NetSlot, bool) -> Result<(SandboxHandle, Phases), HostError>,
+    ) -> Result<LocalSandbox, HostError> {
+        let mut clock = LapClock::start();
+        let (slot, layer_ready) = match source {
+            SlotSource::Fresh(index) => {
+                let slot = self.network.create_slot(index)?;
+                if opts.deny_egress
+                    && let Err(e) = self.network.deny_egress(&slot)
+                {
+                    let _ = self.network.destroy_slot(&slot);
+                    return Err(e.into());
+                }
+                (slot, false)
+            }
+            SlotSource::Spare(spare) => {
+                let to = crate::agent::sandbox_dir(&self.data_dir, &opts.id);
+                if let Err(source) = std::fs::rename(&spare.dir, &to) {
+                    let _ = self.destroy_spare(&spare);
+                    return Err(HostError::Spare {
+                        index: spare.index,
+                        what: "move to",
+                        path: to,
+                        source,
+                    });
+                }
+                (spare.slot, true)
+            }
+        };
+        clock.lap("slot");
+        match place(&slot, layer_ready) {
+            Ok((handle, placed)) => {
+                clock.laps(&placed);
+                self.ready(handle, slot, opts, clock)
+            }
             Err(e) => {
                 let _ = self.network.destroy_slot(&slot);
                 Err(e)
@@ -241,6 +358,7 @@ impl LocalHost {
         handle: SandboxHandle,
         slot: NetSlot,
         opts: &StartOptions,
+        mut clock: LapClock,
     ) -> Result<LocalSandbox, HostError> {
         let execd = ExecdClient::new(
             format!("http://{}:{EXECD_PORT}", slot.address),
@@ -250,7 +368,7 @@ impl LocalHost {
             handle,
             slot,
             execd,
-            ready_after: Duration::ZERO,
+            phases: Phases::default(),
         };
         let ready = if opts.probe_without_token {
             sandbox.execd.wait_serving(Duration::from_secs(20))
@@ -258,10 +376,13 @@ impl LocalHost {
             sandbox.execd.wait_ready(Duration::from_secs(20))
         };
         match ready {
-            Ok(after) => Ok(LocalSandbox {
-                ready_after: after,
-                ..sandbox
-            }),
+            Ok(_) => {
+                clock.lap("ready");
+                Ok(LocalSandbox {
+                    phases: clock.finish(),
+                    ..sandbox
+                })
+            }
             Err(e) => {
                 let _ = self.destroy(&sandbox);
                 Err(e.into())

@@ -8,8 +8,10 @@ pub mod blocking;
 pub mod execd_client;
 pub mod host;
 pub mod node_proxy;
+pub mod phases;
 pub mod pool;
 pub mod slots;
+pub mod spares;
 pub mod template;
 
 pub use agent::{

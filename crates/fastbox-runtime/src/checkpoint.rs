@@ -6,6 +6,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -109,6 +110,20 @@ pub struct RestoreTarget<'a> {
     pub execd_store: &'a Path,
     /// Close established TCP connections (a clone) instead of restoring them.
     pub tcp_close: bool,
+    /// `dir` already holds a mounted writable layer of `disk_bytes`
+    /// ([`Rootfs::create_layer`], a spare made ahead of demand): only the overlay is mounted.
+    pub layer_ready: bool,
+}
+
+/// How long the parts of one restore took.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RestoreTimings {
+    /// Writable layer and overlay mounted.
+    pub rootfs: Duration,
+    /// Cgroup created with its limits.
+    pub cgroup: Duration,
+    /// The `criu restore` run, from spawn to exit.
+    pub criu: Duration,
 }
 
 /// Restore the checkpoint at `checkpoint` as a new sandbox.
@@ -117,7 +132,7 @@ pub fn restore(
     cgroups: &CgroupRoot,
     checkpoint: &Path,
     target: &RestoreTarget<'_>,
-) -> Result<SandboxHandle, CheckpointError> {
+) -> Result<(SandboxHandle, RestoreTimings), CheckpointError> {
     let id = target.id.to_string();
     let meta: CheckpointMeta = fs::read(checkpoint.join("checkpoint.json"))
         .ok()
@@ -132,18 +147,24 @@ pub fn restore(
     // checkpoint is restored many times, concurrently, without copies.
     let images = images_dir(checkpoint);
     let work_dir = target.dir.join("criu-work");
-    let clock = std::time::Instant::now();
-    let rootfs = Rootfs::create(
-        target.dir,
-        target.lower,
-        target.disk_bytes,
-        Some(&upper_dir(checkpoint)),
-    )
-    .map_err(|source| CheckpointError::Rootfs {
-        id: id.clone(),
-        source,
+    let mut timings = RestoreTimings::default();
+    let clock = Instant::now();
+    let seed = upper_dir(checkpoint);
+    let rootfs = if target.layer_ready {
+        Rootfs::mount_over(target.dir, target.lower, Some(&seed))
+    } else {
+        Rootfs::create(target.dir, target.lower, target.disk_bytes, Some(&seed))
+    }
+    .map_err(|source| {
+        // Whatever part was made (a spare's layer included) goes with the failed restore.
+        let _ = Rootfs::at(target.dir).destroy();
+        let _ = fs::remove_dir_all(target.dir);
+        CheckpointError::Rootfs {
+            id: id.clone(),
+            source,
+        }
     })?;
-    let rootfs_ms = clock.elapsed().as_millis() as u64;
+    timings.rootfs = clock.elapsed();
     let result = fs::create_dir_all(&work_dir)
         .map_err(|source| CheckpointError::Io {
             id: id.clone(),
@@ -152,35 +173,40 @@ pub fn restore(
             source,
         })
         .and_then(|()| {
+            let clock = Instant::now();
             let cgroup = Cgroup::create(cgroups, target.prefix, target.id, target.limits).map_err(
                 |source| CheckpointError::Cgroup {
                     id: id.clone(),
                     source,
                 },
             )?;
-            criu.restore(&RestoreRequest {
-                images: &images,
-                work_dir: &work_dir,
-                root: &rootfs.root,
-                netns: target.netns,
-                execd_host: &execd.path,
-                cgroup_procs: cgroup.procs_files(),
-                tcp_close: target.tcp_close,
-            })
-            .map_err(|source| {
-                let _ = cgroup.kill_all();
-                let _ = cgroup.remove();
-                CheckpointError::Criu {
-                    id: id.clone(),
-                    source,
-                }
-            })
+            timings.cgroup = clock.elapsed();
+            let clock = Instant::now();
+            let restored = criu
+                .restore(&RestoreRequest {
+                    images: &images,
+                    work_dir: &work_dir,
+                    root: &rootfs.root,
+                    netns: target.netns,
+                    execd_host: &execd.path,
+                    cgroup_procs: cgroup.procs_files(),
+                    tcp_close: target.tcp_close,
+                })
+                .map_err(|source| {
+                    let _ = cgroup.kill_all();
+                    let _ = cgroup.remove();
+                    CheckpointError::Criu {
+                        id: id.clone(),
+                        source,
+                    }
+                });
+            timings.criu = clock.elapsed();
+            restored
         });
     match result {
         Ok(init_pid) => {
             let _ = fs::remove_dir_all(&work_dir);
-            tracing::debug!(sandbox = %id, rootfs_ms, criu_ms = clock.elapsed().as_millis() as u64 - rootfs_ms, "restored");
-            Ok(SandboxHandle {
+            let handle = SandboxHandle {
                 id,
                 prefix: target.prefix.to_string(),
                 init_pid,
@@ -188,7 +214,8 @@ pub fn restore(
                 dir: target.dir.to_path_buf(),
                 execd_digest: meta.execd_digest,
                 netns: target.netns.to_path_buf(),
-            })
+            };
+            Ok((handle, timings))
         }
         Err(e) => {
             let _ = rootfs.destroy();

@@ -67,6 +67,14 @@ impl Rootfs {
         if !lower.is_dir() {
             return Err(RootfsError::MissingLower(lower.to_path_buf()));
         }
+        Self::create_layer(dir, disk_bytes)?;
+        Self::mount_over(dir, lower, seed_upper)
+    }
+
+    /// Only the writable layer of `dir`: a sparse ext4 image of `disk_bytes`, mounted, with
+    /// an empty upper and work directory. The slow half of [`Rootfs::create`], done ahead of
+    /// demand for spare slots; [`Rootfs::mount_over`] finishes it.
+    pub fn create_layer(dir: &Path, disk_bytes: u64) -> Result<Self, RootfsError> {
         let this = Self::at(dir);
         create_dir(dir)?;
         let image = fs::File::create(&this.layer_image).map_err(io("create", &this.layer_image))?;
@@ -83,18 +91,36 @@ impl Rootfs {
             .args(["-o", "loop,noatime"])
             .arg(&this.layer_image)
             .arg(&this.layer_mount))?;
-        let work = this.layer_mount.join("work");
-        create_dir(&work)?;
-        match seed_upper {
-            Some(seed) => run(Command::new("cp").arg("-a").arg(seed).arg(&this.upper))?,
-            None => create_dir(&this.upper)?,
+        create_dir(&this.layer_mount.join("work"))?;
+        create_dir(&this.upper)?;
+        Ok(this)
+    }
+
+    /// Mount the overlay of `dir` over `lower`, on the writable layer made by
+    /// [`Rootfs::create_layer`], with the contents of `seed_upper` copied into its upper
+    /// layer first.
+    pub fn mount_over(
+        dir: &Path,
+        lower: &Path,
+        seed_upper: Option<&Path>,
+    ) -> Result<Self, RootfsError> {
+        if !lower.is_dir() {
+            return Err(RootfsError::MissingLower(lower.to_path_buf()));
+        }
+        let this = Self::at(dir);
+        if let Some(seed) = seed_upper {
+            // `seed/.` copies the contents into the existing (empty) upper directory.
+            run(Command::new("cp")
+                .arg("-a")
+                .arg(seed.join("."))
+                .arg(&this.upper))?;
         }
         create_dir(&this.root)?;
         let options = format!(
             "lowerdir={},upperdir={},workdir={}",
             lower.display(),
             this.upper.display(),
-            work.display()
+            this.layer_mount.join("work").display()
         );
         mount(
             Some("overlay"),

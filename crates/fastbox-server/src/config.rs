@@ -39,6 +39,8 @@ pub struct Settings {
     pub create_image_wait_ms: Option<u64>,
     /// Unclaimed sandboxes kept restored per template (0: no warm pool).
     pub pool_size: Option<usize>,
+    /// Network slots with an empty writable layer kept made ahead of demand (0: none).
+    pub spare_slots: Option<usize>,
 }
 
 impl Settings {
@@ -59,6 +61,7 @@ impl Settings {
             execd: self.execd.or(lower.execd),
             create_image_wait_ms: self.create_image_wait_ms.or(lower.create_image_wait_ms),
             pool_size: self.pool_size.or(lower.pool_size),
+            spare_slots: self.spare_slots.or(lower.spare_slots),
         }
     }
 
@@ -101,6 +104,10 @@ pub const DEFAULT_IMAGE: &str = "python:3.12";
 /// Warm sandboxes per template: enough for a small burst on a 2-core machine, each costing
 /// an idle execd (a few MiB) and a network slot.
 pub const DEFAULT_POOL_SIZE: usize = 4;
+/// Spare slots by default: enough for a burst of on-demand restores (10 concurrent creates
+/// with the pool off) on a small machine; each costs a network namespace, a veth pair and a
+/// loop-mounted sparse layer (a few MiB of disk).
+pub const DEFAULT_SPARE_SLOTS: usize = 8;
 
 /// The configuration in force, every default applied.
 #[derive(Debug, Clone)]
@@ -119,6 +126,8 @@ pub struct ServerConfig {
     pub execd: Option<PathBuf>,
     /// Unclaimed sandboxes kept restored per template.
     pub pool_size: usize,
+    /// Spare slots (network slot + empty writable layer) kept made ahead of demand.
+    pub spare_slots: usize,
     /// How long a create waits for its image before answering `Pending` (an image that fails
     /// within this time is a 400).
     pub image_wait: Duration,
@@ -181,6 +190,7 @@ impl ServerConfig {
             retention: Duration::from_secs(settings.retention_seconds.unwrap_or(3_600)),
             execd: settings.execd,
             pool_size: settings.pool_size.unwrap_or(DEFAULT_POOL_SIZE),
+            spare_slots: settings.spare_slots.unwrap_or(DEFAULT_SPARE_SLOTS),
             image_wait: Duration::from_millis(settings.create_image_wait_ms.unwrap_or(1500)),
             create_wait: Duration::from_secs(20),
             reconcile_every: Duration::from_secs(2),

@@ -75,6 +75,7 @@ pub async fn run(
         execd_bin,
         criu,
         pool_size: cfg.pool_size,
+        spare_slots: cfg.spare_slots,
     };
     let fastlet =
         Arc::new(blocking::run("fastbox-node", move || Fastlet::start(fastlet_cfg)).await?);
@@ -83,12 +84,15 @@ pub async fn run(
     let claimed = lifecycle.runtime_ids();
     let stale = fastlet.purge_pool_leftovers(&claimed);
     if stale > 0 {
-        println!("fastbox: removed {stale} unclaimed pooled sandbox(es) of the previous run");
+        println!(
+            "fastbox: removed {stale} unclaimed pooled sandbox(es) and spare slot(s) of the previous run"
+        );
     }
     let stale_slots = fastlet.purge_stale_slots();
     if stale_slots > 0 {
         println!("fastbox: removed {stale_slots} network slot(s) that no sandbox held");
     }
+    fastlet.start_spares();
     fastlet.start_refill();
     if adopted + lost + restarted > 0 {
         println!(

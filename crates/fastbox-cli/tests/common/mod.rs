@@ -9,7 +9,7 @@ pub mod server;
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 
-use fastbox_cli::local_sandbox::{LocalHost, LocalSandbox, StartOptions};
+use fastbox_cli::local_sandbox::{LocalHost, LocalSandbox, SlotSource, StartOptions};
 use fastbox_runtime::criu::Criu;
 use fastbox_runtime::execd_binary::ExecdBinary;
 use fastbox_runtime::net::NetSlot;
@@ -104,7 +104,14 @@ impl Fixture {
         };
         let sb = self
             .host()
-            .restore(criu, checkpoint, &self.rootfs, self.dir.path(), slot, &opts)
+            .restore(
+                criu,
+                checkpoint,
+                &self.rootfs,
+                self.dir.path(),
+                SlotSource::Fresh(slot),
+                &opts,
+            )
             .expect("restore answers");
         self.track(&sb);
         sb
