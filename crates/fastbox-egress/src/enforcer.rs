@@ -24,7 +24,7 @@ use fastbox_runtime::net::{NetError, NetSlot, NetSys, RealNetSys, names};
 use crate::conntrack::{self, ConntrackError, Flow};
 use crate::learned::LearnedAddresses;
 use crate::nft;
-use crate::policy::{Action, EgressPolicy};
+use crate::policy::{Action, EgressPolicy, Mode};
 
 /// Destination port of DNS, which the instance table redirects to the forwarder whatever
 /// the policy.
@@ -140,6 +140,9 @@ struct SlotEntry {
 struct SlotState {
     policy: Option<EgressPolicy>,
     learned: LearnedAddresses,
+    /// The slot's chain, set and map element are in the table. An allow-all policy needs
+    /// none of them (the table's fixed denies and final accept are that policy).
+    installed: bool,
 }
 
 impl std::fmt::Debug for EgressEnforcer {
@@ -176,18 +179,47 @@ impl EgressEnforcer {
     /// `policy` still allows stay open; the rest are forgotten. See the module docs for what
     /// an error means.
     pub fn apply(&self, slot: &SlotRef, policy: &EgressPolicy) -> Result<(), EgressError> {
+        self.apply_with(slot, policy, true)
+    }
+
+    /// [`EgressEnforcer::apply`] for a slot whose sandbox could not reach anything before
+    /// (a new slot, or a pooled sandbox without a way out being claimed): there are no
+    /// connections to cut, so conntrack is not consulted. An allow-all policy on a slot
+    /// without installed rules costs no `nft` run at all.
+    pub fn apply_to_new(&self, slot: &SlotRef, policy: &EgressPolicy) -> Result<(), EgressError> {
+        self.apply_with(slot, policy, false)
+    }
+
+    fn apply_with(
+        &self,
+        slot: &SlotRef,
+        policy: &EgressPolicy,
+        cut: bool,
+    ) -> Result<(), EgressError> {
         self.check_slot(&slot.ifname)?;
         let entry = self.entry_for(slot)?;
         let mut state = lock(&entry.state);
         let now = Instant::now();
         let mut learned = state.learned.clone();
         let keep = learned.retain_allowed(now, policy);
-        let script = nft::apply_script(&self.table, &slot.ifname, policy, &keep);
-        self.nft(&slot.ifname, &script)?;
+        let allow_all = policy.mode() == Mode::AllowAll;
+        if allow_all {
+            if state.installed {
+                self.nft(&slot.ifname, &nft::remove_script(&self.table, &slot.ifname))?;
+            }
+        } else {
+            let script = nft::apply_script(&self.table, &slot.ifname, policy, &keep);
+            self.nft(&slot.ifname, &script)?;
+        }
+        state.installed = !allow_all;
         state.policy = Some(policy.clone());
         state.learned = learned;
         tracing::debug!(slot = %slot.ifname, mode = %policy.mode(), rules = policy.rules().len(), learned = keep.len(), "egress policy applied");
-        self.cut_denied_connections(slot, &state)
+        if cut && !allow_all {
+            self.cut_denied_connections(slot, &state)
+        } else {
+            Ok(())
+        }
     }
 
     /// Removes the slot's policy: its chain, set and map element, and its DNS registration.
@@ -204,8 +236,10 @@ impl EgressEnforcer {
             }
         };
         // Wait for an apply or a DNS answer in progress on the slot.
-        let _state = entry.as_ref().map(|e| lock(&e.state));
-        self.nft(&slot.ifname, &nft::remove_script(&self.table, &slot.ifname))?;
+        let state = entry.as_ref().map(|e| lock(&e.state));
+        if state.as_ref().is_none_or(|s| s.installed) {
+            self.nft(&slot.ifname, &nft::remove_script(&self.table, &slot.ifname))?;
+        }
         tracing::debug!(slot = %slot.ifname, "egress policy removed");
         Ok(())
     }
@@ -360,6 +394,10 @@ impl DnsHook for EgressEnforcer {
                 ifname: entry.ifname.clone(),
                 source,
             })?;
+        if !state.installed {
+            // Allow-all: no set to write; the addresses are remembered for a later policy.
+            return Ok(());
+        }
         let script = nft::learn_script(&self.table, &entry.ifname, &writes);
         if let Err(e) = self.nft(&entry.ifname, &script) {
             state.learned.unwritten(now, &writes);

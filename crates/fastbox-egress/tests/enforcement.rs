@@ -171,8 +171,8 @@ fn enforcement_lifecycle_on_the_real_table() {
         .unwrap_err();
     assert!(matches!(err, EgressError::AddressInUse { .. }), "{err}");
 
-    // Fail closed: without the instance table, apply fails, and the slot stays without a
-    // policy: its DNS is refused.
+    // Fail closed: without the instance table, apply of a policy that needs rules fails,
+    // and the slot stays without a policy: its DNS is refused. (Allow-all needs no rules.)
     let orphan_prefix = "fbzq0x9y";
     let orphan = Arc::new(EgressEnforcer::try_new(orphan_prefix).unwrap());
     let orphan_slot = SlotRef {
@@ -180,7 +180,7 @@ fn enforcement_lifecycle_on_the_real_table() {
         address: Ipv4Addr::new(10, 219, 0, 1),
     };
     let err = orphan
-        .apply(&orphan_slot, &EgressPolicy::allow_all())
+        .apply(&orphan_slot, &EgressPolicy::deny_all())
         .unwrap_err();
     assert!(matches!(err, EgressError::Nft { .. }), "{err}");
     assert_eq!(orphan.policy(orphan_slot.address), None);

@@ -96,6 +96,8 @@ pub fn table_text(cfg: &NetConfig) -> String {
 		ip daddr {LINK_LOCAL} drop
 		fib daddr type {{ local, broadcast, multicast }} drop
 		meta nfproto ipv6 drop
+		# DNS over TLS: names are resolved through the forwarder, whatever the policy.
+		meta l4proto {{ tcp, udp }} th dport 853 drop
 		iifname vmap @{SLOT_EGRESS_MAP}
 		accept
 	}}
@@ -156,6 +158,7 @@ mod tests {
         assert!(pos("oifname \"fbx1-*\" drop") < pos("vmap @slot_egress"));
         assert!(pos("169.254.0.0/16 drop") < pos("vmap @slot_egress"));
         assert!(pos("fib daddr type") < pos("vmap @slot_egress"));
+        assert!(pos("th dport 853 drop") < pos("vmap @slot_egress"));
         assert!(pos("vmap @slot_egress") < pos("\t\taccept\n"));
     }
 
