@@ -117,6 +117,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         execd_token: None,
         deny_egress: false,
         probe_without_token: false,
+        policy: None,
     };
     let started = Instant::now();
     let result = host

@@ -237,7 +237,7 @@ impl EgressEnforcer {
         };
         // Wait for an apply or a DNS answer in progress on the slot.
         let state = entry.as_ref().map(|e| lock(&e.state));
-        if state.as_ref().is_none_or(|s| s.installed) {
+        if state.as_ref().is_some_and(|s| s.installed) {
             self.nft(&slot.ifname, &nft::remove_script(&self.table, &slot.ifname))?;
         }
         tracing::debug!(slot = %slot.ifname, "egress policy removed");

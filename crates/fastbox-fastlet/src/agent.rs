@@ -23,6 +23,7 @@ use crate::pool::{POOL_ID_PREFIX, POOL_SLOT_FILE, Pooled, WarmPools};
 use crate::slots::SlotTable;
 use crate::spares::SparePool;
 use crate::template::{self, BuildClock, BuildLocks, Template};
+use fastbox_egress::{EgressPolicy, SlotRef};
 
 /// What a fastlet needs to run.
 #[derive(Debug, Clone)]
@@ -69,6 +70,13 @@ pub enum FastletError {
     },
     #[error("sandbox {id} could not be removed: {source}")]
     Remove { id: String, source: Box<HostError> },
+    #[error("sandbox {0} does not run on this node")]
+    NotHere(String),
+    #[error("egress policy of sandbox {id}: {source}")]
+    Egress {
+        id: String,
+        source: Box<fastbox_egress::EgressError>,
+    },
 }
 
 /// Where a started sandbox lives on this node; the server records it durably so a restarted
@@ -116,13 +124,29 @@ pub struct PlaceRequest {
     pub disk_bytes: Option<u64>,
     /// The per-sandbox execd access token (`X-EXECD-ACCESS-TOKEN`).
     pub execd_token: String,
+    /// The per-sandbox token of its egress endpoint (`OPENSANDBOX-EGRESS-AUTH`, port 18080).
+    pub egress_token: String,
+    /// The egress policy, in force before the entrypoint starts.
+    pub policy: EgressPolicy,
+}
+
+/// The per-sandbox credentials of a sandbox's endpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxTokens {
+    /// `X-EXECD-ACCESS-TOKEN`.
+    pub execd: String,
+    /// `OPENSANDBOX-EGRESS-AUTH` (port 18080).
+    pub egress: String,
 }
 
 /// How the node proxy reaches a sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     pub address: Ipv4Addr,
+    /// The network slot (its egress policy is keyed by it).
+    pub slot: u32,
     pub execd_token: String,
+    pub egress_token: String,
 }
 
 pub struct Fastlet {
@@ -318,6 +342,8 @@ impl Fastlet {
             limits: req.limits,
             disk_bytes: req.disk_bytes,
             execd_token: Some(template.golden_token.clone()),
+            // No way out until `configure` installed the request's policy.
+            deny_egress: true,
             ..StartOptions::default()
         };
         let place_err = |source: HostError| FastletError::Place {
@@ -356,7 +382,7 @@ impl Fastlet {
             phases,
         };
         tracing::info!(sandbox = %req.id, slot, address = %sb.slot.address, phases = %report.summary(), "sandbox restored");
-        self.add_route(&req.id, sb.slot.address, &req.execd_token);
+        self.add_route(&req.id, index, sb.slot.address, req);
         Ok((
             Placement {
                 slot: index,
@@ -403,6 +429,14 @@ impl Fastlet {
         sandbox::set_identity(handle, &req.id, Some(&slot.resolv_conf()))
             .map_err(|e| place_err(e.into()))?;
         clock.lap("identity");
+        self.host
+            .egress
+            .apply_to_new(&SlotRef::from(slot), &req.policy)
+            .map_err(|source| FastletError::Egress {
+                id: req.id.clone(),
+                source: Box::new(source),
+            })?;
+        clock.lap("policy");
         let mut envs: Vec<(String, String)> = req
             .env
             .iter()
@@ -532,7 +566,7 @@ impl Fastlet {
             phases: clock.finish(),
         };
         tracing::info!(sandbox = %req.id, pooled = %placement.handle.id, slot = placement.slot, phases = %report.summary(), "sandbox claimed from the warm pool");
-        self.add_route(&req.id, placement.address, &req.execd_token);
+        self.add_route(&req.id, placement.slot, placement.address, req);
         Some(Ok((placement, report)))
     }
 
@@ -645,7 +679,7 @@ impl Fastlet {
             .collect();
         for &index in &stale {
             if let Ok(slot) = self.host.network.slot(index)
-                && let Err(e) = self.host.network.destroy_slot(&slot)
+                && let Err(e) = self.host.release_network(&slot)
             {
                 tracing::warn!(slot = index, error = %e, "could not remove a stale slot");
             }
@@ -686,7 +720,15 @@ impl Fastlet {
 
     /// After a restart: takes back a sandbox recorded as placed here. True when its processes
     /// are alive (it is routable again); false when they are gone (the caller removes it).
-    pub fn adopt(&self, id: &str, placement: &Placement, execd_token: &str) -> bool {
+    /// The instance's nft table was re-installed at start, so the egress policy is applied
+    /// again; a sandbox whose policy cannot be applied is not adopted (fail closed).
+    pub fn adopt(
+        &self,
+        id: &str,
+        placement: &Placement,
+        tokens: &SandboxTokens,
+        policy: &EgressPolicy,
+    ) -> bool {
         self.slots
             .lock()
             .expect("slot table lock")
@@ -694,7 +736,25 @@ impl Fastlet {
         if !placement.handle.is_running() {
             return false;
         }
-        self.add_route(id, placement.address, execd_token);
+        let applied = self
+            .host
+            .network
+            .slot(placement.slot)
+            .map_err(HostError::from)
+            .and_then(|slot| Ok(self.host.egress.apply(&SlotRef::from(&slot), policy)?));
+        if let Err(e) = applied {
+            tracing::warn!(sandbox = %id, error = %e, "could not re-apply the egress policy");
+            return false;
+        }
+        self.insert_route(
+            id,
+            Route {
+                address: placement.address,
+                slot: placement.slot,
+                execd_token: tokens.execd.clone(),
+                egress_token: tokens.egress.clone(),
+            },
+        );
         true
     }
 
@@ -734,7 +794,7 @@ impl Fastlet {
             .and_then(|()| match slot {
                 Some(index) => {
                     let net = self.host.network.slot(index)?;
-                    self.host.network.destroy_slot(&net)?;
+                    self.host.release_network(&net)?;
                     Ok(())
                 }
                 None => Ok(()),
@@ -762,14 +822,52 @@ impl Fastlet {
         SandboxHandle::unstarted(id, &self.cfg.prefix, sandbox_dir(&self.cfg.data_dir, id))
     }
 
-    fn add_route(&self, id: &str, address: Ipv4Addr, token: &str) {
-        self.routes.write().expect("routes lock").insert(
-            id.to_string(),
+    fn add_route(&self, id: &str, slot: u32, address: Ipv4Addr, req: &PlaceRequest) {
+        self.insert_route(
+            id,
             Route {
                 address,
-                execd_token: token.to_string(),
+                slot,
+                execd_token: req.execd_token.clone(),
+                egress_token: req.egress_token.clone(),
             },
         );
+    }
+
+    fn insert_route(&self, id: &str, route: Route) {
+        self.routes
+            .write()
+            .expect("routes lock")
+            .insert(id.to_string(), route);
+    }
+
+    /// The egress policy in force for sandbox `id` of this node.
+    pub fn egress_policy(&self, id: &str) -> Option<EgressPolicy> {
+        let route = self.route(id)?;
+        self.host.egress.policy(route.address)
+    }
+
+    /// Changes the egress policy of running sandbox `id` live: the new rules are in force
+    /// when this returns, and open connections the new policy denies are cut.
+    pub fn set_egress_policy(&self, id: &str, policy: &EgressPolicy) -> Result<(), FastletError> {
+        let route = self
+            .route(id)
+            .ok_or_else(|| FastletError::NotHere(id.to_string()))?;
+        let slot = self
+            .host
+            .network
+            .slot(route.slot)
+            .map_err(|e| FastletError::Place {
+                id: id.to_string(),
+                source: Box::new(e.into()),
+            })?;
+        self.host
+            .egress
+            .apply(&SlotRef::from(&slot), policy)
+            .map_err(|source| FastletError::Egress {
+                id: id.to_string(),
+                source: Box::new(source),
+            })
     }
 
     /// The route to a running sandbox of this node.

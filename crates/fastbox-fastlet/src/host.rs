@@ -17,6 +17,8 @@ use fastbox_runtime::spec::{EXECD_PORT, SandboxSpec};
 
 use crate::execd_client::{ExecdClient, ExecdClientError};
 use crate::phases::{LapClock, Phases};
+use fastbox_egress::{EgressEnforcer, EgressPolicy, SlotRef};
+use std::sync::Arc;
 
 /// The limits execd reports in `/metrics` (the sandbox cannot read its cgroup on every host).
 pub fn announced_limits(limits: &CgroupLimits) -> Vec<(String, String)> {
@@ -48,6 +50,8 @@ pub enum HostError {
     Checkpoint(#[from] fastbox_runtime::checkpoint::CheckpointError),
     #[error(transparent)]
     Execd(#[from] ExecdClientError),
+    #[error("egress policy: {0}")]
+    Egress(#[from] fastbox_egress::EgressError),
     #[error("writable layer: {0}")]
     Rootfs(#[from] fastbox_runtime::rootfs::RootfsError),
     #[error("spare slot {index}: {what} {path}: {source}")]
@@ -97,6 +101,8 @@ pub struct LocalHost {
     pub helper: PathBuf,
     pub cgroups: CgroupRoot,
     pub network: HostNetwork,
+    /// Per-slot egress policy (nftables) and the DNS forwarder's name policy.
+    pub egress: Arc<EgressEnforcer>,
     dns: DnsForwarder,
 }
 
@@ -109,8 +115,12 @@ pub struct StartOptions {
     pub env: Vec<String>,
     pub entrypoint: Vec<String>,
     pub execd_token: Option<String>,
-    /// Start without a way out of the slot (pooled sandboxes, until claimed).
+    /// Start without a way out of the slot and without an egress policy (its DNS is refused):
+    /// pooled sandboxes and restores, until claimed or configured.
     pub deny_egress: bool,
+    /// The egress policy of a start with a way out (`None`: allow all), in force before the
+    /// sandbox runs.
+    pub policy: Option<EgressPolicy>,
     /// Wait for execd without sending it the token (template starts: see
     /// [`ExecdClient::wait_serving`]).
     pub probe_without_token: bool,
@@ -135,7 +145,10 @@ impl LocalHost {
         pool: Ipv4Pool,
     ) -> Result<Self, HostError> {
         let cgroups = CgroupRoot::detect()?;
-        let dns = DnsForwarder::start(DnsForwarderConfig::new(system_upstreams()?))?;
+        let egress = Arc::new(EgressEnforcer::try_new(prefix)?);
+        let dns = DnsForwarder::start(
+            DnsForwarderConfig::new(system_upstreams()?).with_hook(egress.clone()),
+        )?;
         let cfg = NetConfig {
             prefix: prefix.to_string(),
             pool,
@@ -148,6 +161,7 @@ impl LocalHost {
             helper: helper.to_path_buf(),
             cgroups,
             network,
+            egress,
             dns,
         })
     }
@@ -299,8 +313,7 @@ impl LocalHost {
             }
             _ => {}
         }
-        self.network.destroy_slot(&spare.slot)?;
-        Ok(())
+        self.release_network(&spare.slot)
     }
 
     /// Get the network slot of `source` (making it, or taking over a spare and moving its
@@ -317,11 +330,17 @@ impl LocalHost {
         let (slot, layer_ready) = match source {
             SlotSource::Fresh(index) => {
                 let slot = self.network.create_slot(index)?;
-                if opts.deny_egress
-                    && let Err(e) = self.network.deny_egress(&slot)
-                {
-                    let _ = self.network.destroy_slot(&slot);
-                    return Err(e.into());
+                let closed = if opts.deny_egress {
+                    self.network.deny_egress(&slot).map_err(HostError::from)
+                } else {
+                    let policy = opts.policy.clone().unwrap_or_default();
+                    self.egress
+                        .apply_to_new(&SlotRef::from(&slot), &policy)
+                        .map_err(HostError::from)
+                };
+                if let Err(e) = closed {
+                    let _ = self.release_network(&slot);
+                    return Err(e);
                 }
                 (slot, false)
             }
@@ -346,10 +365,18 @@ impl LocalHost {
                 self.ready(handle, slot, opts, clock)
             }
             Err(e) => {
-                let _ = self.network.destroy_slot(&slot);
+                let _ = self.release_network(&slot);
                 Err(e)
             }
         }
+    }
+
+    /// Forget the slot's egress policy (a later occupant of the slot starts without one) and
+    /// remove the slot.
+    pub fn release_network(&self, slot: &NetSlot) -> Result<(), HostError> {
+        self.egress.remove(&SlotRef::from(slot))?;
+        self.network.destroy_slot(slot)?;
+        Ok(())
     }
 
     /// Wrap a started sandbox, wait for its execd, and tear it down if it never answers.
@@ -393,7 +420,7 @@ impl LocalHost {
     /// Kill and remove a sandbox and its slot.
     pub fn destroy(&self, sandbox: &LocalSandbox) -> Result<(), HostError> {
         sandbox::destroy(&sandbox.handle, &self.cgroups)?;
-        self.network.destroy_slot(&sandbox.slot)?;
+        self.release_network(&sandbox.slot)?;
         Ok(())
     }
 

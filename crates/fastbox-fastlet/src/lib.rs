@@ -15,5 +15,6 @@ pub mod spares;
 pub mod template;
 
 pub use agent::{
-    Fastlet, FastletConfig, FastletError, PlaceRequest, Placement, RemoveReport, Route, StartReport,
+    Fastlet, FastletConfig, FastletError, PlaceRequest, Placement, RemoveReport, Route,
+    SandboxTokens, StartReport,
 };

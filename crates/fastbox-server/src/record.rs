@@ -2,8 +2,11 @@
 //! runs, and its lifecycle events. Persisted as JSON in the state store.
 
 use chrono::{DateTime, Utc};
-use fastbox_api::lifecycle::{ImageSpec, Sandbox, SandboxState, SandboxStatus, StringMap};
-use fastbox_fastlet::Placement;
+use fastbox_api::lifecycle::{
+    ImageSpec, NetworkPolicy, Sandbox, SandboxState, SandboxStatus, StringMap,
+};
+use fastbox_egress::EgressPolicy;
+use fastbox_fastlet::{Placement, SandboxTokens};
 use serde::{Deserialize, Serialize};
 
 /// At most this many events are kept per sandbox (the oldest go first).
@@ -34,6 +37,12 @@ pub struct SandboxRecord {
     /// The template (templates API) it was created from, if any.
     #[serde(default)]
     pub template_id: Option<String>,
+    /// The egress policy in force, canonical (`None`: allow all).
+    #[serde(default)]
+    pub network_policy: Option<NetworkPolicy>,
+    /// `OPENSANDBOX-EGRESS-AUTH` of the egress endpoint (port 18080).
+    #[serde(default)]
+    pub egress_token: String,
 }
 
 /// One lifecycle event (`GET .../diagnostics/events`).
@@ -47,6 +56,21 @@ pub struct Event {
 impl SandboxRecord {
     pub fn state(&self) -> SandboxState {
         self.status.state
+    }
+
+    /// The recorded egress policy. Records hold only validated policies; one that no longer
+    /// parses (a newer server's) denies everything rather than allowing it.
+    pub fn policy(&self) -> EgressPolicy {
+        EgressPolicy::from_wire(self.network_policy.as_ref())
+            .unwrap_or_else(|_| EgressPolicy::deny_all())
+    }
+
+    /// The credentials of its endpoints.
+    pub fn tokens(&self) -> SandboxTokens {
+        SandboxTokens {
+            execd: self.execd_token.clone(),
+            egress: self.egress_token.clone(),
+        }
     }
 
     /// Moves to `state` with an optional reason and message, and records the event.
@@ -151,6 +175,8 @@ pub(crate) mod tests {
             placement: None,
             events: vec![],
             template_id: None,
+            network_policy: None,
+            egress_token: "e".into(),
         }
     }
 

@@ -75,6 +75,8 @@ fn measure(fastlet: &Fastlet, run: &Run, image: &ResolvedImage) -> anyhow::Resul
             limits: Default::default(),
             disk_bytes: None,
             execd_token: format!("{:032x}", rand::random::<u128>()),
+            egress_token: String::new(),
+            policy: Default::default(),
         };
         let slot = fastlet.reserve_slot()?;
         let start = Instant::now();

@@ -131,6 +131,8 @@ impl Lifecycle {
             limits: plan.limits,
             disk_bytes: plan.disk_bytes,
             execd_token: record.execd_token.clone(),
+            egress_token: record.egress_token.clone(),
+            policy: plan.policy.clone(),
         };
         let fastlet = self.fastlet.clone();
         let use_pool = plan
@@ -324,7 +326,10 @@ impl Lifecycle {
             let id = record.id.clone();
             match (record.state(), &record.placement) {
                 (SandboxState::Running, Some(p)) => {
-                    if self.fastlet.adopt(&id, p, &record.execd_token) {
+                    if self
+                        .fastlet
+                        .adopt(&id, p, &record.tokens(), &record.policy())
+                    {
                         adopted += 1;
                         let _ = self.update(&id, |r| {
                             r.event("Adopted", "re-adopted after a server restart");
@@ -382,6 +387,7 @@ impl Lifecycle {
                 timeout_secs: None,
                 extensions: record.extensions.clone(),
                 template_id: record.template_id.clone(),
+                policy: record.policy(),
             });
             match (cleaned, plan) {
                 (Ok(_), Ok(plan)) => {

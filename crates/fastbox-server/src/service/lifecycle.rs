@@ -226,6 +226,9 @@ impl Lifecycle {
             placement: None,
             events: Vec::new(),
             template_id: plan.template_id.clone(),
+            network_policy: (plan.policy.mode() != fastbox_egress::Mode::AllowAll)
+                .then(|| plan.policy.to_wire()),
+            egress_token: random_token(),
         };
         record.event(
             "Created",

@@ -7,6 +7,8 @@ use fastbox_api::templates::Template;
 use fastbox_runtime::cgroup::{CgroupLimits, MIN_CPU_MILLIS};
 use fastbox_runtime::spec::DEFAULT_PIDS;
 
+use fastbox_egress::EgressPolicy;
+
 use crate::error::ApiError;
 
 /// Shortest `timeout` the API accepts, in seconds.
@@ -29,6 +31,8 @@ pub struct CreatePlan {
     pub extensions: Option<StringMap>,
     /// The template (templates API) the sandbox comes from; None: the image's own.
     pub template_id: Option<String>,
+    /// The egress policy (allow all when the request has none).
+    pub policy: EgressPolicy,
 }
 
 fn invalid(message: impl Into<String>) -> ApiError {
@@ -77,7 +81,7 @@ pub fn plan(req: CreateSandboxRequest, max_timeout_secs: u64) -> Result<CreatePl
         return Err(invalid("env values must not contain NUL"));
     }
     let metadata = metadata_of(req.metadata)?;
-    policy_of(req.network_policy.as_ref())?;
+    let policy = policy_of(req.network_policy.as_ref())?;
     if req.secure_access == Some(true) {
         return Err(invalid("secureAccess is not supported by this server"));
     }
@@ -123,6 +127,7 @@ pub fn plan(req: CreateSandboxRequest, max_timeout_secs: u64) -> Result<CreatePl
         timeout_secs,
         extensions: req.extensions,
         template_id: None,
+        policy,
     })
 }
 
@@ -155,7 +160,7 @@ pub fn plan_from_template(
         .ok_or_else(|| invalid("timeout is required with templateId"))?;
     let resource_limits = template.resource_limits.clone().unwrap_or_default();
     let (limits, disk_bytes) = limits_of(&resource_limits)?;
-    policy_of(req.network_policy.as_ref())?;
+    let policy = policy_of(req.network_policy.as_ref())?;
     Ok(CreatePlan {
         image: ImageSpec {
             uri: template.image.clone(),
@@ -174,6 +179,7 @@ pub fn plan_from_template(
         timeout_secs: Some(timeout_secs),
         extensions: req.extensions,
         template_id: Some(template.template_id.clone()),
+        policy,
     })
 }
 
@@ -202,13 +208,11 @@ fn metadata_of(metadata: Option<StringMap>) -> Result<StringMap, ApiError> {
     Ok(metadata)
 }
 
-fn policy_of(policy: Option<&fastbox_api::lifecycle::NetworkPolicy>) -> Result<(), ApiError> {
-    match policy {
-        Some(p) if !p.is_allow_all() => Err(unsupported(
-            "networkPolicy: egress policies are not enforced by this server yet; omit it or use {} (allow all)",
-        )),
-        _ => Ok(()),
-    }
+/// The egress policy of a request (`docs/egress.md`); a bad one is a 400 naming the rule.
+pub fn policy_of(
+    policy: Option<&fastbox_api::lifecycle::NetworkPolicy>,
+) -> Result<EgressPolicy, ApiError> {
+    EgressPolicy::from_wire(policy).map_err(|e| invalid(format!("networkPolicy: {e}")))
 }
 
 fn host_arch() -> &'static str {
@@ -331,9 +335,9 @@ mod tests {
         ));
         assert!(matches!(
             err(&format!(
-                "{{{base},\"networkPolicy\":{{\"defaultAction\":\"deny\"}}}}"
+                "{{{base},\"networkPolicy\":{{\"egress\":[{{\"action\":\"allow\",\"target\":\"bad target!\"}}]}}}}"
             )),
-            ApiError::NotSupported(_)
+            ApiError::InvalidParameter(_)
         ));
         assert!(matches!(
             err(r#"{"snapshotId":"s"}"#),
