@@ -77,6 +77,10 @@ pub struct UpArgs {
     /// only mounts an overlay and runs CRIU; 0 makes each slot at its restore [default: 8].
     #[arg(long, env = "FASTBOX_SPARE_SLOTS")]
     pub spare_slots: Option<usize>,
+    /// DNS server (`address:port`, repeatable) that sandboxes' allowed names are resolved
+    /// with [default: the host's resolvers from /etc/resolv.conf].
+    #[arg(long = "dns-upstream")]
+    pub dns_upstreams: Vec<std::net::SocketAddr>,
 }
 
 impl UpArgs {
@@ -101,6 +105,7 @@ impl UpArgs {
             create_image_wait_ms: self.create_image_wait_ms,
             pool_size: self.pool_size,
             spare_slots: self.spare_slots,
+            dns_upstreams: (!self.dns_upstreams.is_empty()).then(|| self.dns_upstreams.clone()),
         }
     }
 }

@@ -47,6 +47,9 @@ pub struct FastletConfig {
     /// Spare slots (network slot + empty writable layer) kept made ahead of demand (0: none;
     /// every restore then makes its slot).
     pub spare_slots: usize,
+    /// Where the DNS forwarder sends the names a policy allows (`None`: the host's
+    /// resolvers from `/etc/resolv.conf`).
+    pub dns_upstreams: Option<Vec<std::net::SocketAddr>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -180,8 +183,17 @@ impl Fastlet {
                     message: e.to_string(),
                 }
             })?;
-        let host = LocalHost::try_new(&cfg.prefix, &cfg.data_dir, &cfg.helper, cfg.pool)
-            .map_err(|e| FastletError::Setup(Box::new(e)))?;
+        let host = match &cfg.dns_upstreams {
+            Some(upstreams) => LocalHost::with_upstreams(
+                &cfg.prefix,
+                &cfg.data_dir,
+                &cfg.helper,
+                cfg.pool,
+                upstreams.clone(),
+            ),
+            None => LocalHost::try_new(&cfg.prefix, &cfg.data_dir, &cfg.helper, cfg.pool),
+        }
+        .map_err(|e| FastletError::Setup(Box::new(e)))?;
         let slots = Mutex::new(SlotTable::new(cfg.pool.capacity()));
         let cfg_pool_size = cfg.pool_size;
         let spares = SparePool::new(cfg.spare_slots);

@@ -144,11 +144,22 @@ impl LocalHost {
         helper: &Path,
         pool: Ipv4Pool,
     ) -> Result<Self, HostError> {
+        Self::with_upstreams(prefix, data_dir, helper, pool, system_upstreams()?)
+    }
+
+    /// [`LocalHost::try_new`] whose DNS forwarder asks `upstreams` (instead of the host's
+    /// resolvers).
+    pub fn with_upstreams(
+        prefix: &str,
+        data_dir: &Path,
+        helper: &Path,
+        pool: Ipv4Pool,
+        upstreams: Vec<std::net::SocketAddr>,
+    ) -> Result<Self, HostError> {
         let cgroups = CgroupRoot::detect()?;
         let egress = Arc::new(EgressEnforcer::try_new(prefix)?);
-        let dns = DnsForwarder::start(
-            DnsForwarderConfig::new(system_upstreams()?).with_hook(egress.clone()),
-        )?;
+        let dns =
+            DnsForwarder::start(DnsForwarderConfig::new(upstreams).with_hook(egress.clone()))?;
         let cfg = NetConfig {
             prefix: prefix.to_string(),
             pool,

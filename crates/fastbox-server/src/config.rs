@@ -41,6 +41,8 @@ pub struct Settings {
     pub pool_size: Option<usize>,
     /// Network slots with an empty writable layer kept made ahead of demand (0: none).
     pub spare_slots: Option<usize>,
+    /// DNS servers (`address:port`) the forwarder asks for names a sandbox's policy allows.
+    pub dns_upstreams: Option<Vec<std::net::SocketAddr>>,
 }
 
 impl Settings {
@@ -62,6 +64,7 @@ impl Settings {
             create_image_wait_ms: self.create_image_wait_ms.or(lower.create_image_wait_ms),
             pool_size: self.pool_size.or(lower.pool_size),
             spare_slots: self.spare_slots.or(lower.spare_slots),
+            dns_upstreams: self.dns_upstreams.or(lower.dns_upstreams),
         }
     }
 
@@ -128,6 +131,8 @@ pub struct ServerConfig {
     pub pool_size: usize,
     /// Spare slots (network slot + empty writable layer) kept made ahead of demand.
     pub spare_slots: usize,
+    /// The DNS forwarder's upstreams (`None`: the host's resolvers).
+    pub dns_upstreams: Option<Vec<std::net::SocketAddr>>,
     /// How long a create waits for its image before answering `Pending` (an image that fails
     /// within this time is a 400).
     pub image_wait: Duration,
@@ -191,6 +196,7 @@ impl ServerConfig {
             execd: settings.execd,
             pool_size: settings.pool_size.unwrap_or(DEFAULT_POOL_SIZE),
             spare_slots: settings.spare_slots.unwrap_or(DEFAULT_SPARE_SLOTS),
+            dns_upstreams: settings.dns_upstreams,
             image_wait: Duration::from_millis(settings.create_image_wait_ms.unwrap_or(1500)),
             create_wait: Duration::from_secs(20),
             reconcile_every: Duration::from_secs(2),

@@ -76,6 +76,7 @@ pub async fn run(
         criu,
         pool_size: cfg.pool_size,
         spare_slots: cfg.spare_slots,
+        dns_upstreams: cfg.dns_upstreams.clone(),
     };
     let fastlet =
         Arc::new(blocking::run("fastbox-node", move || Fastlet::start(fastlet_cfg)).await?);

@@ -50,6 +50,7 @@ pub fn series(run: &Run, image: &ResolvedImage) -> anyhow::Result<Series> {
         criu: run.criu.clone(),
         pool_size: 0,
         spare_slots: run.spare_slots,
+        dns_upstreams: None,
     })?);
     fastlet.start_spares();
     let measured = measure(&fastlet, run, image);
