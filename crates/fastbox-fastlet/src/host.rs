@@ -280,6 +280,11 @@ impl LocalHost {
             phases.push("rootfs", took.rootfs);
             phases.push("cgroup", took.cgroup);
             phases.push("criu", took.criu);
+            if let Some(stats) = &took.criu_stats {
+                // Parts of `criu` (not added to the total): CRIU's own stats-restore.
+                phases.note("criu.forking", Duration::from_micros(stats.forking_time_us));
+                phases.note("criu.restore", Duration::from_micros(stats.restore_time_us));
+            }
             Ok((handle, phases))
         })
     }

@@ -116,7 +116,7 @@ pub struct RestoreTarget<'a> {
 }
 
 /// How long the parts of one restore took.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RestoreTimings {
     /// Writable layer and overlay mounted.
     pub rootfs: Duration,
@@ -124,6 +124,9 @@ pub struct RestoreTimings {
     pub cgroup: Duration,
     /// The `criu restore` run, from spawn to exit.
     pub criu: Duration,
+    /// CRIU's own account of it (`stats-restore`): forking and restoring the tree; the
+    /// rest of `criu` is CRIU starting, reading images and setting up namespaces.
+    pub criu_stats: Option<crate::criu_stats::RestoreStats>,
 }
 
 /// Restore the checkpoint at `checkpoint` as a new sandbox.
@@ -205,6 +208,7 @@ pub fn restore(
         });
     match result {
         Ok(init_pid) => {
+            timings.criu_stats = crate::criu_stats::read_restore_stats(&work_dir).ok();
             let _ = fs::remove_dir_all(&work_dir);
             let handle = SandboxHandle {
                 id,
