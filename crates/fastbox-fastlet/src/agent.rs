@@ -20,6 +20,7 @@ use crate::execd_client::ExecdClient;
 use crate::host::{HostError, LocalHost, SPARE_ID_PREFIX, SlotSource, StartOptions};
 use crate::phases::{LapClock, Phases};
 use crate::pool::{POOL_ID_PREFIX, POOL_SLOT_FILE, Pooled, WarmPools};
+use crate::reaper::{ReapJob, Reaper};
 use crate::slots::SlotTable;
 use crate::spares::SparePool;
 use crate::template::{self, BuildClock, BuildLocks, Template};
@@ -162,6 +163,7 @@ pub struct Fastlet {
     builds: BuildLocks,
     pools: WarmPools,
     spares: SparePool,
+    reaper: Reaper,
     /// Connection pool of execd clients (claims).
     http: reqwest::blocking::Client,
     /// Recent resolutions by reference (see [`Fastlet::resolve_image`]).
@@ -207,6 +209,7 @@ impl Fastlet {
             builds: BuildLocks::default(),
             pools: WarmPools::new(cfg_pool_size),
             spares,
+            reaper: Reaper::default(),
             resolved: Mutex::new(HashMap::new()),
             http: ExecdClient::http_client().map_err(|e| FastletError::Execd {
                 path: PathBuf::from("http client"),
@@ -708,6 +711,23 @@ impl Fastlet {
         let mut removed = 0;
         for entry in entries.flatten() {
             let id = entry.file_name().to_string_lossy().into_owned();
+            if let Some(slot) = ReapJob::slot_of(&id) {
+                // A teardown queued before the restart.
+                if let Some(index) = slot {
+                    self.claim_slot(index);
+                }
+                let job = ReapJob {
+                    dir: entry.path(),
+                    slot,
+                };
+                match self.reap(&job) {
+                    Ok(()) => removed += 1,
+                    Err(e) => {
+                        tracing::warn!(dir = %job.dir.display(), error = %e, "could not finish a teardown left by an earlier run")
+                    }
+                }
+                continue;
+            }
             let slot = if let Some(index) = id.strip_prefix(SPARE_ID_PREFIX) {
                 index.parse::<u32>().ok()
             } else if id.starts_with(POOL_ID_PREFIX) && !claimed.contains(&id) {
@@ -784,6 +804,8 @@ impl Fastlet {
     /// Kills sandbox `id` and removes its files, mounts, cgroup and slot, then frees the
     /// slot. Idempotent, and works from any point of a create: `placement` is `None` when
     /// the start never finished, then whatever exists under the sandbox's name is removed.
+    /// Once the processes are gone, the rest is queued to the reaper when it runs
+    /// ([`Fastlet::start_reaper`]; `total_ms` is then the time until queued).
     pub fn remove(
         &self,
         id: &str,
@@ -796,38 +818,88 @@ impl Fastlet {
             .map(|p| p.handle.clone())
             .unwrap_or_else(|| self.unstarted_handle(id));
         let slot = placement.map(|p| p.slot).or(slot);
-        let mut processes_gone_ms = 0;
-        let result = sandbox::stop_processes(&handle, &self.host.cgroups)
-            .and_then(|()| {
-                processes_gone_ms = clock.ms();
-                sandbox::destroy(&handle, &self.host.cgroups)
-            })
-            .map_err(HostError::from)
-            .and_then(|()| match slot {
-                Some(index) => {
-                    let net = self.host.network.slot(index)?;
-                    self.host.release_network(&net)?;
-                    Ok(())
-                }
-                None => Ok(()),
-            });
-        match result {
-            Ok(()) => {
-                if let Some(index) = slot {
-                    self.slots.lock().expect("slot table lock").release(index);
-                }
-                let report = RemoveReport {
-                    processes_gone_ms,
-                    total_ms: clock.ms(),
-                };
-                tracing::info!(sandbox = %id, processes_gone_ms, total_ms = report.total_ms, "sandbox removed");
-                Ok(report)
-            }
-            Err(source) => Err(FastletError::Remove {
-                id: id.to_string(),
-                source: Box::new(source),
-            }),
+        let remove_err = |source: HostError| FastletError::Remove {
+            id: id.to_string(),
+            source: Box::new(source),
+        };
+        sandbox::stop_processes(&handle, &self.host.cgroups).map_err(|e| remove_err(e.into()))?;
+        let processes_gone_ms = clock.ms();
+        let job = self.queue_teardown(&handle, slot).map_err(remove_err)?;
+        if let Some(job) = job {
+            self.reap(&job).map_err(remove_err)?;
         }
+        let report = RemoveReport {
+            processes_gone_ms,
+            total_ms: clock.ms(),
+        };
+        tracing::info!(sandbox = %id, processes_gone_ms, total_ms = report.total_ms, "sandbox removed");
+        Ok(report)
+    }
+
+    /// Moves the sandbox directory out of the way (`reap-<slot>-<id>`) and queues its
+    /// teardown; returns the job when no reaper runs (the caller reaps it now).
+    fn queue_teardown(
+        &self,
+        handle: &SandboxHandle,
+        slot: Option<u32>,
+    ) -> Result<Option<ReapJob>, HostError> {
+        let dir = self
+            .cfg
+            .data_dir
+            .join("sandboxes")
+            .join(ReapJob::dir_name(slot, &handle.id));
+        match std::fs::rename(&handle.dir, &dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(HostError::from(
+                    fastbox_runtime::sandbox::SandboxError::Io {
+                        id: handle.id.clone(),
+                        what: format!("move {} to {}", handle.dir.display(), dir.display()),
+                        source,
+                    },
+                ));
+            }
+        }
+        let job = ReapJob { dir, slot };
+        Ok((!self.reaper.queue(job.clone())).then_some(job))
+    }
+
+    /// Tears down what `job` names: the layers and files of the directory, the network
+    /// slot, then frees the slot index. A slot whose teardown failed stays taken (and is
+    /// logged), so it is never handed out half-removed.
+    fn reap(&self, job: &ReapJob) -> Result<(), HostError> {
+        let name = job
+            .dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let handle = SandboxHandle::unstarted(&name, &self.cfg.prefix, job.dir.clone());
+        sandbox::destroy(&handle, &self.host.cgroups)?;
+        if let Some(index) = job.slot {
+            let net = self.host.network.slot(index)?;
+            self.host.release_network(&net)?;
+            self.release_slot(index);
+        }
+        Ok(())
+    }
+
+    /// Starts the reaper thread: removals return once the processes are gone and the rest
+    /// is queued. [`Fastlet::drain_pools`] waits for the queue.
+    pub fn start_reaper(self: &std::sync::Arc<Self>) {
+        let this = std::sync::Arc::downgrade(self);
+        self.reaper.start(move |job| {
+            let Some(fastlet) = this.upgrade() else { return };
+            let clock = BuildClock::start();
+            match fastlet.reap(job) {
+                Ok(()) => {
+                    tracing::debug!(dir = %job.dir.display(), ms = clock.ms(), "teardown done")
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %job.dir.display(), error = %e, "teardown failed; the slot stays taken")
+                }
+            }
+        });
     }
 
     fn unstarted_handle(&self, id: &str) -> SandboxHandle {
@@ -891,6 +963,7 @@ impl Fastlet {
     /// nft table stay: they outlive the process.
     pub fn shutdown(self) {
         self.drain_pools();
+        self.reaper.stop();
         self.host.stop_services();
     }
 
@@ -905,6 +978,7 @@ impl Fastlet {
             }
             self.release_slot(spare.index);
         }
+        self.reaper.flush();
     }
 
     /// Starts the thread that keeps [`FastletConfig::spare_slots`] spares made. It stops

@@ -10,6 +10,7 @@ pub mod host;
 pub mod node_proxy;
 pub mod phases;
 pub mod pool;
+pub mod reaper;
 pub mod slots;
 pub mod spares;
 pub mod template;

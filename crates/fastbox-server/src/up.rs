@@ -93,6 +93,7 @@ pub async fn run(
     if stale_slots > 0 {
         println!("fastbox: removed {stale_slots} network slot(s) that no sandbox held");
     }
+    fastlet.start_reaper();
     fastlet.start_spares();
     fastlet.start_refill();
     if adopted + lost + restarted > 0 {
