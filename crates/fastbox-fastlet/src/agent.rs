@@ -535,6 +535,19 @@ impl Fastlet {
         self.pools.register(template);
     }
 
+    /// Memory of every unclaimed pooled sandbox (what an idle one costs), by runtime id.
+    pub fn pool_memory(&self) -> Vec<(String, crate::memory::MemoryUse)> {
+        self.pools
+            .ids()
+            .into_iter()
+            .filter_map(|id| {
+                crate::memory::sandbox_memory(&self.host.cgroups, &self.cfg.prefix, &id)
+                    .ok()
+                    .map(|m| (id, m))
+            })
+            .collect()
+    }
+
     /// Ready pooled sandboxes per template digest.
     pub fn pool_sizes(&self) -> HashMap<String, usize> {
         self.pools.sizes()

@@ -7,6 +7,7 @@ pub mod artifact;
 pub mod blocking;
 pub mod execd_client;
 pub mod host;
+pub mod memory;
 pub mod node_proxy;
 pub mod phases;
 pub mod pool;

@@ -104,6 +104,16 @@ impl WarmPools {
             .collect()
     }
 
+    /// Runtime ids of the ready (unclaimed) sandboxes.
+    pub fn ids(&self) -> Vec<String> {
+        self.lock()
+            .ready
+            .values()
+            .flatten()
+            .map(|p| p.placement.handle.id.clone())
+            .collect()
+    }
+
     /// Blocks until a template is short of sandboxes (returns it) or the pools stop (None).
     pub fn next_to_fill(&self) -> Option<Template> {
         let mut state = self.lock();
