@@ -92,7 +92,8 @@ pub struct CriuReport {
     /// Per restore, the side's wall time minus CRIU's `restore_time`: everything that is
     /// not the tree's restore proper (tool start-up, namespaces, cgroups, mounts, waiting).
     pub outside_restore_time_ms: Percentiles,
-    pub pages_restored_median: u64,
+    /// Null when the side's statistics carry no page counts.
+    pub pages_restored_median: Option<u64>,
 }
 
 impl CriuReport {
@@ -119,7 +120,7 @@ impl CriuReport {
             restore_time_ms,
             forking_time_ms,
             outside_restore_time_ms: outside,
-            pages_restored_median: pages[(pages.len() - 1) / 2],
+            pages_restored_median: Some(pages[(pages.len() - 1) / 2]).filter(|p| *p > 0),
         })
     }
 }
@@ -255,7 +256,7 @@ mod tests {
                 .map(|w| fastbox::Sample {
                     wall: ms(w),
                     phases: vec![("restore".into(), ms(w - 5)), ("configure".into(), ms(5))],
-                    criu: None,
+                    criu: (w == 30).then(|| stats(20, 4)).flatten(),
                     spare: w == 20,
                 })
                 .into(),
@@ -277,7 +278,11 @@ mod tests {
         assert_eq!(json["fastbox"]["restore_ms"]["p50_ms"], 25.0);
         assert_eq!(json["fastbox"]["restore_ms"]["n"], 3);
         assert_eq!(json["fastbox"]["phases_ms"]["configure"]["max_ms"], 5.0);
-        assert!(json["fastbox"]["criu"].is_null());
+        assert_eq!(json["fastbox"]["criu"]["n"], 1);
+        assert_eq!(
+            json["fastbox"]["criu"]["outside_restore_time_ms"]["p50_ms"],
+            10.0
+        );
         assert_eq!(json["fastbox"]["spare_hits"], 1);
         assert_eq!(json["runc"]["restore_ms"]["p50_ms"], 140.0);
         assert_eq!(json["runc"]["restore_to_ping_ms"]["min_ms"], 131.0);
@@ -288,7 +293,7 @@ mod tests {
             80.0
         );
         assert_eq!(json["runc_over_fastbox_p50"], 5.6);
-        assert!(report.human().contains("not reported by the runtime"));
+        assert!(report.human().contains("CRIU restore_time"));
         let text = serde_json::to_string(&report).unwrap();
         assert!(
             text.find("\"restore\":{").unwrap() < text.find("\"configure\":{").unwrap(),
