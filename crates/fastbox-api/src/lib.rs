@@ -1,5 +1,6 @@
 //! fastbox-api: wire types only (serde, no I/O).
 
+pub mod egress;
 pub mod lifecycle;
 pub mod metadata;
 pub mod quantity;
