@@ -6,6 +6,11 @@
 //! Unsigned routes need no credential here: execd checks its own per-sandbox token, and the
 //! node proxy listens on loopback unless configured otherwise. A signed route is checked
 //! before anything reaches the sandbox: a tampered or expired one gets 403.
+//!
+//! Port 18080 (OpenSandbox's egress API) never reaches the sandbox: the node proxy answers it
+//! itself ([`egress`]), with the policy operations of the server's [`EgressApi`].
+
+pub mod egress;
 
 use std::sync::Arc;
 
@@ -19,8 +24,7 @@ use fastbox_proxy::{Forwarder, ProxyError, RouteError, RouteSigner, Target, spli
 
 use crate::Fastlet;
 
-/// The OpenSandbox egress policy port: fastbox does not serve it yet.
-pub const EGRESS_PORT: u16 = 18080;
+pub use egress::{EGRESS_AUTH_HEADER, EGRESS_PORT, EgressApi, EgressApiError, PolicyChange};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeProxyError {
@@ -32,10 +36,6 @@ pub enum NodeProxyError {
     Forbidden(RouteError),
     #[error("this route needs a signature")]
     Unsigned,
-    #[error(
-        "the egress policy endpoint (port {EGRESS_PORT}) is not served by this version of fastbox"
-    )]
-    EgressNotImplemented,
     #[error("sandbox port is unreachable: {0}")]
     Upstream(#[from] ProxyError),
 }
@@ -45,7 +45,6 @@ impl NodeProxyError {
         match self {
             Self::BadRoute(_) | Self::NotRunning(_) => StatusCode::NOT_FOUND,
             Self::Forbidden(_) | Self::Unsigned => StatusCode::FORBIDDEN,
-            Self::EgressNotImplemented => StatusCode::NOT_IMPLEMENTED,
             Self::Upstream(_) => StatusCode::BAD_GATEWAY,
         }
     }
@@ -55,7 +54,6 @@ impl NodeProxyError {
             Self::BadRoute(_) => "GENERAL::NOT_FOUND",
             Self::NotRunning(_) => "SANDBOX::NOT_FOUND",
             Self::Forbidden(_) | Self::Unsigned => "SANDBOX::ROUTE_FORBIDDEN",
-            Self::EgressNotImplemented => "SANDBOX::API_NOT_SUPPORTED",
             Self::Upstream(_) => "SANDBOX::UPSTREAM_UNAVAILABLE",
         }
     }
@@ -77,6 +75,8 @@ pub struct NodeProxy {
     pub fastlet: Arc<Fastlet>,
     pub signer: Arc<RouteSigner>,
     pub forwarder: Arc<Forwarder>,
+    /// The policy operations behind port 18080.
+    pub egress: Arc<dyn EgressApi>,
 }
 
 /// Whether a request without a route signature may pass.
@@ -118,7 +118,7 @@ impl NodeProxy {
             .route(id)
             .ok_or_else(|| NodeProxyError::NotRunning(id.to_string()))?;
         if port == EGRESS_PORT {
-            return Err(NodeProxyError::EgressNotImplemented);
+            return Ok(egress::serve(self.egress.clone(), id, &sandbox, &route.rest, req).await);
         }
         let path_and_query = match req.uri().query() {
             Some(q) => format!("{}?{q}", route.rest),

@@ -1,0 +1,202 @@
+//! Port 18080: OpenSandbox's egress API (`GET/PATCH/DELETE /policy`, compat §5), served by
+//! the node proxy itself (fastbox runs no sidecar; the policy is enforced on the host side of
+//! the sandbox's veth).
+//!
+//! Here: the `OPENSANDBOX-EGRESS-AUTH` check against the sandbox's egress token (the
+//! endpoint's `headers` carry it), routing and bodies. The policy operations are the server's
+//! [`EgressApi`], so a change made through this port is validated, applied and recorded by
+//! the same code as one made through the lifecycle API's `networkpolicy` routes.
+
+use std::sync::Arc;
+
+use axum::body::{Body, to_bytes};
+use axum::extract::Request;
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use fastbox_api::egress::PolicyStatusResponse;
+use fastbox_api::lifecycle::{ErrorResponse, NetworkPolicy, NetworkRule};
+use serde::de::DeserializeOwned;
+
+use crate::Route;
+
+/// The OpenSandbox egress policy port.
+pub const EGRESS_PORT: u16 = 18080;
+/// The header that carries a sandbox's egress token.
+pub const EGRESS_AUTH_HEADER: &str = "OPENSANDBOX-EGRESS-AUTH";
+/// Largest request body (256 rules of the longest names fit well within it).
+const MAX_BODY: usize = 1 << 20;
+/// Where the change came from, for the sandbox's events.
+pub const VIA_EGRESS_PORT: &str = "port 18080";
+
+/// A change of a sandbox's egress policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicyChange {
+    /// `PUT` (lifecycle API only): the whole policy.
+    Replace(NetworkPolicy),
+    /// `PATCH`: rules merged in front of the current ones (the first rule of a target wins).
+    Patch(Vec<NetworkRule>),
+    /// `DELETE`: the rules of these targets go; unknown targets are ignored.
+    Delete(Vec<String>),
+}
+
+impl PolicyChange {
+    /// The HTTP method that asks for it.
+    pub fn method(&self) -> &'static str {
+        match self {
+            Self::Replace(_) => "PUT",
+            Self::Patch(_) => "PATCH",
+            Self::Delete(_) => "DELETE",
+        }
+    }
+}
+
+/// A refusal of the [`EgressApi`], already mapped to HTTP by its implementation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct EgressApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+/// The policy operations behind port 18080 (the lifecycle server implements them: it owns
+/// the records a change must be written to).
+pub trait EgressApi: Send + Sync {
+    /// The policy of sandbox `id`.
+    fn policy(&self, id: &str) -> Result<PolicyStatusResponse, EgressApiError>;
+
+    /// Validates `change`, applies it live and records it; `via` names the path it came
+    /// through (for the sandbox's events). Blocking: it runs `nft` and `conntrack`.
+    fn change(
+        &self,
+        id: &str,
+        change: PolicyChange,
+        via: &str,
+    ) -> Result<PolicyStatusResponse, EgressApiError>;
+}
+
+/// Why a request to port 18080 was not answered with a policy.
+#[derive(Debug, thiserror::Error)]
+pub enum EgressRequestError {
+    #[error("missing or wrong {EGRESS_AUTH_HEADER} header")]
+    Unauthorized,
+    #[error("the egress endpoint serves /policy (GET, PATCH, DELETE), not {0}")]
+    NoRoute(String),
+    #[error("/policy answers GET, PATCH and DELETE, not {0}")]
+    MethodNotAllowed(Method),
+    #[error("request body: {0}")]
+    Body(String),
+    #[error(transparent)]
+    Refused(#[from] EgressApiError),
+}
+
+impl EgressRequestError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::NoRoute(_) => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::Body(_) => StatusCode::BAD_REQUEST,
+            Self::Refused(e) => e.status,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Unauthorized => "EGRESS::UNAUTHORIZED",
+            Self::NoRoute(_) => "GENERAL::NOT_FOUND",
+            Self::MethodNotAllowed(_) => "GENERAL::METHOD_NOT_ALLOWED",
+            Self::Body(_) => "SANDBOX::INVALID_PARAMETER",
+            Self::Refused(e) => e.code,
+        }
+    }
+}
+
+impl IntoResponse for EgressRequestError {
+    fn into_response(self) -> Response {
+        let body = ErrorResponse {
+            code: self.code().to_string(),
+            message: self.to_string(),
+        };
+        (self.status(), axum::Json(body)).into_response()
+    }
+}
+
+/// Answers `req` (whose path after `/{id}/18080` is `path`) for sandbox `id`.
+pub async fn serve(
+    api: Arc<dyn EgressApi>,
+    id: &str,
+    route: &Route,
+    path: &str,
+    req: Request<Body>,
+) -> Response {
+    answer(api, id, route, path, req)
+        .await
+        .map(|status| axum::Json(status).into_response())
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn answer(
+    api: Arc<dyn EgressApi>,
+    id: &str,
+    route: &Route,
+    path: &str,
+    req: Request<Body>,
+) -> Result<PolicyStatusResponse, EgressRequestError> {
+    let presented = req
+        .headers()
+        .get(EGRESS_AUTH_HEADER)
+        .map(|v| v.as_bytes())
+        .unwrap_or_default();
+    if !token_matches(presented, route.egress_token.as_bytes()) {
+        return Err(EgressRequestError::Unauthorized);
+    }
+    if path != "/policy" {
+        return Err(EgressRequestError::NoRoute(path.to_string()));
+    }
+    let change = match req.method().clone() {
+        Method::GET => return Ok(api.policy(id)?),
+        Method::PATCH => PolicyChange::Patch(body(req).await?),
+        Method::DELETE => PolicyChange::Delete(body(req).await?),
+        other => return Err(EgressRequestError::MethodNotAllowed(other)),
+    };
+    let id = id.to_string();
+    Ok(crate::blocking::run("egress-policy", move || {
+        api.change(&id, change, VIA_EGRESS_PORT)
+    })
+    .await?)
+}
+
+/// A JSON body.
+async fn body<T: DeserializeOwned>(req: Request<Body>) -> Result<T, EgressRequestError> {
+    let bytes = to_bytes(req.into_body(), MAX_BODY)
+        .await
+        .map_err(|e| EgressRequestError::Body(e.to_string()))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| EgressRequestError::Body(format!("invalid JSON: {e}")))
+}
+
+/// Whether `presented` is `expected`, in time independent of where they differ. An empty
+/// expected token (a sandbox recorded before egress tokens existed) matches nothing.
+fn token_matches(presented: &[u8], expected: &[u8]) -> bool {
+    !expected.is_empty()
+        && presented.len() == expected.len()
+        && presented
+            .iter()
+            .zip(expected)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_match_exactly_and_never_when_empty() {
+        assert!(token_matches(b"abc", b"abc"));
+        assert!(!token_matches(b"abd", b"abc"));
+        assert!(!token_matches(b"ab", b"abc"));
+        assert!(!token_matches(b"", b""));
+    }
+}
