@@ -120,3 +120,15 @@ impl From<crate::store::StoreError> for ApiError {
         ApiError::Internal(e.to_string())
     }
 }
+
+/// The egress API on port 18080 (served by the node proxy) answers with the same statuses and
+/// codes as the lifecycle API.
+impl From<ApiError> for fastbox_fastlet::node_proxy::EgressApiError {
+    fn from(e: ApiError) -> Self {
+        Self {
+            status: e.status(),
+            code: e.code(),
+            message: e.to_string(),
+        }
+    }
+}

@@ -108,6 +108,8 @@ pub async fn run(
         fastlet: fastlet.clone(),
         signer: Arc::new(signer),
         forwarder: Arc::new(Forwarder::new(ForwarderConfig::default())),
+        // Port 18080's policy changes are applied and recorded by the lifecycle service.
+        egress: lifecycle.clone(),
     };
     let state = AppState {
         lifecycle: lifecycle.clone(),

@@ -36,6 +36,10 @@ use super::AppState;
         super::templates::list,
         super::templates::get,
         super::templates::delete,
+        super::egress::get,
+        super::egress::replace,
+        super::egress::patch,
+        super::egress::delete,
     ),
     components(schemas(
         wire::CreateSandboxRequest,
@@ -52,6 +56,9 @@ use super::AppState;
         wire::DiagnosticContentResponse,
         wire::HealthResponse,
         wire::VersionResponse,
+        wire::NetworkPolicy,
+        wire::NetworkRule,
+        fastbox_api::egress::PolicyStatusResponse,
     ))
 )]
 pub struct ApiDoc;
@@ -104,7 +111,7 @@ pub async fn metrics_event(body: axum::body::Bytes) -> StatusCode {
     StatusCode::NO_CONTENT
 }
 
-/// Pause/resume, snapshots and network policies arrive with later milestones.
+/// Pause/resume and snapshots arrive with later milestones.
 pub async fn not_supported(uri: axum::http::Uri) -> ApiError {
     ApiError::NotImplemented(format!(
         "{} is not supported by this server yet",

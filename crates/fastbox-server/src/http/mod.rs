@@ -1,6 +1,7 @@
 //! The lifecycle API over HTTP: routes (under `/v1` and at the root, as the reference server
 //! mounts them), middleware, and the OpenAPI document generated from the handlers.
 
+mod egress;
 mod extract;
 pub mod middleware;
 mod misc;
@@ -54,7 +55,13 @@ fn routes() -> Router<AppState> {
         .route("/sandboxes/{id}/pause", post(misc::not_supported))
         .route("/sandboxes/{id}/resume", post(misc::not_supported))
         .route("/sandboxes/{id}/snapshots", post(misc::not_supported))
-        .route("/sandboxes/{id}/networkpolicy", any(misc::not_supported))
+        .route(
+            "/sandboxes/{id}/networkpolicy",
+            get(egress::get)
+                .put(egress::replace)
+                .patch(egress::patch)
+                .delete(egress::delete),
+        )
         .route("/snapshots", any(misc::not_supported))
         .route("/snapshots/{sid}", any(misc::not_supported))
         .route("/templates", post(templates::create).get(templates::list))

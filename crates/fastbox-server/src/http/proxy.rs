@@ -54,7 +54,6 @@ async fn forward(
                 id,
                 state: "not running".into(),
             },
-            NodeProxyError::EgressNotImplemented => ApiError::NotImplemented(e.to_string()),
             NodeProxyError::BadRoute(p) => ApiError::InvalidParameter(p),
             NodeProxyError::Upstream(e) => ApiError::Upstream(e.to_string()),
         })

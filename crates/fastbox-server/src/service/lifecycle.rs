@@ -10,6 +10,7 @@ use fastbox_api::lifecycle::{
     PaginationInfo, Sandbox, SandboxState, SandboxStatus, StringMap,
 };
 use fastbox_fastlet::Fastlet;
+use fastbox_fastlet::node_proxy::{EGRESS_AUTH_HEADER, EGRESS_PORT};
 use fastbox_proxy::{RouteSigner, to_b36};
 use fastbox_runtime::spec::EXECD_PORT;
 
@@ -41,6 +42,8 @@ pub struct Lifecycle {
     health: RwLock<Health>,
     /// Templates of the templates API, written through to the store.
     pub(super) templates: Mutex<HashMap<String, fastbox_api::templates::Template>>,
+    /// Held while an egress policy changes (`service::egress`), so changes never interleave.
+    pub(super) policy_changes: Mutex<()>,
 }
 
 /// `GET /v1/sandboxes` filters.
@@ -85,6 +88,7 @@ impl Lifecycle {
             store,
             records: Mutex::new(records),
             busy: Mutex::new(HashSet::new()),
+            policy_changes: Mutex::new(()),
             fastlet,
             signer,
             health: RwLock::new(Health::Starting("starting".into())),
@@ -226,8 +230,7 @@ impl Lifecycle {
             placement: None,
             events: Vec::new(),
             template_id: plan.template_id.clone(),
-            network_policy: (plan.policy.mode() != fastbox_egress::Mode::AllowAll)
-                .then(|| plan.policy.to_wire()),
+            network_policy: super::egress::recorded(&plan.policy),
             egress_token: random_token(),
         };
         record.event(
@@ -356,9 +359,15 @@ impl Lifecycle {
             }
             _ => return Err(not_running(&record, "")),
         }
-        let headers = (port == EXECD_PORT).then(|| {
-            StringMap::from([(EXECD_TOKEN_HEADER.to_string(), record.execd_token.clone())])
-        });
+        // The credential of the port, as OpenSandbox servers hand it out.
+        let token = match port {
+            EXECD_PORT => Some((EXECD_TOKEN_HEADER, &record.execd_token)),
+            EGRESS_PORT => Some((EGRESS_AUTH_HEADER, &record.egress_token)),
+            _ => None,
+        };
+        let headers = token
+            .filter(|(_, value)| !value.is_empty())
+            .map(|(name, value)| StringMap::from([(name.to_string(), value.clone())]));
         let endpoint = if q.use_server_proxy {
             let host = q
                 .api_host

@@ -1,7 +1,8 @@
 //! The lifecycle service: sandbox records, their state machine, and the tasks that converge
-//! them (create, delete, expiry, recovery after a restart).
+//! them (create, delete, expiry, recovery after a restart), and live egress policy changes.
 
 mod converge;
+mod egress;
 mod lifecycle;
 pub mod plan;
 mod templates;

@@ -1,0 +1,244 @@
+//! Egress policies of running sandboxes: the one implementation of "validate, apply live,
+//! record" behind both the lifecycle API's `networkpolicy` routes and port 18080 (the node
+//! proxy calls it through [`EgressApi`]). See `docs/egress.md` for the semantics.
+
+use std::sync::Arc;
+
+use fastbox_api::egress::PolicyStatusResponse;
+use fastbox_api::lifecycle::{NetworkPolicy, SandboxState};
+use fastbox_egress::{EgressPolicy, Mode, rules_from_wire};
+use fastbox_fastlet::node_proxy::{EgressApi, EgressApiError, PolicyChange};
+use fastbox_fastlet::{FastletError, blocking};
+
+use crate::error::ApiError;
+
+use super::lifecycle::{Lifecycle, not_running};
+
+/// The egress API's `enforcementMode`: DNS answers and nftables.
+pub const ENFORCEMENT_MODE: &str = "dns+nft";
+/// Where lifecycle API changes come from, for the sandbox's events.
+pub const VIA_LIFECYCLE_API: &str = "the lifecycle API";
+
+impl Lifecycle {
+    /// `GET .../networkpolicy` and `GET /policy`: the recorded policy, which is the one in
+    /// force while the sandbox runs.
+    pub fn network_policy(&self, id: &str) -> Result<PolicyStatusResponse, ApiError> {
+        Ok(status_of(&self.record(id)?.policy()))
+    }
+
+    /// `PUT/PATCH/DELETE .../networkpolicy` from the lifecycle API.
+    pub async fn change_network_policy(
+        self: &Arc<Self>,
+        id: String,
+        change: PolicyChange,
+    ) -> Result<PolicyStatusResponse, ApiError> {
+        let this = self.clone();
+        blocking::run("egress-policy", move || {
+            this.change_policy(&id, change, VIA_LIFECYCLE_API)
+        })
+        .await
+    }
+
+    /// Computes the new policy from the recorded one, applies it live (connections it newly
+    /// denies are cut) and records it with an event. Changes are serialized, so concurrent
+    /// PATCHes merge instead of losing each other. Blocking (`nft`, `conntrack`).
+    fn change_policy(
+        &self,
+        id: &str,
+        change: PolicyChange,
+        via: &str,
+    ) -> Result<PolicyStatusResponse, ApiError> {
+        let _serial = self.policy_changes.lock().expect("policy changes lock");
+        let record = self.record(id)?;
+        if record.state() != SandboxState::Running {
+            return Err(not_running(
+                &record,
+                ": its egress policy changes only while it runs",
+            ));
+        }
+        let current = record.policy();
+        let method = change.method();
+        let next = next_policy(&current, change)?;
+        self.fastlet
+            .set_egress_policy(id, &next)
+            .map_err(|e| apply_error(&record, e))?;
+        let recorded = self.update(id, |r| {
+            r.network_policy = recorded(&next);
+            r.event(
+                "EgressPolicyChanged",
+                &format!("{method} through {via}: {}", describe(&next)),
+            );
+            Ok(())
+        });
+        if let Err(e) = recorded {
+            // What runs must be what a restart re-applies: put the recorded policy back.
+            if let Err(undo) = self.fastlet.set_egress_policy(id, &current) {
+                tracing::error!(sandbox = %id, error = %undo, "could not restore the recorded egress policy");
+            }
+            return Err(e);
+        }
+        tracing::info!(sandbox = %id, via, policy = %describe(&next), "egress policy changed");
+        Ok(status_of(&next))
+    }
+}
+
+impl EgressApi for Lifecycle {
+    fn policy(&self, id: &str) -> Result<PolicyStatusResponse, EgressApiError> {
+        Ok(self.network_policy(id)?)
+    }
+
+    fn change(
+        &self,
+        id: &str,
+        change: PolicyChange,
+        via: &str,
+    ) -> Result<PolicyStatusResponse, EgressApiError> {
+        Ok(self.change_policy(id, change, via)?)
+    }
+}
+
+/// What a record keeps: `None` for allow-all, otherwise the canonical wire form.
+pub(super) fn recorded(policy: &EgressPolicy) -> Option<NetworkPolicy> {
+    (policy.mode() != Mode::AllowAll).then(|| policy.to_wire())
+}
+
+/// The egress API's answer for `policy`.
+pub fn status_of(policy: &EgressPolicy) -> PolicyStatusResponse {
+    PolicyStatusResponse {
+        status: Some("ok".into()),
+        mode: Some(policy.mode().as_str().into()),
+        enforcement_mode: Some(ENFORCEMENT_MODE.into()),
+        reason: None,
+        policy: Some(policy.to_wire()),
+    }
+}
+
+/// `current` changed by `change`, validated; a 400 naming the rule otherwise.
+fn next_policy(current: &EgressPolicy, change: PolicyChange) -> Result<EgressPolicy, ApiError> {
+    let invalid = |e: fastbox_egress::PolicyError| ApiError::InvalidParameter(e.to_string());
+    match change {
+        PolicyChange::Replace(wire) => EgressPolicy::from_wire(Some(&wire)).map_err(invalid),
+        PolicyChange::Patch(rules) if rules.is_empty() => Err(ApiError::InvalidParameter(
+            "PATCH needs at least one rule".into(),
+        )),
+        PolicyChange::Patch(rules) => {
+            let rules = rules_from_wire(&rules).map_err(invalid)?;
+            current.patched(rules).map_err(invalid)
+        }
+        PolicyChange::Delete(targets) if targets.is_empty() => Err(ApiError::InvalidParameter(
+            "DELETE needs at least one target".into(),
+        )),
+        PolicyChange::Delete(targets) => Ok(current.without_targets(&targets)),
+    }
+}
+
+fn apply_error(record: &super::super::record::SandboxRecord, e: FastletError) -> ApiError {
+    match e {
+        FastletError::NotHere(_) => not_running(record, " (not on this node)"),
+        other => ApiError::Internal(other.to_string()),
+    }
+}
+
+/// `enforcing, deny default, 2 rules` style.
+fn describe(policy: &EgressPolicy) -> String {
+    format!(
+        "{}, {} default, {} rule(s)",
+        policy.mode(),
+        policy.default_action(),
+        policy.rules().len()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fastbox_api::lifecycle::NetworkRule;
+
+    fn rule(action: &str, target: &str) -> NetworkRule {
+        NetworkRule {
+            action: action.into(),
+            target: target.into(),
+        }
+    }
+
+    fn deny_with(rules: &[NetworkRule]) -> EgressPolicy {
+        EgressPolicy::from_wire(Some(&NetworkPolicy {
+            default_action: Some("deny".into()),
+            egress: Some(rules.to_vec()),
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn changes_merge_into_the_current_policy() {
+        let current = deny_with(&[rule("allow", "a.test"), rule("allow", "b.test")]);
+        let patched = next_policy(
+            &current,
+            PolicyChange::Patch(vec![rule("deny", "B.test."), rule("allow", "c.test")]),
+        )
+        .unwrap();
+        let targets: Vec<String> = patched
+            .rules()
+            .iter()
+            .map(|r| r.target.to_string())
+            .collect();
+        assert_eq!(targets, ["b.test", "c.test", "a.test"]);
+        let deleted = next_policy(
+            &patched,
+            PolicyChange::Delete(vec!["a.test".into(), "x".into()]),
+        )
+        .unwrap();
+        assert_eq!(deleted.rules().len(), 2);
+        assert_eq!(deleted.default_action(), patched.default_action());
+        let replaced =
+            next_policy(&deleted, PolicyChange::Replace(NetworkPolicy::default())).unwrap();
+        assert_eq!(replaced.mode(), Mode::AllowAll);
+        assert_eq!(recorded(&replaced), None);
+        assert_eq!(
+            recorded(&EgressPolicy::deny_all())
+                .unwrap()
+                .default_action
+                .as_deref(),
+            Some("deny")
+        );
+    }
+
+    #[test]
+    fn bad_changes_are_400s_naming_the_rule() {
+        let current = EgressPolicy::allow_all();
+        for change in [
+            PolicyChange::Patch(vec![]),
+            PolicyChange::Delete(vec![]),
+            PolicyChange::Patch(vec![rule("allow", "ok.test"), rule("maybe", "x.test")]),
+            PolicyChange::Replace(NetworkPolicy {
+                default_action: Some("deny".into()),
+                egress: Some(vec![rule("allow", "10.0.0.1/24")]),
+            }),
+        ] {
+            let e = next_policy(&current, change.clone()).unwrap_err();
+            assert_eq!(
+                e.status(),
+                axum::http::StatusCode::BAD_REQUEST,
+                "{change:?}: {e}"
+            );
+        }
+        let e = next_policy(
+            &current,
+            PolicyChange::Patch(vec![rule("allow", "ok.test"), rule("maybe", "x.test")]),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("egress[1]"), "{e}");
+    }
+
+    #[test]
+    fn status_carries_mode_and_canonical_policy() {
+        let status = status_of(&deny_with(&[rule("allow", "Example.ORG")]));
+        assert_eq!(
+            serde_json::to_value(&status).unwrap(),
+            serde_json::json!({
+                "status": "ok", "mode": "enforcing", "enforcementMode": "dns+nft",
+                "policy": {"defaultAction": "deny", "egress": [{"action": "allow", "target": "example.org"}]}
+            })
+        );
+    }
+}
