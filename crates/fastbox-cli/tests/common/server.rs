@@ -49,6 +49,18 @@ impl UpServer {
     /// 10.217.<tag>.0/24) and waits until it is healthy. None, with the reason printed, when
     /// this machine cannot run it.
     pub fn start(tag: char, extra_args: &[&str]) -> Option<UpServer> {
+        let extra_args = extra_args.iter().map(|a| a.to_string()).collect();
+        Self::start_with(tag, |_| ((), extra_args)).map(|(server, ())| server)
+    }
+
+    /// Like [`UpServer::start`], but `setup` first gets the instance's prefix and returns
+    /// something the test keeps (e.g. a test internet named after the prefix, so a purge
+    /// removes it too) and the extra arguments of `fastbox up` (e.g. `--dns-upstream`
+    /// pointing at that internet).
+    pub fn start_with<T>(
+        tag: char,
+        setup: impl FnOnce(&str) -> (T, Vec<String>),
+    ) -> Option<(UpServer, T)> {
         assert!(
             UP_SERVER_TAGS.contains(tag),
             "tag {tag:?}: UpServer tests use one of {UP_SERVER_TAGS:?} (see fastbox_testkit::run_prefix)"
@@ -58,6 +70,7 @@ impl UpServer {
             return None;
         }
         let prefix = fastbox_testkit::run_prefix(&tag.to_string());
+        let (kept, extra_args) = setup(&prefix);
         let dir = tempfile::Builder::new()
             .prefix(&format!("{prefix}-"))
             .tempdir()
@@ -82,13 +95,13 @@ impl UpServer {
             "--execd".into(),
             fastbox_testkit::execd_path().unwrap().display().to_string(),
         ];
-        if !extra_args.contains(&"--cache-dir") {
+        if !extra_args.iter().any(|a| a == "--cache-dir") {
             args.extend(["--cache-dir".into(), test_cache_dir().display().to_string()]);
         }
         if !extra_args.iter().any(|a| a.contains("default-image")) {
             args.extend(["--default-image".into(), "fastbox/busybox".into()]);
         }
-        args.extend(extra_args.iter().map(|s| s.to_string()));
+        args.extend(extra_args);
         let mut headers = reqwest::header::HeaderMap::new();
         headers.insert("OPEN-SANDBOX-API-KEY", api_key.parse().unwrap());
         let http = Client::builder()
@@ -110,10 +123,11 @@ impl UpServer {
             http,
         };
         server.spawn();
-        Some(server)
+        Some((server, kept))
     }
 
-    /// Starts the server process (again) and waits for `/health`.
+    /// Starts the server process (again) and waits for `/health`. Its log level is
+    /// `FASTBOX_TEST_SERVER_LOG` (e.g. `info,fastbox_egress=debug`), else `info`.
     pub fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -122,7 +136,10 @@ impl UpServer {
             .unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_fastbox"))
             .args(&self.args)
-            .env("FASTBOX_LOG", "info")
+            .env(
+                "FASTBOX_LOG",
+                std::env::var("FASTBOX_TEST_SERVER_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -194,6 +211,17 @@ impl UpServer {
             .json(body)
             .send()
             .expect("POST");
+        let status = r.status().as_u16();
+        (status, r.json().unwrap_or(Value::Null))
+    }
+
+    /// Any method on a lifecycle path, with an optional JSON body: (status, JSON body or Null).
+    pub fn send(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let mut req = self.http.request(method, self.url(path));
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        let r = req.send().expect("request");
         let status = r.status().as_u16();
         (status, r.json().unwrap_or(Value::Null))
     }
