@@ -177,12 +177,13 @@ def test_sdk_surfaces_api_errors(fastbox: fb.FastboxServer, manager: SandboxMana
         SandboxSync.create(
             fb.TEST_IMAGE,
             network_policy=NetworkPolicy(
-                default_action="deny", egress=[NetworkRule(action="allow", target="example.org")]
+                default_action="deny", egress=[NetworkRule(action="allow", target="bad target!")]
             ),
             connection_config=fastbox.connection_config(),
         )
     assert ei.value.status_code == 400
-    assert ei.value.error.code == API_NOT_SUPPORTED
+    assert ei.value.error.code == INVALID_PARAMETER
+    assert "egress[0]" in str(ei.value.error.message)
 
 
 # --------------------------------------------------------------------------- invalid creates
@@ -217,11 +218,11 @@ def test_sdk_surfaces_api_errors(fastbox: fb.FastboxServer, manager: SandboxMana
             body(
                 networkPolicy={
                     "defaultAction": "deny",
-                    "egress": [{"action": "allow", "target": "example.org"}],
+                    "egress": [{"action": "allow", "target": "10.0.0.1/24"}],
                 }
             ),
-            {API_NOT_SUPPORTED},
-            id="network-policy-deny",
+            {INVALID_PARAMETER},
+            id="network-policy-host-bits",
         ),
     ],
 )
@@ -361,15 +362,16 @@ def test_server_proxy_requires_api_key(
     assert r.status_code == 200
 
 
-def test_egress_endpoint_policy_not_implemented(
+def test_egress_endpoint_needs_its_token(
     api: httpx.Client, node: httpx.Client, sandbox: SandboxSync
 ) -> None:
     ep = endpoint(api, sandbox.id, fb.EGRESS_PORT, use_server_proxy="false")
-    r = node.get(f"http://{ep['endpoint']}/policy", headers=ep.get("headers", {}))
-    assert_error(r, 501, request_id=False)
-    with pytest.raises(SandboxApiException) as ei:
-        sandbox.get_egress_policy()
-    assert ei.value.status_code == 501
+    url = f"http://{ep['endpoint']}/policy"
+    assert_error(node.get(url), 401, {"EGRESS::UNAUTHORIZED"}, request_id=False)
+    r = node.get(url, headers=ep.get("headers", {}))
+    assert r.status_code == 200, r.text
+    assert r.json()["mode"] == "allow_all"
+    assert sandbox.get_egress_policy().default_action == "allow"
 
 
 def test_execd_requires_access_token(api: httpx.Client, node: httpx.Client, sandbox: SandboxSync) -> None:
