@@ -89,6 +89,9 @@ fn main() {
     if std::env::args().nth(1).as_deref() == Some(fastbox_runtime::init::HELPER_ARG) {
         fastbox_runtime::init::helper_main();
     }
+    if std::env::args().nth(1).as_deref() == Some(fastbox_runtime::criu::LAUNCHER_ARG) {
+        fastbox_runtime::criu::launcher_main();
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FASTBOX_LOG")

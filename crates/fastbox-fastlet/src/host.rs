@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use fastbox_runtime::cgroup::{CgroupLimits, CgroupRoot};
-use fastbox_runtime::checkpoint::RestoreTarget;
+use fastbox_runtime::checkpoint::{PreparedRestore, RestoreTarget};
 use fastbox_runtime::criu::Criu;
 use fastbox_runtime::execd_binary::ExecdBinary;
 use fastbox_runtime::net::{
@@ -76,13 +76,24 @@ pub struct Spare {
     pub index: u32,
     pub slot: NetSlot,
     pub dir: PathBuf,
+    /// A cgroup (`spare-<index>`) with a CRIU launcher waiting in it, when it could be made.
+    pub prepared: Option<PreparedRestore>,
+}
+
+/// What a slot comes with besides itself.
+#[derive(Debug, Default)]
+pub struct SlotExtras {
+    /// The sandbox directory already holds a mounted writable layer (a spare's).
+    pub layer_ready: bool,
+    /// A spare's cgroup and CRIU launcher.
+    pub prepared: Option<PreparedRestore>,
 }
 
 /// Where a start gets its slot: made now, or a spare made earlier.
 #[derive(Debug)]
 pub enum SlotSource {
     Fresh(u32),
-    Spare(Spare),
+    Spare(Box<Spare>),
 }
 
 impl SlotSource {
@@ -258,7 +269,7 @@ impl LocalHost {
         source: SlotSource,
         opts: &StartOptions,
     ) -> Result<LocalSandbox, HostError> {
-        self.in_slot(source, opts, |slot, layer_ready| {
+        self.in_slot(source, opts, |slot, extras| {
             let dir = crate::agent::sandbox_dir(&self.data_dir, &opts.id);
             let target = RestoreTarget {
                 id: &opts.id,
@@ -272,10 +283,15 @@ impl LocalHost {
                     .unwrap_or(fastbox_runtime::spec::DEFAULT_DISK_BYTES),
                 execd_store,
                 tcp_close: true,
-                layer_ready,
+                layer_ready: extras.layer_ready,
             };
-            let (handle, took) =
-                fastbox_runtime::checkpoint::restore(criu, &self.cgroups, checkpoint, &target)?;
+            let (handle, took) = fastbox_runtime::checkpoint::restore(
+                criu,
+                &self.cgroups,
+                checkpoint,
+                &target,
+                extras.prepared,
+            )?;
             let mut phases = Phases::default();
             phases.push("rootfs", took.rootfs);
             phases.push("cgroup", took.cgroup);
@@ -289,9 +305,10 @@ impl LocalHost {
         })
     }
 
-    /// Make a spare: network slot `index` without a way out, and an empty writable layer of
-    /// the default disk size. Nothing is left behind when it fails.
-    pub fn make_spare(&self, index: u32) -> Result<Spare, HostError> {
+    /// Make a spare: network slot `index` without a way out, an empty writable layer of
+    /// the default disk size, and (best effort) a cgroup with a CRIU launcher waiting in it.
+    /// Nothing is left behind when it fails.
+    pub fn make_spare(&self, index: u32, criu: &Criu) -> Result<Spare, HostError> {
         let slot = self.network.create_slot(index)?;
         let dir = crate::agent::sandbox_dir(&self.data_dir, &format!("{SPARE_ID_PREFIX}{index}"));
         let made = self
@@ -305,18 +322,53 @@ impl LocalHost {
                 )
                 .map_err(HostError::from)
             });
-        let spare = Spare { index, slot, dir };
+        let mut spare = Spare {
+            index,
+            slot,
+            dir,
+            prepared: None,
+        };
         match made {
-            Ok(_) => Ok(spare),
+            Ok(_) => {
+                spare.prepared = self.prepare_restore(&spare, criu);
+                Ok(spare)
+            }
             Err(e) => {
-                let _ = self.destroy_spare(&spare);
+                let _ = self.destroy_spare(&mut spare);
                 Err(e)
             }
         }
     }
 
-    /// Remove a spare that was not used: its layer, directory and network slot.
-    pub fn destroy_spare(&self, spare: &Spare) -> Result<(), HostError> {
+    /// The cgroup `spare-<index>` and a CRIU launcher in it (see [`Criu::launcher`]); `None`
+    /// when either cannot be made (restores into the spare then make their own).
+    fn prepare_restore(&self, spare: &Spare, criu: &Criu) -> Option<PreparedRestore> {
+        let name = format!("{SPARE_ID_PREFIX}{}", spare.index);
+        let cgroup = fastbox_runtime::cgroup::Cgroup::create(
+            &self.cgroups,
+            &self.prefix,
+            &name,
+            &CgroupLimits::default(),
+        )
+        .inspect_err(|e| tracing::debug!(spare = %name, error = %e, "no prepared cgroup"))
+        .ok()?;
+        match criu.launcher(&self.helper, &spare.slot.netns_path, &cgroup.procs_files()) {
+            Ok(launcher) => Some(PreparedRestore { cgroup, launcher }),
+            Err(e) => {
+                tracing::debug!(spare = %name, error = %e, "no CRIU launcher");
+                let _ = cgroup.remove();
+                None
+            }
+        }
+    }
+
+    /// Remove a spare that was not used: its launcher and cgroup, layer, directory and
+    /// network slot.
+    pub fn destroy_spare(&self, spare: &mut Spare) -> Result<(), HostError> {
+        if let Some(PreparedRestore { cgroup, launcher }) = spare.prepared.take() {
+            drop(launcher);
+            cgroup.kill_all().and_then(|()| cgroup.remove())?;
+        }
         fastbox_runtime::rootfs::Rootfs::at(&spare.dir).destroy()?;
         match std::fs::remove_dir_all(&spare.dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -340,10 +392,10 @@ impl LocalHost {
         &self,
         source: SlotSource,
         opts: &StartOptions,
-        place: impl FnOnce(&NetSlot, bool) -> Result<(SandboxHandle, Phases), HostError>,
+        place: impl FnOnce(&NetSlot, SlotExtras) -> Result<(SandboxHandle, Phases), HostError>,
     ) -> Result<LocalSandbox, HostError> {
         let mut clock = LapClock::start();
-        let (slot, layer_ready) = match source {
+        let (slot, extras) = match source {
             SlotSource::Fresh(index) => {
                 let slot = self.network.create_slot(index)?;
                 let closed = if opts.deny_egress {
@@ -358,12 +410,12 @@ impl LocalHost {
                     let _ = self.release_network(&slot);
                     return Err(e);
                 }
-                (slot, false)
+                (slot, SlotExtras::default())
             }
-            SlotSource::Spare(spare) => {
+            SlotSource::Spare(mut spare) => {
                 let to = crate::agent::sandbox_dir(&self.data_dir, &opts.id);
                 if let Err(source) = std::fs::rename(&spare.dir, &to) {
-                    let _ = self.destroy_spare(&spare);
+                    let _ = self.destroy_spare(&mut spare);
                     return Err(HostError::Spare {
                         index: spare.index,
                         what: "move to",
@@ -371,11 +423,15 @@ impl LocalHost {
                         source,
                     });
                 }
-                (spare.slot, true)
+                let extras = SlotExtras {
+                    layer_ready: true,
+                    prepared: spare.prepared.take(),
+                };
+                (spare.slot, extras)
             }
         };
         clock.lap("slot");
-        match place(&slot, layer_ready) {
+        match place(&slot, extras) {
             Ok((handle, placed)) => {
                 clock.laps(&placed);
                 self.ready(handle, slot, opts, clock)

@@ -129,12 +129,23 @@ pub struct RestoreTimings {
     pub criu_stats: Option<crate::criu_stats::RestoreStats>,
 }
 
-/// Restore the checkpoint at `checkpoint` as a new sandbox.
+/// A cgroup and a CRIU launcher made ahead of a restore (for a spare slot): the cgroup
+/// under another name, the launcher already in it.
+#[derive(Debug)]
+pub struct PreparedRestore {
+    pub cgroup: Cgroup,
+    pub launcher: crate::criu::RestoreLauncher,
+}
+
+/// Restore the checkpoint at `checkpoint` as a new sandbox. With `prepared`, its cgroup is
+/// renamed to the sandbox's and CRIU starts in its launcher; where that cannot be done (a
+/// cgroup v2 host refuses renames; a launcher that died), the restore makes its own.
 pub fn restore(
     criu: &Criu,
     cgroups: &CgroupRoot,
     checkpoint: &Path,
     target: &RestoreTarget<'_>,
+    prepared: Option<PreparedRestore>,
 ) -> Result<(SandboxHandle, RestoreTimings), CheckpointError> {
     let id = target.id.to_string();
     let meta: CheckpointMeta = fs::read(checkpoint.join("checkpoint.json"))
@@ -177,24 +188,33 @@ pub fn restore(
         })
         .and_then(|()| {
             let clock = Instant::now();
-            let cgroup = Cgroup::create(cgroups, target.prefix, target.id, target.limits).map_err(
-                |source| CheckpointError::Cgroup {
-                    id: id.clone(),
-                    source,
-                },
-            )?;
+            let cgroup_err = |source| CheckpointError::Cgroup {
+                id: id.clone(),
+                source,
+            };
+            let (cgroup, launcher) = match adopt_prepared(prepared, target) {
+                Some((cgroup, launcher)) => (cgroup, Some(launcher)),
+                None => (
+                    Cgroup::create(cgroups, target.prefix, target.id, target.limits)
+                        .map_err(cgroup_err)?,
+                    None,
+                ),
+            };
             timings.cgroup = clock.elapsed();
             let clock = Instant::now();
             let restored = criu
-                .restore(&RestoreRequest {
-                    images: &images,
-                    work_dir: &work_dir,
-                    root: &rootfs.root,
-                    netns: target.netns,
-                    execd_host: &execd.path,
-                    cgroup_procs: cgroup.procs_files(),
-                    tcp_close: target.tcp_close,
-                })
+                .restore(
+                    &RestoreRequest {
+                        images: &images,
+                        work_dir: &work_dir,
+                        root: &rootfs.root,
+                        netns: target.netns,
+                        execd_host: &execd.path,
+                        cgroup_procs: cgroup.procs_files(),
+                        tcp_close: target.tcp_close,
+                    },
+                    launcher,
+                )
                 .map_err(|source| {
                     let _ = cgroup.kill_all();
                     let _ = cgroup.remove();
@@ -225,6 +245,41 @@ pub fn restore(
             let _ = rootfs.destroy();
             let _ = fs::remove_dir_all(target.dir);
             Err(e)
+        }
+    }
+}
+
+/// The prepared cgroup renamed to the sandbox's, with its limits, and its waiting launcher;
+/// `None` (everything prepared removed) when that fails.
+fn adopt_prepared(
+    prepared: Option<PreparedRestore>,
+    target: &RestoreTarget<'_>,
+) -> Option<(Cgroup, crate::criu::RestoreLauncher)> {
+    let PreparedRestore {
+        cgroup,
+        mut launcher,
+    } = prepared?;
+    if !launcher.is_waiting() {
+        let _ = cgroup.kill_all().and_then(|()| cgroup.remove());
+        return None;
+    }
+    let spare = cgroup.clone();
+    let renamed = match cgroup.rename(target.id) {
+        Ok(renamed) => renamed,
+        Err(e) => {
+            tracing::debug!(sandbox = %target.id, error = %e, "prepared cgroup not renamed");
+            drop(launcher);
+            let _ = spare.kill_all().and_then(|()| spare.remove());
+            return None;
+        }
+    };
+    match renamed.set_limits(target.limits) {
+        Ok(()) => Some((renamed, launcher)),
+        Err(e) => {
+            tracing::debug!(sandbox = %target.id, error = %e, "prepared cgroup without limits");
+            drop(launcher);
+            let _ = renamed.kill_all().and_then(|()| renamed.remove());
+            None
         }
     }
 }

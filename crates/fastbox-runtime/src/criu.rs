@@ -10,11 +10,13 @@
 
 use std::fs;
 use std::io;
+use std::io::Write as _;
 use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use crate::spec::EXECD_SANDBOX_PATH;
 
@@ -169,17 +171,192 @@ impl Criu {
     }
 
     /// Restore `images` into the given root, network namespace and cgroups; returns the host
-    /// pid of the restored init.
-    pub fn restore(&self, req: &RestoreRequest<'_>) -> Result<i32, CriuError> {
+    /// pid of the restored init. With a `launcher` (made ahead for the same namespace and
+    /// cgroups), CRIU starts in it and the cgroup join and fork are already done.
+    pub fn restore(
+        &self,
+        req: &RestoreRequest<'_>,
+        launcher: Option<RestoreLauncher>,
+    ) -> Result<i32, CriuError> {
         let pidfile = req.work_dir.join("restore.pid");
         let _ = fs::remove_file(&pidfile);
-        let netns = fs::File::open(req.netns).map_err(|source| CriuError::Io {
-            what: "open",
-            path: req.netns.to_path_buf(),
+        let args = restore_args(req, &pidfile);
+        let output = match launcher {
+            Some(launcher) => launcher.launch(&self.path, &args)?,
+            None => {
+                let joined = JoinedFds::open(req.netns, &req.cgroup_procs)?;
+                let mut cmd = self.command();
+                cmd.args(&args);
+                joined.install(&mut cmd);
+                let output = spawn_output(cmd)?;
+                drop(joined);
+                output
+            }
+        };
+        check(output, "restore", &req.work_dir.join("restore.log"))?;
+        let pid = fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or_else(|| CriuError::NoPid(pidfile.clone()))?;
+        Ok(pid)
+    }
+
+    /// A process made now that becomes `criu restore` later ([`Criu::restore`]): `helper`
+    /// (the fastbox binary) run with [`LAUNCHER_ARG`], already in the cgroups of
+    /// `cgroup_procs` and holding the network namespace `netns`. Joining a cgroup costs the
+    /// first migration an RCU grace period (about 10 ms here), which a restore then does not
+    /// pay, nor the fork and the helper's start.
+    pub fn launcher(
+        &self,
+        helper: &Path,
+        netns: &Path,
+        cgroup_procs: &[PathBuf],
+    ) -> Result<RestoreLauncher, CriuError> {
+        let joined = JoinedFds::open(netns, cgroup_procs)?;
+        // The command arrives on stdin; EOF without one (the launcher dropped) ends it.
+        let mut cmd = Command::new(helper);
+        cmd.arg(LAUNCHER_ARG)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(dir) = &self.kdat_run {
+            cmd.arg(std::ffi::OsStr::from_bytes(dir.as_bytes()));
+        }
+        joined.install(&mut cmd);
+        let child = cmd.spawn().map_err(|source| CriuError::Io {
+            what: "start",
+            path: PathBuf::from("criu launcher"),
             source,
         })?;
-        let procs = req
-            .cgroup_procs
+        Ok(RestoreLauncher { child: Some(child) })
+    }
+}
+
+/// A waiting `criu restore` (see [`Criu::launcher`]); dropping it ends the process.
+#[derive(Debug)]
+pub struct RestoreLauncher {
+    child: Option<std::process::Child>,
+}
+
+impl RestoreLauncher {
+    /// Whether the process still waits for its command.
+    pub fn is_waiting(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    fn launch(
+        mut self,
+        criu: &Path,
+        args: &[std::ffi::OsString],
+    ) -> Result<std::process::Output, CriuError> {
+        let mut child = self.child.take().expect("a launcher is launched once");
+        let mut line = criu.as_os_str().as_bytes().to_vec();
+        for arg in args {
+            line.push(0);
+            line.extend_from_slice(arg.as_bytes());
+        }
+        let io_err = |source| CriuError::Io {
+            what: "start",
+            path: PathBuf::from("criu launcher"),
+            source,
+        };
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        if let Err(e) = stdin.write_all(&line) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(io_err(e));
+        }
+        drop(stdin);
+        child.wait_with_output().map_err(io_err)
+    }
+}
+
+impl Drop for RestoreLauncher {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            drop(child.stdin.take());
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The argument that makes the fastbox binary a CRIU launcher ([`launcher_main`]).
+pub const LAUNCHER_ARG: &str = "__criu-launcher";
+
+/// The launcher process (`fastbox __criu-launcher [KDAT_RUN_DIR]`): waits for a command on
+/// stdin (the CRIU path and its arguments, NUL-separated, then EOF), enters CRIU's private
+/// mount namespace when given its `/run` directory (now, so that it holds the mounts made
+/// since the launcher started), and becomes CRIU. Exits 125 when it gets no command.
+pub fn launcher_main() -> ! {
+    use std::io::Read as _;
+    let mut input = Vec::new();
+    if std::io::stdin().read_to_end(&mut input).is_err() || input.is_empty() {
+        std::process::exit(125);
+    }
+    let mut parts = input
+        .split(|b| *b == 0)
+        .map(|p| std::ffi::OsStr::from_bytes(p).to_os_string());
+    let Some(criu) = parts.next() else {
+        std::process::exit(125)
+    };
+    if let Some(dir) = std::env::args_os().nth(2)
+        && let Ok(dir) = std::ffi::CString::new(dir.as_bytes())
+        && let Err(e) = kdat::enter_private_run(&dir)
+    {
+        eprintln!("criu launcher: private /run: {e}");
+        std::process::exit(125);
+    }
+    let e = Command::new(&criu).args(parts).exec();
+    eprintln!("criu launcher: exec {}: {e}", criu.to_string_lossy());
+    std::process::exit(127);
+}
+
+/// The arguments of `criu restore` for `req`.
+fn restore_args(req: &RestoreRequest<'_>, pidfile: &Path) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = vec![
+        "restore".into(),
+        "--images-dir".into(),
+        req.images.into(),
+        "--work-dir".into(),
+        req.work_dir.into(),
+        "--log-file".into(),
+        "restore.log".into(),
+        "-v2".into(),
+        "--root".into(),
+        req.root.into(),
+        "--inherit-fd".into(),
+        format!("fd[{NETNS_FD}]:{NETNS_KEY}").into(),
+        "--external".into(),
+        format!("mnt[{EXECD_KEY}]:{}", req.execd_host.display()).into(),
+        "--restore-detached".into(),
+        "--pidfile".into(),
+        pidfile.into(),
+    ];
+    args.extend(COMMON_OPTIONS.iter().map(Into::into));
+    if req.tcp_close {
+        args.push("--tcp-close".into());
+    }
+    args
+}
+
+/// The network namespace and `cgroup.procs` files a restoring CRIU process joins before it
+/// execs: the namespace as descriptor [`NETNS_FD`], its own pid written to each procs file.
+struct JoinedFds {
+    netns: fs::File,
+    procs: Vec<fs::File>,
+}
+
+impl JoinedFds {
+    fn open(netns: &Path, cgroup_procs: &[PathBuf]) -> Result<Self, CriuError> {
+        let netns = fs::File::open(netns).map_err(|source| CriuError::Io {
+            what: "open",
+            path: netns.to_path_buf(),
+            source,
+        })?;
+        let procs = cgroup_procs
             .iter()
             .map(|p| {
                 fs::OpenOptions::new()
@@ -192,28 +369,13 @@ impl Criu {
                     })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let mut cmd = self.command();
-        cmd.arg("restore")
-            .arg("--images-dir")
-            .arg(req.images)
-            .arg("--work-dir")
-            .arg(req.work_dir)
-            .args(["--log-file", "restore.log", "-v2"])
-            .arg("--root")
-            .arg(req.root)
-            .arg("--inherit-fd")
-            .arg(format!("fd[{NETNS_FD}]:{NETNS_KEY}"))
-            .arg("--external")
-            .arg(format!("mnt[{EXECD_KEY}]:{}", req.execd_host.display()))
-            .arg("--restore-detached")
-            .arg("--pidfile")
-            .arg(&pidfile)
-            .args(COMMON_OPTIONS);
-        if req.tcp_close {
-            cmd.arg("--tcp-close");
-        }
-        let netns_fd = netns.as_raw_fd();
-        let proc_fds: Vec<i32> = procs.iter().map(|f| f.as_raw_fd()).collect();
+        Ok(Self { netns, procs })
+    }
+
+    /// Adds the joining to `cmd`'s child (the descriptors must outlive its spawn).
+    fn install(&self, cmd: &mut Command) {
+        let netns_fd = self.netns.as_raw_fd();
+        let proc_fds: Vec<i32> = self.procs.iter().map(|f| f.as_raw_fd()).collect();
         // SAFETY: the closure only calls async-signal-safe functions (getpid, write, dup2)
         // on descriptors opened before the fork, and formats into a stack buffer.
         unsafe {
@@ -231,13 +393,6 @@ impl Criu {
                 Ok(())
             });
         }
-        run(cmd, "restore", &req.work_dir.join("restore.log"))?;
-        drop((netns, procs));
-        let pid = fs::read_to_string(&pidfile)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .ok_or_else(|| CriuError::NoPid(pidfile.clone()))?;
-        Ok(pid)
     }
 }
 
@@ -268,12 +423,20 @@ fn format_pid(pid: i32, buf: &mut [u8; 12]) -> &[u8] {
     &buf[i..]
 }
 
-fn run(mut cmd: Command, action: &'static str, log: &Path) -> Result<(), CriuError> {
-    let output = cmd.output().map_err(|source| CriuError::Io {
+fn run(cmd: Command, action: &'static str, log: &Path) -> Result<(), CriuError> {
+    check(spawn_output(cmd)?, action, log)
+}
+
+fn spawn_output(mut cmd: Command) -> Result<std::process::Output, CriuError> {
+    cmd.output().map_err(|source| CriuError::Io {
         what: "run",
-        path: PathBuf::from(format!("criu {action}")),
+        path: PathBuf::from("criu"),
         source,
-    })?;
+    })
+}
+
+/// Ok for a successful run; otherwise the error lines of its log.
+fn check(output: std::process::Output, action: &'static str, log: &Path) -> Result<(), CriuError> {
     if output.status.success() {
         return Ok(());
     }

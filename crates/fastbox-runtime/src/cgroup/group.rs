@@ -104,6 +104,32 @@ impl Cgroup {
         Ok(cgroup)
     }
 
+    /// Renames the cgroup to `{prefix}/{new_id}` in every hierarchy, processes and limits
+    /// included (cgroup v1 allows it; v2 refuses, and the caller then makes a new one).
+    /// Hierarchies renamed before a failure are renamed back.
+    pub fn rename(self, new_id: &str) -> Result<Cgroup, CgroupError> {
+        validate_id(new_id)?;
+        let renamed = Cgroup {
+            id: new_id.to_string(),
+            ..self.clone()
+        };
+        let hierarchies = self.root.hierarchies();
+        for (i, h) in hierarchies.iter().enumerate() {
+            let (from, to) = (self.leaf(h), renamed.leaf(h));
+            if let Err(source) = std::fs::rename(&from, &to) {
+                for done in &hierarchies[..i] {
+                    let _ = std::fs::rename(renamed.leaf(done), self.leaf(done));
+                }
+                return Err(CgroupError::Io {
+                    op: "rename",
+                    path: from,
+                    source,
+                });
+            }
+        }
+        Ok(renamed)
+    }
+
     /// The existing cgroup `{prefix}/{id}`, if any hierarchy has it (for recovery and
     /// teardown after a restart).
     pub fn open(root: &CgroupRoot, prefix: &str, id: &str) -> Option<Cgroup> {
