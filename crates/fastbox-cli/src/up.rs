@@ -69,10 +69,17 @@ pub struct UpArgs {
     /// fails within this time is a 400) [default: 1500].
     #[arg(long)]
     pub create_image_wait_ms: Option<u64>,
-    /// Unclaimed sandboxes kept restored per template, ready for creates; 0 turns the warm
-    /// pool off [default: 4].
+    /// Sets both --pool-min and --pool-max: unclaimed sandboxes kept restored per template,
+    /// ready for creates; 0 turns the warm pool off.
     #[arg(long, env = "FASTBOX_POOL_SIZE")]
     pub pool_size: Option<usize>,
+    /// Unclaimed sandboxes kept per template when idle [default: 2].
+    #[arg(long, env = "FASTBOX_POOL_MIN")]
+    pub pool_min: Option<usize>,
+    /// Most unclaimed sandboxes kept per template: the pool grows to the number of creates
+    /// of the template in the last 30 s, up to this [default: 10].
+    #[arg(long, env = "FASTBOX_POOL_MAX")]
+    pub pool_max: Option<usize>,
     /// Network slots with an empty writable layer kept made ahead of demand, so a restore
     /// only mounts an overlay and runs CRIU; 0 makes each slot at its restore [default: 8].
     #[arg(long, env = "FASTBOX_SPARE_SLOTS")]
@@ -104,6 +111,8 @@ impl UpArgs {
             execd: self.execd.clone(),
             create_image_wait_ms: self.create_image_wait_ms,
             pool_size: self.pool_size,
+            pool_min: self.pool_min,
+            pool_max: self.pool_max,
             spare_slots: self.spare_slots,
             dns_upstreams: (!self.dns_upstreams.is_empty()).then(|| self.dns_upstreams.clone()),
         }

@@ -43,8 +43,11 @@ pub struct FastletConfig {
     pub execd_bin: PathBuf,
     /// CRIU (>= 4.2): golden checkpoints and restores.
     pub criu: Criu,
-    /// Unclaimed sandboxes kept restored per template (0: no warm pool).
-    pub pool_size: usize,
+    /// Unclaimed sandboxes kept restored per template when idle.
+    pub pool_min: usize,
+    /// Most unclaimed sandboxes kept per template, when creates ask for more (0: no warm
+    /// pool; see [`crate::pool`]).
+    pub pool_max: usize,
     /// Spare slots (network slot + empty writable layer) kept made ahead of demand (0: none;
     /// every restore then makes its slot).
     pub spare_slots: usize,
@@ -197,7 +200,7 @@ impl Fastlet {
         }
         .map_err(|e| FastletError::Setup(Box::new(e)))?;
         let slots = Mutex::new(SlotTable::new(cfg.pool.capacity()));
-        let cfg_pool_size = cfg.pool_size;
+        let (pool_min, pool_max) = (cfg.pool_min, cfg.pool_max);
         let spares = SparePool::new(cfg.spare_slots);
         Ok(Self {
             cfg,
@@ -207,7 +210,7 @@ impl Fastlet {
             slots,
             routes: RwLock::new(HashMap::new()),
             builds: BuildLocks::default(),
-            pools: WarmPools::new(cfg_pool_size),
+            pools: WarmPools::new(pool_min, pool_max),
             spares,
             reaper: Reaper::default(),
             resolved: Mutex::new(HashMap::new()),
@@ -368,7 +371,7 @@ impl Fastlet {
         // A spare (made ahead) when the request fits one; the caller releases `slot` when
         // the placement names another.
         let source = match req.disk_bytes {
-            None => self.spares.take().map(SlotSource::Spare),
+            None => self.spares.take().map(|s| SlotSource::Spare(Box::new(s))),
             Some(_) => None,
         }
         .unwrap_or(SlotSource::Fresh(slot));
@@ -615,7 +618,7 @@ impl Fastlet {
     fn fill_one(&self, template: &Template) -> Result<(), FastletError> {
         let id = format!("{POOL_ID_PREFIX}{}", &random_hex()[..12]);
         let source = match self.spares.take() {
-            Some(spare) => SlotSource::Spare(spare),
+            Some(spare) => SlotSource::Spare(Box::new(spare)),
             None => SlotSource::Fresh(self.reserve_slot()?),
         };
         let slot = source.index();
@@ -668,7 +671,7 @@ impl Fastlet {
 
     /// Starts the thread that keeps the warm pools full.
     pub fn start_refill(self: &std::sync::Arc<Self>) {
-        if self.pools.target() == 0 {
+        if self.pools.max() == 0 {
             return;
         }
         let this = std::sync::Arc::downgrade(self);
@@ -985,8 +988,8 @@ impl Fastlet {
         for pooled in self.pools.drain() {
             let _ = self.remove(&pooled.placement.handle.id, Some(&pooled.placement), None);
         }
-        for spare in self.spares.drain() {
-            if let Err(e) = self.host.destroy_spare(&spare) {
+        for mut spare in self.spares.drain() {
+            if let Err(e) = self.host.destroy_spare(&mut spare) {
                 tracing::warn!(slot = spare.index, error = %e, "could not remove a spare slot");
             }
             self.release_slot(spare.index);
@@ -1012,17 +1015,20 @@ impl Fastlet {
                         return;
                     }
                     let made = fastlet.reserve_slot().and_then(|index| {
-                        fastlet.host.make_spare(index).map_err(|e| {
-                            fastlet.release_slot(index);
-                            FastletError::Place {
-                                id: format!("{SPARE_ID_PREFIX}{index}"),
-                                source: Box::new(e),
-                            }
-                        })
+                        fastlet
+                            .host
+                            .make_spare(index, &fastlet.cfg.criu)
+                            .map_err(|e| {
+                                fastlet.release_slot(index);
+                                FastletError::Place {
+                                    id: format!("{SPARE_ID_PREFIX}{index}"),
+                                    source: Box::new(e),
+                                }
+                            })
                     });
                     let failed = made.as_ref().err().map(ToString::to_string);
-                    if let Some(late) = fastlet.spares.made(made.ok()) {
-                        let _ = fastlet.host.destroy_spare(&late);
+                    if let Some(mut late) = fastlet.spares.made(made.ok()) {
+                        let _ = fastlet.host.destroy_spare(&mut late);
                         fastlet.release_slot(late.index);
                     }
                     if let Some(error) = failed {

@@ -1,6 +1,11 @@
 //! Warm pools: per template, sandboxes restored ahead of demand and left unclaimed (the
 //! template's token, no entrypoint, egress denied). A create takes one in O(1) under one lock
 //! and claims it; a refill thread restores replacements in the background.
+//!
+//! Each template's pool is kept between `min` and `max`: at `min` when idle, and at the
+//! number of creates of the template in the last [`DEMAND_WINDOW`] (hits and misses) when
+//! that is more, so a burst finds the pool as large as the previous one was (up to `max`).
+//! A pool above its target shrinks only by claims.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Condvar, Mutex};
@@ -25,16 +30,23 @@ pub struct Pooled {
 
 /// The pools of one node and what they should hold.
 pub struct WarmPools {
-    /// Sandboxes kept per template.
-    target: usize,
+    /// Sandboxes kept per template when idle.
+    min: usize,
+    /// Most sandboxes kept per template.
+    max: usize,
     state: Mutex<PoolState>,
     wake: Condvar,
 }
+
+/// How far back creates count as demand.
+pub const DEMAND_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
 
 #[derive(Default)]
 struct PoolState {
     templates: HashMap<String, Template>,
     ready: HashMap<String, VecDeque<Pooled>>,
+    /// When each template's sandboxes were asked for, within [`DEMAND_WINDOW`].
+    demand: HashMap<String, VecDeque<std::time::Instant>>,
     stopping: bool,
     /// When a sandbox was last taken: refills wait out a burst (a restore takes a core
     /// for ~100 ms, which the burst's claims would otherwise share).
@@ -44,22 +56,48 @@ struct PoolState {
 /// A refill waits until no sandbox was taken for this long, unless its pool is empty.
 pub const REFILL_QUIET: std::time::Duration = std::time::Duration::from_millis(50);
 
+impl PoolState {
+    /// Creates of template `key` within the window (older entries are dropped).
+    fn demand(&mut self, key: &str, now: std::time::Instant) -> usize {
+        let Some(times) = self.demand.get_mut(key) else {
+            return 0;
+        };
+        while times
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > DEMAND_WINDOW)
+        {
+            times.pop_front();
+        }
+        times.len()
+    }
+}
+
 impl WarmPools {
-    pub fn new(target: usize) -> Self {
+    /// Pools of `min..=max` sandboxes per template (`max` 0: no pools; `min` is capped at
+    /// `max`).
+    pub fn new(min: usize, max: usize) -> Self {
         Self {
-            target,
+            min: min.min(max),
+            max,
             state: Mutex::new(PoolState::default()),
             wake: Condvar::new(),
         }
     }
 
-    pub fn target(&self) -> usize {
-        self.target
+    /// The most sandboxes kept per template.
+    pub fn max(&self) -> usize {
+        self.max
     }
 
-    /// Keeps `target` sandboxes of `template` from now on.
+    /// How many sandboxes of template `key` are wanted now.
+    fn target(&self, state: &mut PoolState, key: &str) -> usize {
+        let now = std::time::Instant::now();
+        state.demand(key, now).clamp(self.min, self.max)
+    }
+
+    /// Keeps sandboxes of `template` from now on.
     pub fn register(&self, template: &Template) {
-        if self.target == 0 {
+        if self.max == 0 {
             return;
         }
         let mut state = self.lock();
@@ -75,10 +113,20 @@ impl WarmPools {
         self.lock().templates.remove(key);
     }
 
-    /// Takes a ready sandbox of template `key`, if there is one (and wakes the refill).
+    /// Takes a ready sandbox of template `key`, if there is one (and wakes the refill). Every
+    /// call counts as demand, hit or miss.
     pub fn take(&self, key: &str) -> Option<Pooled> {
         let mut state = self.lock();
-        let taken = state.ready.get_mut(key)?.pop_front();
+        let now = std::time::Instant::now();
+        if self.max > 0 {
+            state
+                .demand
+                .entry(key.to_string())
+                .or_default()
+                .push_back(now);
+            let _ = state.demand(key, now);
+        }
+        let taken = state.ready.get_mut(key).and_then(VecDeque::pop_front);
         if taken.is_some() {
             state.last_take = Some(std::time::Instant::now());
             self.wake.notify_all();
@@ -121,11 +169,19 @@ impl WarmPools {
             if state.stopping {
                 return None;
             }
-            let ready = |t: &Template| state.ready.get(&t.key).map_or(0, VecDeque::len);
-            let short = state.templates.values().find(|t| ready(t) < self.target);
+            let keys: Vec<String> = state.templates.keys().cloned().collect();
+            let mut short = None;
+            for key in keys {
+                let ready = state.ready.get(&key).map_or(0, VecDeque::len);
+                if ready < self.target(&mut state, &key) {
+                    short = Some((key, ready));
+                    break;
+                }
+            }
+            let short = short.map(|(key, ready)| (state.templates[&key].clone(), ready));
             let quiet = state.last_take.map_or(REFILL_QUIET, |at| at.elapsed());
             match short {
-                Some(t) if ready(t) == 0 || quiet >= REFILL_QUIET => return Some(t.clone()),
+                Some((t, ready)) if ready == 0 || quiet >= REFILL_QUIET => return Some(t),
                 Some(_) => {
                     let wait = REFILL_QUIET.saturating_sub(quiet);
                     state = self
@@ -182,7 +238,7 @@ mod tests {
 
     #[test]
     fn takes_in_order_and_asks_for_refills() {
-        let pools = WarmPools::new(2);
+        let pools = WarmPools::new(2, 2);
         pools.register(&template("a"));
         assert_eq!(pools.next_to_fill().unwrap().key, "a");
         pools.put(pooled("a", 1));
@@ -198,9 +254,35 @@ mod tests {
 
     #[test]
     fn a_zero_target_keeps_nothing() {
-        let pools = WarmPools::new(0);
+        let pools = WarmPools::new(0, 0);
         pools.register(&template("a"));
         pools.drain();
         assert!(pools.next_to_fill().is_none());
+    }
+
+    /// Whether the refill would restore another sandbox of `a` now (without blocking).
+    fn wants_more(pools: &WarmPools) -> bool {
+        let mut state = pools.lock();
+        let ready = state.ready.get("a").map_or(0, VecDeque::len);
+        ready < pools.target(&mut state, "a")
+    }
+
+    #[test]
+    fn demand_grows_the_pool_up_to_max() {
+        let pools = WarmPools::new(1, 3);
+        pools.register(&template("a"));
+        pools.put(pooled("a", 1));
+        assert!(!wants_more(&pools), "idle: min");
+        // A burst of four creates: one hit, three misses.
+        assert!(pools.take("a").is_some());
+        for _ in 0..3 {
+            assert!(pools.take("a").is_none());
+        }
+        for n in 2..=4 {
+            assert!(wants_more(&pools));
+            pools.put(pooled("a", n));
+        }
+        assert!(!wants_more(&pools), "capped at max");
+        assert_eq!(pools.sizes()["a"], 3);
     }
 }

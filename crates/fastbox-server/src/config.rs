@@ -37,8 +37,12 @@ pub struct Settings {
     pub execd: Option<PathBuf>,
     /// How long a create waits for its image before answering `Pending`, milliseconds.
     pub create_image_wait_ms: Option<u64>,
-    /// Unclaimed sandboxes kept restored per template (0: no warm pool).
+    /// Sets both `pool_min` and `pool_max` (0: no warm pool).
     pub pool_size: Option<usize>,
+    /// Unclaimed sandboxes kept restored per template when idle.
+    pub pool_min: Option<usize>,
+    /// Most unclaimed sandboxes kept per template when creates ask for more.
+    pub pool_max: Option<usize>,
     /// Network slots with an empty writable layer kept made ahead of demand (0: none).
     pub spare_slots: Option<usize>,
     /// DNS servers (`address:port`) the forwarder asks for names a sandbox's policy allows.
@@ -63,6 +67,8 @@ impl Settings {
             execd: self.execd.or(lower.execd),
             create_image_wait_ms: self.create_image_wait_ms.or(lower.create_image_wait_ms),
             pool_size: self.pool_size.or(lower.pool_size),
+            pool_min: self.pool_min.or(lower.pool_min),
+            pool_max: self.pool_max.or(lower.pool_max),
             spare_slots: self.spare_slots.or(lower.spare_slots),
             dns_upstreams: self.dns_upstreams.or(lower.dns_upstreams),
         }
@@ -106,7 +112,10 @@ pub const DEFAULT_POOL: &str = "10.89.0.0/16";
 pub const DEFAULT_IMAGE: &str = "python:3.12";
 /// Warm sandboxes per template: enough for a small burst on a 2-core machine, each costing
 /// an idle execd (a few MiB) and a network slot.
-pub const DEFAULT_POOL_SIZE: usize = 4;
+/// Pool bounds by default, for a small machine (2 cores): two sandboxes per template when
+/// idle, up to ten (a 10-way burst) while creates keep coming.
+pub const DEFAULT_POOL_MIN: usize = 2;
+pub const DEFAULT_POOL_MAX: usize = 10;
 /// Spare slots by default: enough for a burst of on-demand restores (10 concurrent creates
 /// with the pool off) on a small machine; each costs a network namespace, a veth pair and a
 /// loop-mounted sparse layer (a few MiB of disk).
@@ -127,8 +136,10 @@ pub struct ServerConfig {
     pub max_timeout: Duration,
     pub retention: Duration,
     pub execd: Option<PathBuf>,
-    /// Unclaimed sandboxes kept restored per template.
-    pub pool_size: usize,
+    /// Unclaimed sandboxes kept restored per template when idle, and at most (the pool grows
+    /// with the creates of the last 30 s).
+    pub pool_min: usize,
+    pub pool_max: usize,
     /// Spare slots (network slot + empty writable layer) kept made ahead of demand.
     pub spare_slots: usize,
     /// The DNS forwarder's upstreams (`None`: the host's resolvers).
@@ -194,7 +205,14 @@ impl ServerConfig {
             max_timeout: Duration::from_secs(settings.max_timeout_seconds.unwrap_or(86_400)),
             retention: Duration::from_secs(settings.retention_seconds.unwrap_or(3_600)),
             execd: settings.execd,
-            pool_size: settings.pool_size.unwrap_or(DEFAULT_POOL_SIZE),
+            pool_min: settings
+                .pool_min
+                .or(settings.pool_size)
+                .unwrap_or(DEFAULT_POOL_MIN),
+            pool_max: settings
+                .pool_max
+                .or(settings.pool_size)
+                .unwrap_or(DEFAULT_POOL_MAX),
             spare_slots: settings.spare_slots.unwrap_or(DEFAULT_SPARE_SLOTS),
             dns_upstreams: settings.dns_upstreams,
             image_wait: Duration::from_millis(settings.create_image_wait_ms.unwrap_or(1500)),

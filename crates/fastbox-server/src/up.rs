@@ -74,7 +74,8 @@ pub async fn run(
         },
         execd_bin,
         criu,
-        pool_size: cfg.pool_size,
+        pool_min: cfg.pool_min,
+        pool_max: cfg.pool_max,
         spare_slots: cfg.spare_slots,
         dns_upstreams: cfg.dns_upstreams.clone(),
     };

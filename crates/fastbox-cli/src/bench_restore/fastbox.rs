@@ -48,7 +48,8 @@ pub fn series(run: &Run, image: &ResolvedImage) -> anyhow::Result<Series> {
         },
         execd_bin: run.execd.clone(),
         criu: run.criu.clone(),
-        pool_size: 0,
+        pool_min: 0,
+        pool_max: 0,
         spare_slots: run.spare_slots,
         dns_upstreams: None,
     })?);
