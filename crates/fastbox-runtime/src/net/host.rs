@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use super::names::{SANDBOX_IFNAME, owned_by, slot_name};
 use super::pool::SLOT_PREFIX_LEN;
+use super::route::DefaultRoute;
 use super::sys::{NetSys, RealNetSys};
 use super::{NetConfig, NetError, netns, nft};
 
@@ -197,30 +198,16 @@ impl HostNetwork {
     /// they are claimed): its default route goes. The host still reaches it on the /31, and
     /// nothing inside can put the route back (sandboxes have no `CAP_NET_ADMIN`).
     pub fn deny_egress(&self, slot: &NetSlot) -> Result<(), NetError> {
-        self.sys
-            .run(
-                "ip",
-                &["-netns", &slot.name, "route", "del", "default"],
-                None,
-            )
-            .map(drop)
+        self.sys.set_default_route(&slot.name, DefaultRoute::None)
     }
 
     /// Undoes [`HostNetwork::deny_egress`]: the default route via the gateway again.
     pub fn allow_egress(&self, slot: &NetSlot) -> Result<(), NetError> {
-        let gateway = slot.gateway.to_string();
-        let args = [
-            "-netns",
-            &slot.name,
-            "route",
-            "replace",
-            "default",
-            "via",
-            &gateway,
-            "dev",
-            SANDBOX_IFNAME,
-        ];
-        self.sys.run("ip", &args, None).map(drop)
+        let route = DefaultRoute::Via {
+            gateway: slot.gateway,
+            ifname: SANDBOX_IFNAME,
+        };
+        self.sys.set_default_route(&slot.name, route)
     }
 
     /// Removes the slot: the veth (both ends) and the netns. Idempotent. Processes still

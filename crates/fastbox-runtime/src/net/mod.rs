@@ -23,6 +23,7 @@ pub mod names;
 pub mod netns;
 pub mod nft;
 mod pool;
+pub mod route;
 mod sys;
 
 use std::io;

@@ -7,6 +7,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use super::route::DefaultRoute;
 use super::{NetError, netns};
 
 /// What the network module asks of the host.
@@ -30,6 +31,22 @@ pub trait NetSys: Send + Sync {
     fn write_sysctl(&self, path: &str, value: &str) -> Result<(), NetError>;
     /// Reads a `/proc/sys` knob of the host namespace.
     fn read_sysctl(&self, path: &str) -> Result<String, NetError>;
+    /// Sets or removes the default route inside the named netns (an absent route is fine
+    /// to remove). By default through `ip`; the real host uses rtnetlink.
+    fn set_default_route(&self, netns: &str, route: DefaultRoute<'_>) -> Result<(), NetError> {
+        match route {
+            DefaultRoute::Via { gateway, ifname } => {
+                let gateway = gateway.to_string();
+                let args = [
+                    "-netns", netns, "route", "replace", "default", "via", &gateway, "dev", ifname,
+                ];
+                self.run("ip", &args, None).map(drop)
+            }
+            DefaultRoute::None => self
+                .run("ip", &["-netns", netns, "route", "del", "default"], None)
+                .map(drop),
+        }
+    }
 }
 
 /// The host itself.
@@ -126,6 +143,16 @@ impl NetSys for RealNetSys {
         netns::read_sysctl(Path::new(path)).map_err(|source: io::Error| NetError::Io {
             path: path.into(),
             source,
+        })
+    }
+
+    fn set_default_route(&self, name: &str, route: DefaultRoute<'_>) -> Result<(), NetError> {
+        super::route::set_default_route(&netns::netns_path(name), route).map_err(|source| {
+            NetError::Netns {
+                name: name.to_string(),
+                op: "set the default route",
+                source,
+            }
         })
     }
 }
