@@ -264,6 +264,11 @@ impl Fastlet {
         })
     }
 
+    /// Teardowns queued and not finished (their slots are released when they are).
+    pub fn teardowns_pending(&self) -> usize {
+        self.reaper.pending()
+    }
+
     /// Gives back a slot index that was reserved but never used.
     pub fn release_slot(&self, slot: u32) {
         self.slots.lock().expect("slot table lock").release(slot);

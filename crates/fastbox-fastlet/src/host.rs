@@ -447,7 +447,7 @@ impl LocalHost {
     /// remove the slot.
     pub fn release_network(&self, slot: &NetSlot) -> Result<(), HostError> {
         self.egress.remove(&SlotRef::from(slot))?;
-        self.network.destroy_slot(slot)?;
+        self.network.destroy_slot_lazily(slot)?;
         Ok(())
     }
 

@@ -43,27 +43,39 @@ impl ReapJob {
 pub struct Reaper {
     tx: Mutex<Option<Sender<ReapJob>>>,
     pending: Arc<(Mutex<usize>, Condvar)>,
-    worker: Mutex<Option<std::thread::JoinHandle<()>>>,
+    workers: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
+/// Teardowns that run at once.
+pub const WORKERS: usize = 4;
+
 impl Reaper {
-    /// Starts the worker; `reap` does one teardown (errors are its to log).
-    pub fn start(&self, reap: impl Fn(&ReapJob) + Send + 'static) {
+    /// Starts [`WORKERS`] workers; `reap` does one teardown (errors are its to log). Most of
+    /// a teardown is waiting for the kernel (unmounts, a namespace's veth going away), so
+    /// several run at once.
+    pub fn start(&self, reap: impl Fn(&ReapJob) + Send + Sync + 'static) {
         let (tx, rx): (Sender<ReapJob>, Receiver<ReapJob>) = channel();
-        let counter = self.pending.clone();
-        let worker = std::thread::Builder::new()
-            .name("fastbox-reaper".into())
-            .spawn(move || {
-                for job in rx {
-                    reap(&job);
-                    let (count, done) = &*counter;
-                    *count.lock().expect("reaper lock") -= 1;
-                    done.notify_all();
-                }
-            })
-            .expect("spawn the reaper thread");
+        let rx = Arc::new(Mutex::new(rx));
+        let reap = Arc::new(reap);
+        let mut workers = self.workers.lock().expect("reaper lock");
+        for i in 0..WORKERS {
+            let (rx, reap, counter) = (rx.clone(), reap.clone(), self.pending.clone());
+            let worker = std::thread::Builder::new()
+                .name(format!("fastbox-reaper-{i}"))
+                .spawn(move || {
+                    loop {
+                        let job = rx.lock().expect("reaper lock").recv();
+                        let Ok(job) = job else { return };
+                        reap(&job);
+                        let (count, done) = &*counter;
+                        *count.lock().expect("reaper lock") -= 1;
+                        done.notify_all();
+                    }
+                })
+                .expect("spawn a reaper thread");
+            workers.push(worker);
+        }
         *self.tx.lock().expect("reaper lock") = Some(tx);
-        *self.worker.lock().expect("reaper lock") = Some(worker);
     }
 
     /// Queues `job`; false when the reaper was stopped (the caller reaps it itself).
@@ -97,7 +109,7 @@ impl Reaper {
     /// Finishes the queue and stops the worker; later jobs are refused by [`Reaper::queue`].
     pub fn stop(&self) {
         drop(self.tx.lock().expect("reaper lock").take());
-        if let Some(worker) = self.worker.lock().expect("reaper lock").take() {
+        for worker in self.workers.lock().expect("reaper lock").drain(..) {
             let _ = worker.join();
         }
     }
@@ -138,7 +150,9 @@ mod tests {
         }
         reaper.flush();
         assert_eq!(reaper.pending(), 0);
-        assert_eq!(*done.lock().unwrap(), vec![Some(0), Some(1), Some(2)]);
+        let mut done = done.lock().unwrap().clone();
+        done.sort();
+        assert_eq!(done, vec![Some(0), Some(1), Some(2)]);
         reaper.stop();
         assert!(!reaper.queue(ReapJob {
             dir: PathBuf::from("/nonexistent"),

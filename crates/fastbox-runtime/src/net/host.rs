@@ -219,6 +219,25 @@ impl HostNetwork {
         Ok(())
     }
 
+    /// [`HostNetwork::destroy_slot`] namespace first, for slots whose processes are gone:
+    /// the kernel then destroys the veth pair in the background, batched with other
+    /// namespaces (about 3 ms of the caller's time instead of about 30 ms for deleting the
+    /// link). Returns once the host end is gone, so the slot's index can be reused; deletes
+    /// it itself if it outlives [`LINK_GONE_WAIT`].
+    pub fn destroy_slot_lazily(&self, slot: &NetSlot) -> Result<(), NetError> {
+        self.sys.remove_netns(&slot.name)?;
+        let deadline = Instant::now() + LINK_GONE_WAIT;
+        while self.sys.link_exists(&slot.host_if) {
+            if Instant::now() >= deadline {
+                delete_link(self.sys.as_ref(), &slot.host_if)?;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        tracing::debug!(slot = %slot.name, "slot destroyed");
+        Ok(())
+    }
+
     /// Removes every slot of the instance, then its nft table (in that order: a slot never
     /// exists without the rules that confine it).
     pub fn teardown(self) -> Result<(), NetError> {
@@ -236,6 +255,9 @@ impl HostNetwork {
         purge_with(&RealNetSys, prefix)
     }
 }
+
+/// How long [`HostNetwork::destroy_slot_lazily`] lets the kernel remove a veth.
+pub const LINK_GONE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn delete_link(sys: &dyn NetSys, name: &str) -> Result<(), NetError> {
     match sys.run("ip", &["link", "del", name], None) {
@@ -536,6 +558,18 @@ mod tests {
             Err(NetError::IndexOutOfPool { .. })
         ));
         assert!(sys.calls().is_empty());
+    }
+
+    #[test]
+    fn lazy_destroy_removes_the_namespace_and_deletes_a_lingering_link() {
+        let (sys, host) = host();
+        let slot = host.create_slot(2).unwrap();
+        sys.calls.lock().unwrap().clear();
+        // The fake never removes the link with the namespace: the wait runs out.
+        host.destroy_slot_lazily(&slot).unwrap();
+        let calls = sys.calls();
+        assert_eq!(calls[0], "remove netns fbu-2");
+        assert_eq!(calls.last().unwrap(), "ip link del fbu-2");
     }
 
     #[test]

@@ -65,6 +65,10 @@ pub struct EndpointQuery {
     pub api_host: Option<String>,
 }
 
+/// How long a create waits for a slot that a teardown in flight is about to release, before
+/// it answers 429 (no wait when no teardown is pending).
+pub const ADMISSION_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Lifecycle {
     pub fn new(
         cfg: ServerConfig,
@@ -185,6 +189,24 @@ impl Lifecycle {
             .collect()
     }
 
+    /// Admission: a free slot now, or, while slots are still being released by teardowns in
+    /// flight, one of those within [`ADMISSION_WAIT`]; otherwise the node is full.
+    async fn admit(&self) -> Result<u32, fastbox_fastlet::FastletError> {
+        let deadline = tokio::time::Instant::now() + ADMISSION_WAIT;
+        loop {
+            match self.fastlet.reserve_slot() {
+                Ok(slot) => return Ok(slot),
+                Err(e)
+                    if self.fastlet.teardowns_pending() == 0
+                        || tokio::time::Instant::now() >= deadline =>
+                {
+                    return Err(e);
+                }
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+            }
+        }
+    }
+
     /// `POST /v1/sandboxes`: validate, admit into a slot, record the intent, start.
     pub async fn create(self: &Arc<Self>, req: CreateSandboxRequest) -> Result<Sandbox, ApiError> {
         let max_timeout = self.cfg.max_timeout.as_secs();
@@ -198,13 +220,10 @@ impl Lifecycle {
         self.fastlet
             .check_image(&plan.image.uri)
             .map_err(|e| ApiError::InvalidParameter(format!("image: {e}")))?;
-        let slot = self
-            .fastlet
-            .reserve_slot()
-            .map_err(|e| ApiError::Capacity {
-                message: e.to_string(),
-                retry_after: 5,
-            })?;
+        let slot = self.admit().await.map_err(|e| ApiError::Capacity {
+            message: e.to_string(),
+            retry_after: 5,
+        })?;
         let id = uuid::Uuid::new_v4().to_string();
         let now = Utc::now();
         let mut record = SandboxRecord {
