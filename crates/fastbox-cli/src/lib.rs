@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_create;
+pub mod bench_memory;
 pub mod client;
 pub mod paths;
 pub mod sandbox_run;

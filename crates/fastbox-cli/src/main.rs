@@ -3,7 +3,7 @@
 //! process that builds a sandbox's namespaces (see `fastbox_runtime::init`).
 
 use clap::{Parser, Subcommand};
-use fastbox_cli::{bench, bench_create, client, paths, sandbox_run, up};
+use fastbox_cli::{bench, bench_create, bench_memory, client, paths, sandbox_run, up};
 
 mod bench_restore;
 
@@ -47,6 +47,8 @@ enum BenchCommand {
     /// Node-side restore of an image's golden checkpoint, next to `runc restore` of clones
     /// of a checkpoint of the same workload, with CRIU's own restore statistics.
     Restore(bench_restore::RestoreBenchArgs),
+    /// Memory of the idle pooled sandboxes of a running instance (private, PSS, RSS).
+    PoolMemory(bench_memory::PoolMemoryArgs),
 }
 
 #[derive(Subcommand)]
@@ -111,6 +113,9 @@ fn main() {
         Command::Bench {
             command: BenchCommand::Restore(args),
         } => bench_restore::restore(args),
+        Command::Bench {
+            command: BenchCommand::PoolMemory(args),
+        } => bench_memory::pool_memory(args),
         Command::Check(args) => paths::check(&args),
         Command::Up(args) => up::up(args),
         Command::Purge(args) => up::purge(args),

@@ -296,6 +296,22 @@ fn pooled_sandboxes_have_no_route_out_until_claimed() {
         let table = routes(slot);
         assert!(!table.contains("default"), "pooled slot {slot}: {table}");
     }
+    // What an idle pooled sandbox costs: execd alone, well under a few MiB of its own.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fastbox"))
+        .args(["bench", "pool-memory", "--json", "--prefix", &server.prefix])
+        .arg("--data-dir")
+        .arg(&server.data_dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let memory: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(memory["pooled"], 2, "{memory}");
+    let private = memory["median_private_bytes"].as_u64().unwrap();
+    assert!(private > 0 && private < 32 << 20, "{memory}");
     // A create claims one: its sandbox has its way out again.
     let id = server.create_busybox();
     let store_slot = {
