@@ -2,8 +2,8 @@
 //! have every sample, percentiles are ordered, CRIU's restore statistics of the runc side
 //! are read, and nothing of the run's prefix stays on the host.
 //!
-//! Prefix tag `f` (see `fastbox_testkit::run_prefix`), address pool 10.217.102.0/24 (the
-//! `fastbox up` tests use 10.217.<their tag>.0/24; `f` is 102 and none of theirs).
+//! Prefix tag `2` (see `fastbox_testkit::run_prefix`), address pool 10.217.50.0/24 (the
+//! `fastbox up` tests use 10.217.<their tag byte>.0/24; `2` is 50, none of theirs).
 
 mod common;
 
@@ -45,7 +45,7 @@ fn assert_series(report: &Value, path: &[&str], n: u64) {
 #[test]
 fn bench_restore_times_both_sides_and_cleans_up() {
     fastbox_testkit::skip_unless!(unavailable());
-    let prefix = fastbox_testkit::run_prefix("f");
+    let prefix = fastbox_testkit::run_prefix("2");
     let dir = tempfile::Builder::new()
         .prefix(&format!("{prefix}-"))
         .tempdir()
@@ -53,7 +53,7 @@ fn bench_restore_times_both_sides_and_cleans_up() {
     let out = Command::new(env!("CARGO_BIN_EXE_fastbox"))
         .args(["bench", "restore", "--n", &N.to_string(), "--json"])
         .args(["--image", "fastbox/busybox", "--prefix", &prefix])
-        .args(["--pool", "10.217.102.0/24"])
+        .args(["--pool", "10.217.50.0/24"])
         .arg("--data-dir")
         .arg(dir.path())
         .arg("--cache-dir")
