@@ -48,6 +48,10 @@ pub struct CreateBenchArgs {
     /// of back to back.
     #[arg(long, value_name = "S")]
     pub batch_pause: Option<f64>,
+    /// Send this `networkPolicy` (JSON) with every create, e.g.
+    /// '{"defaultAction":"deny","egress":[{"action":"allow","target":"pypi.org"}]}'.
+    #[arg(long, value_name = "JSON", value_parser = parse_policy)]
+    pub network_policy: Option<serde_json::Value>,
     /// Untimed creates before the timed ones.
     #[arg(long, default_value_t = 0, value_name = "W")]
     pub warmup: usize,
@@ -57,6 +61,14 @@ pub struct CreateBenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_policy(text: &str) -> Result<serde_json::Value, String> {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(v) if v.is_object() => Ok(v),
+        Ok(_) => Err("a JSON object, as networkPolicy of a create".into()),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
 }
 
 impl CreateBenchArgs {
@@ -81,7 +93,7 @@ pub fn create(args: CreateBenchArgs) -> anyhow::Result<i32> {
     let plan = Plan {
         n: args.n,
         pace: batch_pause.map_or(Pace::BackToBack, |pause| Pace::Batches { pause }),
-        body: request::create_body(&source, args.pool),
+        body: request::create_body(&source, args.pool, args.network_policy.as_ref()),
         ready_timeout,
     };
     let workers = args.concurrency.min(args.n);

@@ -41,8 +41,8 @@ impl std::fmt::Display for Pool {
     }
 }
 
-/// The body of `POST /v1/sandboxes`.
-pub fn create_body(source: &Source, pool: Pool) -> Value {
+/// The body of `POST /v1/sandboxes`, with `network_policy` as its `networkPolicy` if given.
+pub fn create_body(source: &Source, pool: Pool, network_policy: Option<&Value>) -> Value {
     let mut body = match source {
         Source::Image(image) => json!({
             "image": {"uri": image},
@@ -55,6 +55,9 @@ pub fn create_body(source: &Source, pool: Pool) -> Value {
     if pool == Pool::Off {
         body["extensions"] = json!({ POOL_EXTENSION: "off" });
     }
+    if let Some(policy) = network_policy {
+        body["networkPolicy"] = policy.clone();
+    }
     body
 }
 
@@ -64,7 +67,7 @@ mod tests {
 
     #[test]
     fn image_creates_carry_the_sdk_defaults() {
-        let body = create_body(&Source::Image("fastbox/busybox".into()), Pool::On);
+        let body = create_body(&Source::Image("fastbox/busybox".into()), Pool::On, None);
         assert_eq!(
             body,
             json!({
@@ -78,15 +81,22 @@ mod tests {
 
     #[test]
     fn template_creates_name_only_the_template_and_a_timeout() {
-        let body = create_body(&Source::Template("tpl-1".into()), Pool::On);
+        let body = create_body(&Source::Template("tpl-1".into()), Pool::On, None);
         assert_eq!(body, json!({"templateId": "tpl-1", "timeout": 600}));
     }
 
     #[test]
     fn pool_off_is_an_extension_on_either_kind() {
         for source in [Source::Image("i".into()), Source::Template("t".into())] {
-            let body = create_body(&source, Pool::Off);
+            let body = create_body(&source, Pool::Off, None);
             assert_eq!(body["extensions"], json!({"fastbox.io/pool": "off"}));
         }
+    }
+
+    #[test]
+    fn a_network_policy_is_sent_as_given() {
+        let policy = json!({"defaultAction": "deny", "egress": [{"action": "allow", "target": "example.org"}]});
+        let body = create_body(&Source::Image("i".into()), Pool::On, Some(&policy));
+        assert_eq!(body["networkPolicy"], policy);
     }
 }
