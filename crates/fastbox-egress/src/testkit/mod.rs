@@ -10,6 +10,7 @@ mod dns_server;
 mod internet;
 mod probe;
 mod server;
+pub mod sink;
 
 pub use dns_server::{TestDnsServer, Zone, a_query};
 pub use internet::{ECHO_PORTS, InternetError, TestInternet};
