@@ -345,7 +345,10 @@ fn golden_checkpoints_and_their_artifacts_hold_no_golden_token() {
         .flatten()
         .map(|e| e.path())
         .find(|p| p.join("template.json").exists())
-        .expect("the default image's template");
+        .unwrap_or_else(|| {
+            let listing: Vec<_> = walk(&templates);
+            panic!("the default image's template: {listing:#?}\n{}", server.log_text())
+        });
     let meta: serde_json::Value =
         serde_json::from_slice(&std::fs::read(template_dir.join("template.json")).unwrap())
             .unwrap();
@@ -387,4 +390,17 @@ fn golden_checkpoints_and_their_artifacts_hold_no_golden_token() {
     }
     assert!(checked > 5, "only {checked} files checked");
     server.finish();
+}
+
+/// Every path under `dir` (for failure messages).
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(walk(&path));
+        }
+        found.push(path);
+    }
+    found
 }

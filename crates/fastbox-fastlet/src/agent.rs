@@ -663,7 +663,7 @@ impl Fastlet {
                 source: Box::new(e),
             });
         }
-        self.pools.put(Pooled {
+        let late = self.pools.put(Pooled {
             placement: Placement {
                 slot,
                 address: sb.slot.address,
@@ -671,6 +671,10 @@ impl Fastlet {
             },
             template: template.key.clone(),
         });
+        if let Some(late) = late {
+            // The pools were drained while it was restored.
+            self.remove(&late.placement.handle.id, Some(&late.placement), None)?;
+        }
         Ok(())
     }
 
@@ -688,7 +692,9 @@ impl Fastlet {
                     let Some(template) = fastlet.pools.next_to_fill() else {
                         return;
                     };
-                    if let Err(e) = fastlet.fill_one(&template) {
+                    let filled = fastlet.fill_one(&template);
+                    fastlet.pools.filled();
+                    if let Err(e) = filled {
                         tracing::warn!(image = %template.image_reference, error = %e, "warm pool refill failed");
                         drop(fastlet);
                         std::thread::sleep(std::time::Duration::from_secs(1));
@@ -1035,6 +1041,7 @@ impl Fastlet {
                     if let Some(mut late) = fastlet.spares.made(made.ok()) {
                         let _ = fastlet.host.destroy_spare(&mut late);
                         fastlet.release_slot(late.index);
+                        fastlet.spares.discarded();
                     }
                     if let Some(error) = failed {
                         tracing::warn!(%error, "could not make a spare slot");

@@ -47,6 +47,8 @@ struct PoolState {
     ready: HashMap<String, VecDeque<Pooled>>,
     /// When each template's sandboxes were asked for, within [`DEMAND_WINDOW`].
     demand: HashMap<String, VecDeque<std::time::Instant>>,
+    /// Refills handed out by `next_to_fill` and not yet `filled`.
+    filling: usize,
     stopping: bool,
     /// When a sandbox was last taken: refills wait out a burst (a restore takes a core
     /// for ~100 ms, which the burst's claims would otherwise share).
@@ -134,13 +136,26 @@ impl WarmPools {
         taken
     }
 
-    /// Adds a freshly restored sandbox.
-    pub fn put(&self, pooled: Pooled) {
-        self.lock()
+    /// Adds a freshly restored sandbox; hands it back when the pools stopped meanwhile (the
+    /// caller removes it).
+    pub fn put(&self, pooled: Pooled) -> Option<Pooled> {
+        let mut state = self.lock();
+        if state.stopping {
+            return Some(pooled);
+        }
+        state
             .ready
             .entry(pooled.template.clone())
             .or_default()
             .push_back(pooled);
+        None
+    }
+
+    /// The refill handed out by [`WarmPools::next_to_fill`] is over (done or failed).
+    pub fn filled(&self) {
+        let mut state = self.lock();
+        state.filling = state.filling.saturating_sub(1);
+        self.wake.notify_all();
     }
 
     /// Ready sandboxes per template.
@@ -181,7 +196,10 @@ impl WarmPools {
             let short = short.map(|(key, ready)| (state.templates[&key].clone(), ready));
             let quiet = state.last_take.map_or(REFILL_QUIET, |at| at.elapsed());
             match short {
-                Some((t, ready)) if ready == 0 || quiet >= REFILL_QUIET => return Some(t),
+                Some((t, ready)) if ready == 0 || quiet >= REFILL_QUIET => {
+                    state.filling += 1;
+                    return Some(t);
+                }
                 Some(_) => {
                     let wait = REFILL_QUIET.saturating_sub(quiet);
                     state = self
@@ -195,11 +213,15 @@ impl WarmPools {
         }
     }
 
-    /// Stops the refill and hands back every ready sandbox (for removal).
+    /// Stops the refill, waits for a refill in flight to finish (it removes what it made),
+    /// and hands back every ready sandbox (for removal).
     pub fn drain(&self) -> Vec<Pooled> {
         let mut state = self.lock();
         state.stopping = true;
         self.wake.notify_all();
+        while state.filling > 0 {
+            state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
         state.ready.drain().flat_map(|(_, q)| q).collect()
     }
 
@@ -241,15 +263,19 @@ mod tests {
         let pools = WarmPools::new(2, 2);
         pools.register(&template("a"));
         assert_eq!(pools.next_to_fill().unwrap().key, "a");
-        pools.put(pooled("a", 1));
-        pools.put(pooled("a", 2));
+        assert!(pools.put(pooled("a", 1)).is_none());
+        assert!(pools.put(pooled("a", 2)).is_none());
         assert_eq!(pools.take("a").unwrap().placement.slot, 1);
         assert_eq!(pools.take("b").map(|p| p.placement.slot), None);
         assert_eq!(pools.next_to_fill().unwrap().key, "a");
         assert_eq!(pools.sizes()["a"], 1);
+        pools.filled();
+        pools.filled();
         let drained = pools.drain();
         assert_eq!(drained.len(), 1);
         assert!(pools.next_to_fill().is_none());
+        // A refill that ends after the drain gets its sandbox back.
+        assert_eq!(pools.put(pooled("a", 3)).unwrap().placement.slot, 3);
     }
 
     #[test]
@@ -271,7 +297,7 @@ mod tests {
     fn demand_grows_the_pool_up_to_max() {
         let pools = WarmPools::new(1, 3);
         pools.register(&template("a"));
-        pools.put(pooled("a", 1));
+        assert!(pools.put(pooled("a", 1)).is_none());
         assert!(!wants_more(&pools), "idle: min");
         // A burst of four creates: one hit, three misses.
         assert!(pools.take("a").is_some());
@@ -280,7 +306,7 @@ mod tests {
         }
         for n in 2..=4 {
             assert!(wants_more(&pools));
-            pools.put(pooled("a", n));
+            assert!(pools.put(pooled("a", n)).is_none());
         }
         assert!(!wants_more(&pools), "capped at max");
         assert_eq!(pools.sizes()["a"], 3);

@@ -62,24 +62,40 @@ impl SparePool {
     }
 
     /// For the filler: the spare it was making, or `None` when making it failed. Returns
-    /// the spare back when the pool was stopped meanwhile (the caller removes it).
+    /// the spare back when the pool was stopped meanwhile: the caller removes it, then calls
+    /// [`SparePool::discarded`].
     pub fn made(&self, spare: Option<Spare>) -> Option<Spare> {
         let mut state = self.state.lock().expect("spares lock");
-        state.making -= 1;
         match spare {
-            Some(spare) if !state.stopped => {
+            Some(spare) if state.stopped => Some(spare),
+            Some(spare) => {
+                state.making -= 1;
                 state.ready.push_back(spare);
                 None
             }
-            other => other,
+            None => {
+                state.making -= 1;
+                self.room.notify_all();
+                None
+            }
         }
     }
 
-    /// Stops the filler and hands out every ready spare (for removal).
+    /// A spare handed back by [`SparePool::made`] is removed.
+    pub fn discarded(&self) {
+        self.state.lock().expect("spares lock").making -= 1;
+        self.room.notify_all();
+    }
+
+    /// Stops the filler, waits for a spare in the making (the filler removes it), and hands
+    /// out every ready spare (for removal).
     pub fn drain(&self) -> Vec<Spare> {
         let mut state = self.state.lock().expect("spares lock");
         state.stopped = true;
         self.room.notify_all();
+        while state.making > 0 {
+            state = self.room.wait(state).expect("spares lock");
+        }
         state.ready.drain(..).collect()
     }
 
