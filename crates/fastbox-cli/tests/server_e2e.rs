@@ -347,7 +347,10 @@ fn golden_checkpoints_and_their_artifacts_hold_no_golden_token() {
         .find(|p| p.join("template.json").exists())
         .unwrap_or_else(|| {
             let listing: Vec<_> = walk(&templates);
-            panic!("the default image's template: {listing:#?}\n{}", server.log_text())
+            panic!(
+                "the default image's template: {listing:#?}\n{}",
+                server.log_text()
+            )
         });
     let meta: serde_json::Value =
         serde_json::from_slice(&std::fs::read(template_dir.join("template.json")).unwrap())
