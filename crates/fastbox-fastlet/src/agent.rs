@@ -173,6 +173,10 @@ pub struct Fastlet {
     resolved: Mutex<HashMap<String, (std::time::Instant, ResolvedImage)>>,
 }
 
+/// Restores of warm-pool refills running at once. One: on two cores, a second refill thread
+/// made 10-way bursts slower (p50 56 against 49 ms) without fewer misses.
+pub const REFILL_THREADS: usize = 1;
+
 /// How long a resolution is reused: a registry tag that moves is seen within this time.
 pub const RESOLVED_TTL: std::time::Duration = std::time::Duration::from_secs(300);
 
@@ -678,30 +682,33 @@ impl Fastlet {
         Ok(())
     }
 
-    /// Starts the thread that keeps the warm pools full.
+    /// Starts the threads that keep the warm pools full: [`REFILL_THREADS`] restores at a
+    /// time.
     pub fn start_refill(self: &std::sync::Arc<Self>) {
         if self.pools.max() == 0 {
             return;
         }
-        let this = std::sync::Arc::downgrade(self);
-        std::thread::Builder::new()
-            .name("fastbox-pool".into())
-            .spawn(move || {
-                loop {
-                    let Some(fastlet) = this.upgrade() else { return };
-                    let Some(template) = fastlet.pools.next_to_fill() else {
-                        return;
-                    };
-                    let filled = fastlet.fill_one(&template);
-                    fastlet.pools.filled();
-                    if let Err(e) = filled {
-                        tracing::warn!(image = %template.image_reference, error = %e, "warm pool refill failed");
-                        drop(fastlet);
-                        std::thread::sleep(std::time::Duration::from_secs(1));
+        for i in 0..REFILL_THREADS {
+            let this = std::sync::Arc::downgrade(self);
+            std::thread::Builder::new()
+                .name(format!("fastbox-pool-{i}"))
+                .spawn(move || {
+                    loop {
+                        let Some(fastlet) = this.upgrade() else { return };
+                        let Some(template) = fastlet.pools.next_to_fill() else {
+                            return;
+                        };
+                        let filled = fastlet.fill_one(&template);
+                        fastlet.pools.filled(&template.key);
+                        if let Err(e) = filled {
+                            tracing::warn!(image = %template.image_reference, error = %e, "warm pool refill failed");
+                            drop(fastlet);
+                            std::thread::sleep(std::time::Duration::from_secs(1));
+                        }
                     }
-                }
-            })
-            .expect("spawn the pool thread");
+                })
+                .expect("spawn a pool thread");
+        }
     }
 
     /// After a restart, once every recorded sandbox and pooled leftover holds its slot:

@@ -47,8 +47,8 @@ struct PoolState {
     ready: HashMap<String, VecDeque<Pooled>>,
     /// When each template's sandboxes were asked for, within [`DEMAND_WINDOW`].
     demand: HashMap<String, VecDeque<std::time::Instant>>,
-    /// Refills handed out by `next_to_fill` and not yet `filled`.
-    filling: usize,
+    /// Refills handed out by `next_to_fill` and not yet `filled`, per template.
+    filling: HashMap<String, usize>,
     stopping: bool,
     /// When a sandbox was last taken: refills wait out a burst (a restore takes a core
     /// for ~100 ms, which the burst's claims would otherwise share).
@@ -151,10 +151,13 @@ impl WarmPools {
         None
     }
 
-    /// The refill handed out by [`WarmPools::next_to_fill`] is over (done or failed).
-    pub fn filled(&self) {
+    /// The refill of template `key` handed out by [`WarmPools::next_to_fill`] is over (done
+    /// or failed).
+    pub fn filled(&self, key: &str) {
         let mut state = self.lock();
-        state.filling = state.filling.saturating_sub(1);
+        if let Some(n) = state.filling.get_mut(key) {
+            *n = n.saturating_sub(1);
+        }
         self.wake.notify_all();
     }
 
@@ -188,7 +191,8 @@ impl WarmPools {
             let mut short = None;
             for key in keys {
                 let ready = state.ready.get(&key).map_or(0, VecDeque::len);
-                if ready < self.target(&mut state, &key) {
+                let filling = state.filling.get(&key).copied().unwrap_or(0);
+                if ready + filling < self.target(&mut state, &key) {
                     short = Some((key, ready));
                     break;
                 }
@@ -197,7 +201,7 @@ impl WarmPools {
             let quiet = state.last_take.map_or(REFILL_QUIET, |at| at.elapsed());
             match short {
                 Some((t, ready)) if ready == 0 || quiet >= REFILL_QUIET => {
-                    state.filling += 1;
+                    *state.filling.entry(t.key.clone()).or_default() += 1;
                     return Some(t);
                 }
                 Some(_) => {
@@ -219,7 +223,7 @@ impl WarmPools {
         let mut state = self.lock();
         state.stopping = true;
         self.wake.notify_all();
-        while state.filling > 0 {
+        while state.filling.values().any(|n| *n > 0) {
             state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
         }
         state.ready.drain().flat_map(|(_, q)| q).collect()
@@ -264,13 +268,15 @@ mod tests {
         pools.register(&template("a"));
         assert_eq!(pools.next_to_fill().unwrap().key, "a");
         assert!(pools.put(pooled("a", 1)).is_none());
+        pools.filled("a");
+        assert_eq!(pools.next_to_fill().unwrap().key, "a");
         assert!(pools.put(pooled("a", 2)).is_none());
+        pools.filled("a");
         assert_eq!(pools.take("a").unwrap().placement.slot, 1);
         assert_eq!(pools.take("b").map(|p| p.placement.slot), None);
         assert_eq!(pools.next_to_fill().unwrap().key, "a");
         assert_eq!(pools.sizes()["a"], 1);
-        pools.filled();
-        pools.filled();
+        pools.filled("a");
         let drained = pools.drain();
         assert_eq!(drained.len(), 1);
         assert!(pools.next_to_fill().is_none());
@@ -279,11 +285,42 @@ mod tests {
     }
 
     #[test]
+    fn refills_in_flight_count_and_the_drain_waits_for_them() {
+        let pools = std::sync::Arc::new(WarmPools::new(2, 2));
+        pools.register(&template("a"));
+        assert!(pools.next_to_fill().is_some());
+        assert!(pools.next_to_fill().is_some());
+        // Two in flight fill the target: a third refill is not handed out.
+        assert!(!wants_more_counting_flight(&pools));
+        let drainer = {
+            let pools = pools.clone();
+            std::thread::spawn(move || pools.drain().len())
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(
+            !drainer.is_finished(),
+            "the drain waits for refills in flight"
+        );
+        assert!(pools.put(pooled("a", 1)).is_some());
+        pools.filled("a");
+        pools.filled("a");
+        assert_eq!(drainer.join().unwrap(), 0);
+    }
+
+    #[test]
     fn a_zero_target_keeps_nothing() {
         let pools = WarmPools::new(0, 0);
         pools.register(&template("a"));
         pools.drain();
         assert!(pools.next_to_fill().is_none());
+    }
+
+    /// Whether a refill of `a` would be handed out now, refills in flight counted.
+    fn wants_more_counting_flight(pools: &WarmPools) -> bool {
+        let mut state = pools.lock();
+        let ready = state.ready.get("a").map_or(0, VecDeque::len);
+        let flight = state.filling.get("a").copied().unwrap_or(0);
+        ready + flight < pools.target(&mut state, "a")
     }
 
     /// Whether the refill would restore another sandbox of `a` now (without blocking).
