@@ -323,6 +323,13 @@ fn pooled_sandboxes_have_no_route_out_until_claimed() {
         body
     };
     let _ = store_slot;
+    // The claim's phases are in the start metrics.
+    let (status, metrics) = server.get_text("/metrics");
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("fastbox_start_phase_seconds_count{source=\"pool\",phase=\"claim\"} 1"),
+        "{metrics}"
+    );
     let claimed: Vec<u32> = (0..8)
         .filter(|s| routes(*s).contains("default via"))
         .collect();

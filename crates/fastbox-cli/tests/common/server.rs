@@ -203,6 +203,13 @@ impl UpServer {
         (status, r.json().unwrap_or(Value::Null))
     }
 
+    /// GET a path whose body is text: (status, body).
+    pub fn get_text(&self, path: &str) -> (u16, String) {
+        let r = self.http.get(self.url(path)).send().expect("GET");
+        let status = r.status().as_u16();
+        (status, r.text().unwrap_or_default())
+    }
+
     /// POST JSON to a lifecycle path.
     pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         let r = self

@@ -118,3 +118,14 @@ pub async fn not_supported(uri: axum::http::Uri) -> ApiError {
         uri.path()
     ))
 }
+
+/// Start phases as Prometheus histograms (`fastbox_start_phase_seconds`).
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.lifecycle.metrics_text(),
+    )
+}

@@ -70,6 +70,7 @@ fn routes() -> Router<AppState> {
             get(templates::get).delete(templates::delete),
         )
         .route("/metrics/events", post(misc::metrics_event))
+        .route("/metrics", get(misc::metrics))
         .route("/sandboxes/{id}/proxy/{port}", any(proxy::server_proxy))
         .route("/sandboxes/{id}/proxy/{port}/", any(proxy::server_proxy))
         .route(

@@ -156,6 +156,7 @@ impl Lifecycle {
         .await;
         match placed {
             Ok((placement, report)) => {
+                self.start_metrics.record(&report);
                 let address = placement.address;
                 let reserved = slot;
                 let updated = self.update(id, |r| {

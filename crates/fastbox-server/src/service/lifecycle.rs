@@ -44,6 +44,8 @@ pub struct Lifecycle {
     pub(super) templates: Mutex<HashMap<String, fastbox_api::templates::Template>>,
     /// Held while an egress policy changes (`service::egress`), so changes never interleave.
     pub(super) policy_changes: Mutex<()>,
+    /// Start phases for `GET /metrics`.
+    pub(super) start_metrics: crate::metrics::StartMetrics,
 }
 
 /// `GET /v1/sandboxes` filters.
@@ -93,10 +95,16 @@ impl Lifecycle {
             records: Mutex::new(records),
             busy: Mutex::new(HashSet::new()),
             policy_changes: Mutex::new(()),
+            start_metrics: Default::default(),
             fastlet,
             signer,
             health: RwLock::new(Health::Starting("starting".into())),
         }))
+    }
+
+    /// `GET /metrics` in the Prometheus text format.
+    pub fn metrics_text(&self) -> String {
+        self.start_metrics.render()
     }
 
     pub fn config(&self) -> &ServerConfig {
