@@ -147,15 +147,9 @@ fn whole_seconds(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Rule;
 
     fn policy(default: Action, rules: &[(&str, &str)]) -> EgressPolicy {
-        let rules = rules
-            .iter()
-            .enumerate()
-            .map(|(i, (a, t))| Rule::parse(i, a, t).unwrap())
-            .collect();
-        EgressPolicy::try_new(default, rules).unwrap()
+        EgressPolicy::from_pairs(default, rules).unwrap()
     }
 
     fn rules_of(script: &str) -> Vec<&str> {

@@ -12,16 +12,11 @@ use std::time::Instant;
 
 use common::*;
 use fastbox_egress::testkit::{DnsTransport, Resolution, echo, resolve_from};
-use fastbox_egress::{Action, EgressPolicy, Rule};
+use fastbox_egress::{Action, EgressPolicy};
 use fastbox_runtime::net::NetSlot;
 
 fn policy(default: Action, rules: &[(&str, &str)]) -> EgressPolicy {
-    let rules = rules
-        .iter()
-        .enumerate()
-        .map(|(i, (a, t))| Rule::parse(i, a, t).unwrap())
-        .collect();
-    EgressPolicy::try_new(default, rules).unwrap()
+    EgressPolicy::from_pairs(default, rules).unwrap()
 }
 
 type Case = fn(&mut Probe);

@@ -15,16 +15,11 @@ use common::*;
 use fastbox_egress::learned::{MIN_HOLD, SLACK};
 use fastbox_egress::nft::{chain_name, learned_set_name};
 use fastbox_egress::testkit::{Resolution, echo};
-use fastbox_egress::{Action, EgressEnforcer, EgressError, EgressPolicy, Mode, Rule, SlotRef};
+use fastbox_egress::{Action, EgressEnforcer, EgressError, EgressPolicy, Mode, SlotRef};
 use fastbox_runtime::net::dns_forwarder::{DnsHook, QueryVerdict};
 
 fn policy(default: Action, rules: &[(&str, &str)]) -> EgressPolicy {
-    let rules = rules
-        .iter()
-        .enumerate()
-        .map(|(i, (a, t))| Rule::parse(i, a, t).unwrap())
-        .collect();
-    EgressPolicy::try_new(default, rules).unwrap()
+    EgressPolicy::from_pairs(default, rules).unwrap()
 }
 
 fn nft(args: &[&str]) -> Result<String, String> {

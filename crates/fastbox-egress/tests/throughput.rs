@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use fastbox_egress::testkit::sink::{SinkServer, blast};
 use fastbox_egress::testkit::{DnsTransport, Resolution, resolve_from};
-use fastbox_egress::{Action, EgressPolicy, Rule};
+use fastbox_egress::{Action, EgressPolicy};
 use fastbox_runtime::net::{NetSlot, in_netns};
 
 /// Bytes per throughput sample.
@@ -36,12 +36,8 @@ const CONNECT_ROUNDS: usize = 4;
 const FILLER_RULES: usize = 200;
 
 fn policy(default: Action, rules: &[(&str, String)]) -> EgressPolicy {
-    let rules = rules
-        .iter()
-        .enumerate()
-        .map(|(i, (a, t))| Rule::parse(i, a, t).unwrap())
-        .collect();
-    EgressPolicy::try_new(default, rules).unwrap()
+    let pairs: Vec<(&str, &str)> = rules.iter().map(|(a, t)| (*a, t.as_str())).collect();
+    EgressPolicy::from_pairs(default, &pairs).unwrap()
 }
 
 struct Case {

@@ -157,6 +157,16 @@ impl EgressPolicy {
         Ok(Self { default, rules })
     }
 
+    /// A policy from `(action, target)` pairs in order, as a create request would give them.
+    pub fn from_pairs(default: Action, rules: &[(&str, &str)]) -> Result<Self, PolicyError> {
+        let rules = rules
+            .iter()
+            .enumerate()
+            .map(|(i, (action, target))| Rule::parse(i, action, target))
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::try_new(default, rules)
+    }
+
     /// The default action.
     pub fn default_action(&self) -> Action {
         self.default
@@ -304,7 +314,7 @@ mod tests {
     }
 
     fn policy(default: Action, rules: &[(&str, &str)]) -> EgressPolicy {
-        EgressPolicy::try_new(default, rules.iter().map(|(a, t)| rule(a, t)).collect()).unwrap()
+        EgressPolicy::from_pairs(default, rules).unwrap()
     }
 
     fn ip(s: &str) -> Ipv4Addr {

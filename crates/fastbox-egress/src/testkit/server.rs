@@ -66,21 +66,31 @@ pub struct EchoServer {
     _accept: Stoppable,
 }
 
+/// Accepts on `listener` until stopped, handling each connection on its own thread; returns
+/// the listening address and the accept loop.
+pub(super) fn serve_each(
+    listener: TcpListener,
+    handle: fn(TcpStream),
+) -> io::Result<(SocketAddr, Stoppable)> {
+    let addr = listener.local_addr()?;
+    let fd = listener.try_clone()?;
+    let accept = Stoppable::spawn(fd.into(), move |stop| {
+        for stream in listener.incoming() {
+            if stop.is_stopped() {
+                return;
+            }
+            if let Ok(stream) = stream {
+                std::thread::spawn(move || handle(stream));
+            }
+        }
+    })?;
+    Ok((addr, accept))
+}
+
 impl EchoServer {
     /// Serves on `listener` (bound in whatever network namespace it was made).
     pub fn serve(listener: TcpListener) -> io::Result<Self> {
-        let addr = listener.local_addr()?;
-        let fd = listener.try_clone()?;
-        let accept = Stoppable::spawn(fd.into(), move |stop| {
-            for stream in listener.incoming() {
-                if stop.is_stopped() {
-                    return;
-                }
-                if let Ok(stream) = stream {
-                    std::thread::spawn(move || echo(stream));
-                }
-            }
-        })?;
+        let (addr, accept) = serve_each(listener, echo)?;
         Ok(Self {
             addr,
             _accept: accept,

@@ -6,7 +6,7 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use super::server::Stoppable;
+use super::server::{Stoppable, serve_each};
 
 /// Read and write size of both ends.
 const CHUNK: usize = 256 * 1024;
@@ -25,18 +25,7 @@ pub struct SinkServer {
 impl SinkServer {
     /// Serves on `listener` (bound in whatever network namespace it was made).
     pub fn serve(listener: TcpListener) -> io::Result<Self> {
-        let addr = listener.local_addr()?;
-        let fd = listener.try_clone()?;
-        let accept = Stoppable::spawn(fd.into(), move |stop| {
-            for stream in listener.incoming() {
-                if stop.is_stopped() {
-                    return;
-                }
-                if let Ok(stream) = stream {
-                    std::thread::spawn(move || drain(stream));
-                }
-            }
-        })?;
+        let (addr, accept) = serve_each(listener, drain)?;
         Ok(Self {
             addr,
             _accept: accept,
