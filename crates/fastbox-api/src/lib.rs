@@ -4,4 +4,5 @@ pub mod egress;
 pub mod lifecycle;
 pub mod metadata;
 pub mod quantity;
+pub mod snapshots;
 pub mod templates;

@@ -118,6 +118,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         deny_egress: false,
         probe_without_token: false,
         policy: None,
+        keep_tcp: false,
     };
     let started = Instant::now();
     let result = host

@@ -1,8 +1,8 @@
 //! The access-token gate in front of every route, the proxy included.
 //!
-//! The token is the current [`Tenancy`](crate::tenancy::Tenancy)'s: a claim replaces it, and
-//! from then on the old one is refused. execd keeps only its SHA-256 digest (the memory of a
-//! template's execd is checkpointed and published, so the token itself must not be in it),
+//! The token is the current [`Tenancy`](crate::tenancy::Tenancy)'s: a claim or a rekey replaces
+//! it, and from then on the old one is refused. execd keeps only its SHA-256 digest (the memory
+//! of a template's execd is checkpointed and published, so the token itself must not be in it),
 //! and compares digests in constant time.
 
 use axum::extract::{Request, State};

@@ -3,8 +3,9 @@
 //!
 //! A restored clone begins with its template's tenancy (the golden start's token, usually
 //! none, and execd's own environment); `POST /fastbox/claim` replaces it once (see
-//! [`crate::claim`]). The three parts are swapped together behind one lock, so a request sees
-//! either everything from before the claim or everything from after it, never a mix.
+//! [`crate::claim`]); `POST /fastbox/rekey` replaces the token alone, any number of times. The
+//! three parts are swapped together behind one lock, so a request sees either everything from
+//! before the claim or everything from after it, never a mix.
 
 use std::path::PathBuf;
 use std::sync::{Arc, PoisonError, RwLock};

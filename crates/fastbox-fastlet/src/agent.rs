@@ -77,6 +77,8 @@ pub enum FastletError {
     },
     #[error("sandbox {id} could not be removed: {source}")]
     Remove { id: String, source: Box<HostError> },
+    #[error("snapshot {key}: {message}")]
+    Snapshot { key: String, message: String },
     #[error("sandbox {0} does not run on this node")]
     NotHere(String),
     #[error("egress policy of sandbox {id}: {source}")]
@@ -108,6 +110,29 @@ impl StartReport {
     /// `restore: slot 9.8 ms, rootfs 21.0 ms, ...` style.
     pub fn summary(&self) -> String {
         format!("{}: {}", self.source, self.phases)
+    }
+}
+
+/// How a restored sandbox is woken ([`Fastlet::restore_as`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartMode {
+    /// A clone of a golden checkpoint: claimed (token, environment, entrypoint).
+    Claim,
+    /// A clone of a snapshot of a claimed sandbox: a new token; its processes run as they
+    /// were, no entrypoint is started.
+    Clone,
+    /// A paused sandbox back at its own address, with its own token.
+    Resume,
+}
+
+impl StartMode {
+    /// The `source` of its [`StartReport`].
+    pub fn source(self) -> &'static str {
+        match self {
+            Self::Claim => "restore",
+            Self::Clone => "snapshot",
+            Self::Resume => "resume",
+        }
     }
 }
 
@@ -158,7 +183,7 @@ pub struct Route {
 
 pub struct Fastlet {
     cfg: FastletConfig,
-    host: LocalHost,
+    pub(crate) host: LocalHost,
     images: ImageCache,
     execd: ExecdBinary,
     slots: Mutex<SlotTable>,
@@ -299,12 +324,12 @@ impl Fastlet {
         env: &[String],
     ) -> Result<Template, FastletError> {
         let dir = template::template_dir(&self.cfg.data_dir, key);
-        if let Some(t) = template::load(&dir) {
+        if let Some(t) = self.current_template(&dir) {
             return Ok(t);
         }
         let lock = self.builds.for_image(key);
         let _building = lock.lock().expect("build lock");
-        if let Some(t) = template::load(&dir) {
+        if let Some(t) = self.current_template(&dir) {
             return Ok(t);
         }
         let fail = |message: String| FastletError::Template {
@@ -356,6 +381,19 @@ impl Fastlet {
         Ok(t)
     }
 
+    /// The template in `dir` if it holds this node's execd; one built with another execd
+    /// (fastbox was upgraded since) is built again, so new sandboxes get the current one.
+    fn current_template(&self, dir: &Path) -> Option<Template> {
+        let t = template::load(dir)?;
+        match fastbox_runtime::checkpoint::read_meta(&t.checkpoint) {
+            Ok(meta) if meta.execd_digest == self.execd.digest => Some(t),
+            _ => {
+                tracing::info!(image = %t.image_reference, "template holds another execd: building it again");
+                None
+            }
+        }
+    }
+
     /// Restores `template` as sandbox `req.id` in slot `slot`, gives it its own identity
     /// (hostname, identity files) and claims its execd (token, environment, entrypoint).
     pub fn restore_from(
@@ -364,6 +402,19 @@ impl Fastlet {
         req: &PlaceRequest,
         slot: u32,
     ) -> Result<(Placement, StartReport), FastletError> {
+        self.restore_as(template, req, slot, StartMode::Claim)
+    }
+
+    /// Restores `template` as sandbox `req.id` and wakes it as `mode` says. A resume stays in
+    /// `slot` (its address); other starts may take a spare, and the caller releases `slot`
+    /// when the placement names another.
+    pub(crate) fn restore_as(
+        &self,
+        template: &Template,
+        req: &PlaceRequest,
+        slot: u32,
+        mode: StartMode,
+    ) -> Result<(Placement, StartReport), FastletError> {
         let opts = StartOptions {
             id: req.id.clone(),
             limits: req.limits,
@@ -371,17 +422,19 @@ impl Fastlet {
             execd_token: Some(template.golden_token.clone()),
             // No way out until `configure` installed the request's policy.
             deny_egress: true,
+            // The same sandbox at the same address keeps its connections; clones close them.
+            keep_tcp: mode == StartMode::Resume,
             ..StartOptions::default()
         };
         let place_err = |source: HostError| FastletError::Place {
             id: req.id.clone(),
             source: Box::new(source),
         };
-        // A spare (made ahead) when the request fits one; the caller releases `slot` when
-        // the placement names another.
-        let source = match req.disk_bytes {
-            None => self.spares.take().map(|s| SlotSource::Spare(Box::new(s))),
-            Some(_) => None,
+        let source = match (req.disk_bytes, mode) {
+            (None, StartMode::Claim | StartMode::Clone) => {
+                self.spares.take().map(|s| SlotSource::Spare(Box::new(s)))
+            }
+            _ => None,
         }
         .unwrap_or(SlotSource::Fresh(slot));
         let index = source.index();
@@ -394,7 +447,7 @@ impl Fastlet {
                 place_err(e)
             })?;
         let mut phases = sb.phases.clone();
-        match self.configure(&sb.handle, &sb.slot, template, req) {
+        match self.configure(&sb.handle, &sb.slot, template, req, mode) {
             Ok(configured) => phases.extend(&configured),
             Err(e) => {
                 let _ = self.host.destroy(&sb);
@@ -405,7 +458,7 @@ impl Fastlet {
             }
         }
         let report = StartReport {
-            source: "restore".into(),
+            source: mode.source().into(),
             phases,
         };
         tracing::info!(sandbox = %req.id, slot, address = %sb.slot.address, phases = %report.summary(), "sandbox restored");
@@ -438,24 +491,29 @@ impl Fastlet {
         )
     }
 
-    /// Makes a restored clone sandbox `req.id`: its limits, hostname and identity files, its
-    /// network opened, its execd claimed (token, environment, entrypoint). Returns the
-    /// phases `identity` and `claim` (execd claimed and the network opened, in parallel).
+    /// Makes a restored sandbox `req.id`: its hostname and identity files (not on a resume:
+    /// they are its own), its egress policy, its network opened, and its execd woken as
+    /// `mode` says (claimed with token, environment and entrypoint; given a new token; or
+    /// left as it was). Returns the phases `identity`, `policy` and `claim` (execd woken and
+    /// the network opened, in parallel).
     fn configure(
         &self,
         handle: &SandboxHandle,
         slot: &fastbox_runtime::net::NetSlot,
         template: &Template,
         req: &PlaceRequest,
+        mode: StartMode,
     ) -> Result<Phases, FastletError> {
         let place_err = |source: HostError| FastletError::Place {
             id: req.id.clone(),
             source: Box::new(source),
         };
         let mut clock = LapClock::start();
-        sandbox::set_identity(handle, &req.id, Some(&slot.resolv_conf()))
-            .map_err(|e| place_err(e.into()))?;
-        clock.lap("identity");
+        if mode != StartMode::Resume {
+            sandbox::set_identity(handle, &req.id, Some(&slot.resolv_conf()))
+                .map_err(|e| place_err(e.into()))?;
+            clock.lap("identity");
+        }
         self.host
             .egress
             .apply_to_new(&SlotRef::from(slot), &req.policy)
@@ -488,9 +546,12 @@ impl Fastlet {
                 self.host.network.allow_egress(slot).map(|()| c.ms())
             });
             let c = BuildClock::start();
-            let claimed = execd
-                .claim(&req.execd_token, &envs, &req.entrypoint)
-                .map(|()| c.ms());
+            let claimed = match mode {
+                StartMode::Claim => execd.claim(&req.execd_token, &envs, &req.entrypoint),
+                StartMode::Clone => execd.rekey(&req.execd_token),
+                StartMode::Resume => Ok(()),
+            }
+            .map(|()| c.ms());
             (open.join().expect("egress thread"), claimed)
         });
         tracing::debug!(sandbox = %req.id, claim_ms = ?claimed.as_ref().ok(), egress_ms = ?opened.as_ref().ok(), "configured");
@@ -594,7 +655,7 @@ impl Fastlet {
             return Some(Err(self.discard_pooled(&placement, req, e.into())));
         }
         clock.lap("limits");
-        match self.configure(&placement.handle, &slot, template, req) {
+        match self.configure(&placement.handle, &slot, template, req, StartMode::Claim) {
             Ok(configured) => clock.laps(&configured),
             Err(e) => {
                 let _ = self.remove(&placement.handle.id, Some(&placement), None);
@@ -936,7 +997,7 @@ impl Fastlet {
         });
     }
 
-    fn unstarted_handle(&self, id: &str) -> SandboxHandle {
+    pub(crate) fn unstarted_handle(&self, id: &str) -> SandboxHandle {
         SandboxHandle::unstarted(id, &self.cfg.prefix, sandbox_dir(&self.cfg.data_dir, id))
     }
 
@@ -950,6 +1011,10 @@ impl Fastlet {
                 egress_token: req.egress_token.clone(),
             },
         );
+    }
+
+    pub(crate) fn forget_route(&self, id: &str) {
+        self.routes.write().expect("routes lock").remove(id);
     }
 
     fn insert_route(&self, id: &str, route: Route) {

@@ -149,6 +149,25 @@ impl ExecdClient {
         Ok(())
     }
 
+    /// Gives a restored execd a new access token and changes nothing else: no entrypoint, same
+    /// environment (execd's `POST /fastbox/rekey`). For clones of a snapshot of a claimed
+    /// sandbox. Authenticated with this client's token; from now on execd answers to `token`
+    /// only.
+    pub fn rekey(&self, token: &str) -> Result<(), ExecdClientError> {
+        let resp = self
+            .request(reqwest::Method::POST, "/fastbox/rekey")
+            .timeout(Duration::from_secs(10))
+            .json(&serde_json::json!({ "access_token": token }))
+            .send()?;
+        if !resp.status().is_success() {
+            return Err(ExecdClientError::Refused {
+                status: resp.status(),
+                body: resp.text().unwrap_or_default(),
+            });
+        }
+        Ok(())
+    }
+
     /// Run `argv` and hand every event to `on_event`; returns the exit code.
     pub fn run(
         &self,

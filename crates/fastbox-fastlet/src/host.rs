@@ -132,6 +132,9 @@ pub struct StartOptions {
     /// The egress policy of a start with a way out (`None`: allow all), in force before the
     /// sandbox runs.
     pub policy: Option<EgressPolicy>,
+    /// A restore keeps the checkpoint's established TCP connections (a resume at the same
+    /// address) instead of closing them (clones).
+    pub keep_tcp: bool,
     /// Wait for execd without sending it the token (template starts: see
     /// [`ExecdClient::wait_serving`]).
     pub probe_without_token: bool,
@@ -282,7 +285,7 @@ impl LocalHost {
                     .disk_bytes
                     .unwrap_or(fastbox_runtime::spec::DEFAULT_DISK_BYTES),
                 execd_store,
-                tcp_close: true,
+                tcp_close: !opts.keep_tcp,
                 layer_ready: extras.layer_ready,
             };
             let (handle, took) = fastbox_runtime::checkpoint::restore(

@@ -13,10 +13,11 @@ pub mod phases;
 pub mod pool;
 pub mod reaper;
 pub mod slots;
+pub mod snapshot;
 pub mod spares;
 pub mod template;
 
 pub use agent::{
     Fastlet, FastletConfig, FastletError, PlaceRequest, Placement, RemoveReport, Route,
-    SandboxTokens, StartReport,
+    SandboxTokens, StartMode, StartReport,
 };

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cgroup::{Cgroup, CgroupError, CgroupLimits, CgroupRoot};
 use crate::criu::{Criu, CriuError, DumpRequest, RestoreRequest};
+use crate::criu_stats::DumpStats;
 use crate::execd_binary::ExecdBinary;
 use crate::rootfs::{Rootfs, RootfsError};
 use crate::sandbox::{SandboxHandle, process_start_ticks};
@@ -46,6 +47,9 @@ pub struct CheckpointMeta {
     pub execd_digest: String,
     /// CRIU version that wrote the images.
     pub criu_version: String,
+    /// The image rootfs the sandbox's overlay had as its lower layer.
+    #[serde(default)]
+    pub lower: Option<PathBuf>,
 }
 
 /// Paths inside a checkpoint directory.
@@ -56,42 +60,175 @@ fn upper_dir(checkpoint: &Path) -> PathBuf {
     checkpoint.join("upper")
 }
 
+/// How a checkpoint is taken.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CheckpointOptions<'a> {
+    /// Keep the sandbox running (a live snapshot); otherwise the dump ends it.
+    pub leave_running: bool,
+    /// A memory-backed directory that the images and the writable layer are written to while
+    /// the sandbox is frozen, then moved to `out` (`None`: written to `out` directly).
+    pub staging: Option<&'a Path>,
+    /// Flush `out` to disk before returning (`syncfs`).
+    pub durable: bool,
+}
+
+/// What a checkpoint took and how big it is.
+#[derive(Debug, Clone)]
+pub struct CheckpointReport {
+    pub meta: CheckpointMeta,
+    /// CRIU's own account (`stats-dump`): `frozen_time_us` is how long the tree was stopped.
+    pub stats: Option<DumpStats>,
+    /// The `criu dump` run: freeze, dump, the writable layer's copy, thaw or kill.
+    pub dump: Duration,
+    /// Moving the staged files to `out` and flushing them.
+    pub persist: Duration,
+    /// Bytes of the checkpoint (images and writable layer).
+    pub bytes: u64,
+}
+
 /// Dump `handle` into `out` (the sandbox is killed by the dump) and save its writable layer.
 pub fn checkpoint(
     criu: &Criu,
     handle: &SandboxHandle,
     out: &Path,
 ) -> Result<CheckpointMeta, CheckpointError> {
+    checkpoint_with(criu, handle, out, CheckpointOptions::default()).map(|r| r.meta)
+}
+
+/// Dump `handle` into `out` with its writable layer, which is copied while the tree is
+/// frozen (CRIU's post-dump action), so files and memory are captured at the same instant.
+pub fn checkpoint_with(
+    criu: &Criu,
+    handle: &SandboxHandle,
+    out: &Path,
+    opts: CheckpointOptions<'_>,
+) -> Result<CheckpointReport, CheckpointError> {
     let id = handle.id.clone();
-    let images = images_dir(out);
-    criu.dump(&DumpRequest {
+    let io_err = |what: &'static str, path: &Path| {
+        let (id, path) = (id.clone(), path.to_path_buf());
+        move |source| CheckpointError::Io {
+            id,
+            what,
+            path,
+            source,
+        }
+    };
+    let write_to = opts.staging.unwrap_or(out);
+    fs::create_dir_all(write_to).map_err(io_err("create", write_to))?;
+    let images = images_dir(write_to);
+    let rootfs = handle.rootfs();
+    // The writable layer is copied by CRIU's post-dump action, while the tree is frozen.
+    let script = write_to.join(POST_DUMP_SCRIPT);
+    write_script(
+        &script,
+        &format!(
+            "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\nexec cp -a {} {}\n",
+            shell_quote(&rootfs.upper),
+            shell_quote(&upper_dir(write_to))
+        ),
+    )
+    .map_err(io_err("write", &script))?;
+    let clock = Instant::now();
+    let dumped = criu.dump(&DumpRequest {
         init_pid: handle.init_pid,
         netns: &handle.netns,
         images: &images,
-        leave_running: false,
-    })
-    .map_err(|source| CheckpointError::Criu {
-        id: id.clone(),
-        source,
+        leave_running: opts.leave_running,
+        post_dump: Some(&script),
+    });
+    let dump = clock.elapsed();
+    let _ = fs::remove_file(&script);
+    let discard = |e: CheckpointError| {
+        if let Some(staging) = opts.staging {
+            let _ = fs::remove_dir_all(staging);
+        }
+        e
+    };
+    dumped.map_err(|source| {
+        discard(CheckpointError::Criu {
+            id: id.clone(),
+            source,
+        })
     })?;
-    copy_tree(&id, &handle.rootfs().upper, &upper_dir(out))?;
+    let stats = crate::criu_stats::read_dump_stats(&images).ok();
     let meta = CheckpointMeta {
         source_id: id.clone(),
         execd_digest: handle.execd_digest.clone(),
         criu_version: criu.version.clone(),
+        lower: rootfs.lower(),
     };
-    let path = out.join("checkpoint.json");
+    let path = write_to.join("checkpoint.json");
     fs::write(
         &path,
         serde_json::to_vec_pretty(&meta).expect("metadata serializes"),
     )
-    .map_err(|source| CheckpointError::Io {
-        id,
-        what: "write",
-        path,
-        source,
-    })?;
-    Ok(meta)
+    .map_err(io_err("write", &path))
+    .map_err(discard)?;
+    let clock = Instant::now();
+    if let Some(staging) = opts.staging {
+        fs::create_dir_all(out).map_err(io_err("create", out))?;
+        let moved = copy_tree(&id, &staging.join("."), out);
+        let _ = fs::remove_dir_all(staging);
+        moved?;
+    }
+    if opts.durable {
+        sync_filesystem(out).map_err(io_err("flush", out))?;
+    }
+    Ok(CheckpointReport {
+        meta,
+        stats,
+        dump,
+        persist: clock.elapsed(),
+        bytes: tree_bytes(out),
+    })
+}
+
+/// Reads `checkpoint.json` of a checkpoint directory.
+pub fn read_meta(checkpoint: &Path) -> Result<CheckpointMeta, CheckpointError> {
+    fs::read(checkpoint.join("checkpoint.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| CheckpointError::BadMetadata(checkpoint.to_path_buf()))
+}
+
+/// The post-dump action script, in the directory the checkpoint is written to while the
+/// dump runs.
+const POST_DUMP_SCRIPT: &str = ".post-dump";
+
+fn write_script(path: &Path, text: &str) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::write(path, text)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o700))
+}
+
+/// `'path'` for `sh`.
+fn shell_quote(path: &Path) -> String {
+    format!("'{}'", path.to_string_lossy().replace('\'', "'\\''"))
+}
+
+/// Flushes the filesystem holding `path` to disk.
+fn sync_filesystem(path: &Path) -> io::Result<()> {
+    let dir = fs::File::open(path)?;
+    // SAFETY: syncfs on a descriptor this function owns.
+    if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Bytes of the regular files under `dir` (device nodes are never opened).
+fn tree_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => tree_bytes(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
+            _ => 0,
+        })
+        .sum()
 }
 
 /// Where and how a checkpoint is restored.
@@ -148,10 +285,7 @@ pub fn restore(
     prepared: Option<PreparedRestore>,
 ) -> Result<(SandboxHandle, RestoreTimings), CheckpointError> {
     let id = target.id.to_string();
-    let meta: CheckpointMeta = fs::read(checkpoint.join("checkpoint.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .ok_or_else(|| CheckpointError::BadMetadata(checkpoint.to_path_buf()))?;
+    let meta = read_meta(checkpoint)?;
     let execd = ExecdBinary::lookup(target.execd_store, &meta.execd_digest).ok_or_else(|| {
         CheckpointError::MissingExecd {
             digest: meta.execd_digest.clone(),

@@ -72,6 +72,10 @@ pub struct DumpRequest<'a> {
     pub images: &'a Path,
     /// Keep the sandbox running after the dump (a live snapshot) instead of killing it.
     pub leave_running: bool,
+    /// An executable CRIU runs once the images are written, while the tree is still frozen
+    /// (CRIU's `post-dump` action; CRIU runs it for its other actions too, naming the action
+    /// in `CRTOOLS_SCRIPT_ACTION`): what must be captured consistently with memory.
+    pub post_dump: Option<&'a Path>,
 }
 
 /// What a restore needs: the images, and the new home of the tree.
@@ -166,6 +170,9 @@ impl Criu {
             .args(COMMON_OPTIONS);
         if req.leave_running {
             cmd.arg("--leave-running");
+        }
+        if let Some(script) = req.post_dump {
+            cmd.arg("--action-script").arg(script);
         }
         run(cmd, "dump", &req.images.join("dump.log"))
     }

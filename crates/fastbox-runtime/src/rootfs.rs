@@ -137,6 +137,19 @@ impl Rootfs {
         Ok(this)
     }
 
+    /// The lower layer (the image rootfs) of the mounted overlay, from the mount table.
+    pub fn lower(&self) -> Option<PathBuf> {
+        let table = fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let wanted = self.root.to_string_lossy();
+        table
+            .lines()
+            .filter(|l| l.split(' ').nth(4).map(unescape_mount_path).as_deref() == Some(&*wanted))
+            .filter_map(|l| l.rsplit(' ').next())
+            .flat_map(|opts| opts.split(','))
+            .find_map(|o| o.strip_prefix("lowerdir="))
+            .map(|l| PathBuf::from(unescape_mount_path(l)))
+    }
+
     /// Unmount the overlay and the writable layer and delete the sandbox's files.
     /// Idempotent: missing pieces are skipped.
     pub fn destroy(&self) -> Result<(), RootfsError> {

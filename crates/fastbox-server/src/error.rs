@@ -25,6 +25,8 @@ pub enum ApiError {
     SandboxNotFound(String),
     #[error("template {0} not found")]
     TemplateNotFound(String),
+    #[error("snapshot {0} not found")]
+    SnapshotNotFound(String),
     #[error("sandbox {id} is not reachable yet (state {state})")]
     NotReady { id: String, state: String },
     #[error("sandbox {id} is {state}{detail}")]
@@ -59,6 +61,7 @@ impl ApiError {
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::SandboxNotFound(_)
             | Self::TemplateNotFound(_)
+            | Self::SnapshotNotFound(_)
             | Self::NotReady { .. }
             | Self::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             Self::NotRunning { .. } | Self::Conflict(_) => StatusCode::CONFLICT,
@@ -80,6 +83,7 @@ impl ApiError {
             Self::Forbidden(_) => "SANDBOX::FORBIDDEN",
             Self::SandboxNotFound(_) => "SANDBOX::NOT_FOUND",
             Self::TemplateNotFound(_) => "TEMPLATE::NOT_FOUND",
+            Self::SnapshotNotFound(_) => "SNAPSHOT::NOT_FOUND",
             // The one code the SDK keeps polling on while a sandbox is being created.
             Self::NotReady { .. } => "KUBERNETES::POD_IP_NOT_AVAILABLE",
             Self::NotRunning { .. } => "SANDBOX::NOT_RUNNING",

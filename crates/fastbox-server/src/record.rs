@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 use fastbox_api::lifecycle::{
     ImageSpec, NetworkPolicy, Sandbox, SandboxState, SandboxStatus, StringMap,
 };
+use fastbox_api::snapshots::{Snapshot, SnapshotState, SnapshotStatus};
 use fastbox_egress::EgressPolicy;
 use fastbox_fastlet::{Placement, SandboxTokens};
 use serde::{Deserialize, Serialize};
@@ -43,6 +44,12 @@ pub struct SandboxRecord {
     /// `OPENSANDBOX-EGRESS-AUTH` of the egress endpoint (port 18080).
     #[serde(default)]
     pub egress_token: String,
+    /// The snapshot it was restored from, if any.
+    #[serde(default)]
+    pub snapshot_id: Option<String>,
+    /// While paused (and resuming): the node checkpoint its processes are in.
+    #[serde(default)]
+    pub paused_checkpoint: Option<String>,
 }
 
 /// One lifecycle event (`GET .../diagnostics/events`).
@@ -127,7 +134,7 @@ impl SandboxRecord {
                 uri: self.image.uri.clone(),
                 auth: None,
             }),
-            snapshot_id: None,
+            snapshot_id: self.snapshot_id.clone(),
             platform: None,
             metadata: (!self.metadata.is_empty()).then(|| self.metadata.clone()),
             extensions: self.extensions.clone(),
@@ -140,6 +147,65 @@ impl SandboxRecord {
         filter
             .iter()
             .all(|(k, v)| self.metadata.get(k).is_some_and(|have| have == v))
+    }
+}
+
+/// A snapshot as the server records it: its state, and the settings of the sandbox it was
+/// taken of, which its clones get unless their create says otherwise.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    pub id: String,
+    pub sandbox_id: String,
+    pub name: Option<String>,
+    pub status: SnapshotStatus,
+    pub created_at: DateTime<Utc>,
+    /// The source's image (without credentials), entrypoint, environment, metadata and
+    /// limits.
+    pub image: ImageSpec,
+    pub entrypoint: Vec<String>,
+    pub env: StringMap,
+    pub metadata: StringMap,
+    pub resource_limits: StringMap,
+    /// The source's lifetime in seconds (its expiry minus its creation), if it had one.
+    pub timeout_secs: Option<i64>,
+    /// The source's egress policy.
+    pub network_policy: Option<NetworkPolicy>,
+    /// The execd token inside the snapshot (the clones' execd is re-keyed with it).
+    pub execd_token: String,
+    /// What taking it cost (CRIU's freeze window and the rest), once taken.
+    #[serde(default)]
+    pub report: Option<String>,
+}
+
+impl SnapshotRecord {
+    pub fn state(&self) -> SnapshotState {
+        self.status.state
+    }
+
+    /// Moves to `state` with an optional reason and message.
+    pub fn transition(&mut self, state: SnapshotState, reason: Option<&str>, message: &str) {
+        self.status = SnapshotStatus {
+            state,
+            reason: reason.map(str::to_string),
+            message: (!message.is_empty()).then(|| message.to_string()),
+            last_transition_at: Some(Utc::now()),
+        };
+    }
+
+    /// The source's recorded egress policy (deny all when it no longer parses).
+    pub fn policy(&self) -> EgressPolicy {
+        EgressPolicy::from_wire(self.network_policy.as_ref())
+            .unwrap_or_else(|_| EgressPolicy::deny_all())
+    }
+
+    pub fn to_wire(&self) -> Snapshot {
+        Snapshot {
+            id: self.id.clone(),
+            sandbox_id: self.sandbox_id.clone(),
+            name: self.name.clone(),
+            status: self.status.clone(),
+            created_at: self.created_at,
+        }
     }
 }
 
@@ -177,6 +243,8 @@ pub(crate) mod tests {
             template_id: None,
             network_policy: None,
             egress_token: "e".into(),
+            snapshot_id: None,
+            paused_checkpoint: None,
         }
     }
 

@@ -9,10 +9,11 @@ use fastbox_api::templates::Template;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::record::SandboxRecord;
+use crate::record::{SandboxRecord, SnapshotRecord};
 
 const SANDBOXES: TableDefinition<&str, &[u8]> = TableDefinition::new("sandboxes");
 const TEMPLATES: TableDefinition<&str, &[u8]> = TableDefinition::new("templates");
+const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshots");
 
 /// The store's tables: id -> JSON.
 type Table = TableDefinition<'static, &'static str, &'static [u8]>;
@@ -44,6 +45,7 @@ impl Store {
         let txn = dbr(db.begin_write())?;
         dbr(txn.open_table(SANDBOXES))?;
         dbr(txn.open_table(TEMPLATES))?;
+        dbr(txn.open_table(SNAPSHOTS))?;
         dbr(txn.commit())?;
         Ok(Self { db })
     }
@@ -74,6 +76,20 @@ impl Store {
     /// Every template.
     pub fn load_templates(&self) -> Result<Vec<Template>, StoreError> {
         self.load_from(TEMPLATES)
+    }
+
+    /// Writes a snapshot record durably.
+    pub fn put_snapshot(&self, snapshot: &SnapshotRecord) -> Result<(), StoreError> {
+        self.put_in(SNAPSHOTS, &snapshot.id, snapshot)
+    }
+
+    pub fn remove_snapshot(&self, id: &str) -> Result<(), StoreError> {
+        self.remove_from(SNAPSHOTS, id)
+    }
+
+    /// Every snapshot record.
+    pub fn load_snapshots(&self) -> Result<Vec<SnapshotRecord>, StoreError> {
+        self.load_from(SNAPSHOTS)
     }
 
     fn put_in<T: Serialize>(&self, def: Table, key: &str, value: &T) -> Result<(), StoreError> {

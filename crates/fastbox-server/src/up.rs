@@ -82,7 +82,14 @@ pub async fn run(
     let fastlet =
         Arc::new(blocking::run("fastbox-node", move || Fastlet::start(fastlet_cfg)).await?);
     let lifecycle = Lifecycle::new(cfg.clone(), store, fastlet.clone(), signer.clone())?;
+    let staged = fastlet.purge_staging();
+    if staged > 0 {
+        println!(
+            "fastbox: removed {staged} live-snapshot staging directory(ies) of the previous run"
+        );
+    }
     let (adopted, lost, restarted) = lifecycle.recover().await;
+    lifecycle.recover_snapshots().await;
     let claimed = lifecycle.runtime_ids();
     let stale = fastlet.purge_pool_leftovers(&claimed);
     if stale > 0 {

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod execd;
 pub mod server;
 
 use std::cell::RefCell;

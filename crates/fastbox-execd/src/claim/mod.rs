@@ -9,16 +9,21 @@
 //!
 //! The claim is authenticated like every route, with the token execd holds at that moment
 //! (none on a template started without one).
+//!
+//! `POST /fastbox/rekey` (`rekey.rs`) replaces the token only, claimed or not: for clones of
+//! a snapshot of a claimed sandbox, which must not start their entrypoint again.
 
+mod rekey;
 mod request;
 
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 
+pub use rekey::RekeyRequest;
 pub use request::{Claim, ClaimRequest, TOKEN_LEN};
 
 use crate::entrypoint::{self, Entrypoint};
@@ -37,7 +42,9 @@ pub enum ClaimError {
 }
 
 pub fn routes() -> Router<AppState> {
-    Router::new().route("/fastbox/claim", get(claim_status).post(claim))
+    Router::new()
+        .route("/fastbox/claim", get(claim_status).post(claim))
+        .route("/fastbox/rekey", post(rekey::rekey))
 }
 
 #[derive(Serialize)]

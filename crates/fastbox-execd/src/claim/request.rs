@@ -14,7 +14,7 @@ use crate::auth::AccessToken;
 use crate::env;
 use crate::tenancy::Tenancy;
 
-/// Bounds on the new access token's length, in bytes (all visible ASCII).
+/// Bounds on a new access token's length, in bytes (all visible ASCII).
 pub const TOKEN_LEN: std::ops::RangeInclusive<usize> = 16..=512;
 
 /// The variable naming the env file; in `envs` it means the same as `envs_file`.
@@ -39,13 +39,21 @@ pub struct Claim {
     pub entrypoint: Option<Vec<String>>,
 }
 
+/// Checks a new access token (of a claim or a rekey) and keeps its digest only. The message
+/// never echoes the token.
+pub(super) fn validate_token(token: String) -> Result<AccessToken, ClaimError> {
+    if !TOKEN_LEN.contains(&token.len()) || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ClaimError::Invalid(
+            "access_token must be 16 to 512 visible ASCII characters".to_string(),
+        ));
+    }
+    Ok(AccessToken::from_secret(token))
+}
+
 impl ClaimRequest {
     pub fn validate(self) -> Result<Claim, ClaimError> {
         let invalid = |msg: &str| Err(ClaimError::Invalid(msg.to_string()));
-        let token = self.access_token;
-        if !TOKEN_LEN.contains(&token.len()) || !token.bytes().all(|b| b.is_ascii_graphic()) {
-            return invalid("access_token must be 16 to 512 visible ASCII characters");
-        }
+        let access_token = validate_token(self.access_token)?;
         let envs = self.envs.unwrap_or_default();
         for (key, value) in &envs {
             if key.is_empty() || key.contains(['=', '\0']) {
@@ -82,7 +90,7 @@ impl ClaimRequest {
             }
         }
         Ok(Claim {
-            access_token: AccessToken::from_secret(token),
+            access_token,
             envs,
             envs_file,
             entrypoint: self.entrypoint,

@@ -8,7 +8,6 @@ use axum::response::IntoResponse;
 use fastbox_api::lifecycle as wire;
 use utoipa::OpenApi;
 
-use crate::error::ApiError;
 use crate::service::Health;
 
 use super::AppState;
@@ -40,6 +39,13 @@ use super::AppState;
         super::egress::replace,
         super::egress::patch,
         super::egress::delete,
+        super::snapshots::create,
+        super::snapshots::list,
+        super::snapshots::get,
+        super::snapshots::delete,
+        super::snapshots::pause,
+        super::snapshots::resume,
+        super::snapshots::fork,
     ),
     components(schemas(
         wire::CreateSandboxRequest,
@@ -59,6 +65,13 @@ use super::AppState;
         wire::NetworkPolicy,
         wire::NetworkRule,
         fastbox_api::egress::PolicyStatusResponse,
+        fastbox_api::snapshots::Snapshot,
+        fastbox_api::snapshots::SnapshotStatus,
+        fastbox_api::snapshots::SnapshotState,
+        fastbox_api::snapshots::CreateSnapshotRequest,
+        fastbox_api::snapshots::ListSnapshotsResponse,
+        fastbox_api::snapshots::ForkRequest,
+        fastbox_api::snapshots::ForkResponse,
     ))
 )]
 pub struct ApiDoc;
@@ -109,14 +122,6 @@ pub async fn metrics_event(body: axum::body::Bytes) -> StatusCode {
         tracing::debug!(%event, "client metrics event");
     }
     StatusCode::NO_CONTENT
-}
-
-/// Pause/resume and snapshots arrive with later milestones.
-pub async fn not_supported(uri: axum::http::Uri) -> ApiError {
-    ApiError::NotImplemented(format!(
-        "{} is not supported by this server yet",
-        uri.path()
-    ))
 }
 
 /// Start phases as Prometheus histograms (`fastbox_start_phase_seconds`).

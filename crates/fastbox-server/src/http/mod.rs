@@ -7,6 +7,7 @@ pub mod middleware;
 mod misc;
 mod proxy;
 mod sandboxes;
+mod snapshots;
 mod templates;
 
 use std::sync::Arc;
@@ -52,9 +53,10 @@ fn routes() -> Router<AppState> {
             "/sandboxes/{id}/diagnostics/events",
             get(sandboxes::diagnostics_events),
         )
-        .route("/sandboxes/{id}/pause", post(misc::not_supported))
-        .route("/sandboxes/{id}/resume", post(misc::not_supported))
-        .route("/sandboxes/{id}/snapshots", post(misc::not_supported))
+        .route("/sandboxes/{id}/pause", post(snapshots::pause))
+        .route("/sandboxes/{id}/resume", post(snapshots::resume))
+        .route("/sandboxes/{id}/fork", post(snapshots::fork))
+        .route("/sandboxes/{id}/snapshots", post(snapshots::create))
         .route(
             "/sandboxes/{id}/networkpolicy",
             get(egress::get)
@@ -62,8 +64,11 @@ fn routes() -> Router<AppState> {
                 .patch(egress::patch)
                 .delete(egress::delete),
         )
-        .route("/snapshots", any(misc::not_supported))
-        .route("/snapshots/{sid}", any(misc::not_supported))
+        .route("/snapshots", get(snapshots::list))
+        .route(
+            "/snapshots/{id}",
+            get(snapshots::get).delete(snapshots::delete),
+        )
         .route("/templates", post(templates::create).get(templates::list))
         .route(
             "/templates/{id}",

@@ -81,6 +81,14 @@ impl Lifecycle {
         plan: CreatePlan,
         image_tx: Option<oneshot::Sender<ImageOutcome>>,
     ) {
+        if let Some(snapshot) = plan.snapshot_id.clone() {
+            // Nothing to resolve: the snapshot holds the rootfs and the processes.
+            if let Some(tx) = image_tx {
+                let _ = tx.send(Ok(()));
+            }
+            self.run_clone(id, &snapshot, plan).await;
+            return;
+        }
         let fastlet = self.fastlet.clone();
         let reference = plan.image.uri.clone();
         let auth = plan.image.auth.as_ref().and_then(|a| {
@@ -154,13 +162,31 @@ impl Lifecycle {
             fastlet.restore_from(&template, &req, slot)
         })
         .await;
+        self.finish_start(id, slot, placed, Some(&image_event))
+            .await;
+    }
+
+    /// Records how a start into reserved slot `slot` ended: `Running` at its placement (and
+    /// the reserved slot released when it runs in another), or `Failed` with the error.
+    pub(super) async fn finish_start(
+        self: &Arc<Self>,
+        id: &str,
+        slot: u32,
+        placed: Result<
+            (fastbox_fastlet::Placement, fastbox_fastlet::StartReport),
+            fastbox_fastlet::FastletError,
+        >,
+        image_event: Option<&str>,
+    ) {
         match placed {
             Ok((placement, report)) => {
                 self.start_metrics.record(&report);
                 let address = placement.address;
                 let reserved = slot;
                 let updated = self.update(id, |r| {
-                    r.event("ImageReady", &image_event);
+                    if let Some(image_event) = image_event {
+                        r.event("ImageReady", image_event);
+                    }
                     r.slot = Some(placement.slot);
                     r.placement = Some(placement);
                     r.event("Started", &report.summary());
@@ -186,7 +212,7 @@ impl Lifecycle {
     }
 
     /// Records a failure and removes whatever the sandbox had on the node.
-    async fn fail(self: &Arc<Self>, id: &str, reason: &str, message: &str) {
+    pub(super) async fn fail(self: &Arc<Self>, id: &str, reason: &str, message: &str) {
         tracing::warn!(sandbox = %id, reason, message, "sandbox failed");
         if self
             .update(id, |r| {
@@ -215,7 +241,7 @@ impl Lifecycle {
     /// Removes the sandbox from its node; `Stopping` becomes `Terminated`, a failed sandbox
     /// keeps its state. A failing removal leaves the record as it was, for the reconciler to
     /// retry.
-    async fn remove_now(self: &Arc<Self>, id: &str) {
+    pub(super) async fn remove_now(self: &Arc<Self>, id: &str) {
         let Ok(record) = self.record(id) else { return };
         if record.placement.is_none() && record.slot.is_none() && record.state().is_final() {
             return;
@@ -226,6 +252,9 @@ impl Lifecycle {
             fastlet.remove(&rid, placement.as_ref(), slot)
         })
         .await;
+        if removed.is_ok() {
+            self.drop_pause_checkpoint(id).await;
+        }
         let result = self.update(id, |r| {
             match &removed {
                 Ok(report) => {
@@ -260,7 +289,7 @@ impl Lifecycle {
             }
             let id = record.id.as_str();
             match record.state() {
-                SandboxState::Running | SandboxState::Pending
+                SandboxState::Running | SandboxState::Pending | SandboxState::Paused
                     if record.expires_at.is_some_and(|t| t <= now) =>
                 {
                     let _ = self.update(id, |r| {
@@ -348,6 +377,10 @@ impl Lifecycle {
                         });
                     }
                 }
+                (SandboxState::Pausing | SandboxState::Resuming, _) => {
+                    restarted += 1;
+                    self.recover_paused(record);
+                }
                 (SandboxState::Pending, _) => {
                     if let Some(slot) = record.slot {
                         self.fastlet.claim_slot(slot);
@@ -389,6 +422,7 @@ impl Lifecycle {
                 extensions: record.extensions.clone(),
                 template_id: record.template_id.clone(),
                 policy: record.policy(),
+                snapshot_id: record.snapshot_id.clone(),
             });
             match (cleaned, plan) {
                 (Ok(_), Ok(plan)) => {

@@ -19,7 +19,7 @@ use crate::error::ApiError;
 use crate::record::SandboxRecord;
 use crate::store::Store;
 
-use super::plan::{plan, plan_from_template};
+use super::plan::{plan, plan_from_snapshot, plan_from_template};
 
 /// The execd header that carries the per-sandbox token.
 pub const EXECD_TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
@@ -46,6 +46,8 @@ pub struct Lifecycle {
     pub(super) policy_changes: Mutex<()>,
     /// Start phases for `GET /metrics`.
     pub(super) start_metrics: crate::metrics::StartMetrics,
+    /// Snapshots, written through to the store.
+    pub(super) snapshots: Mutex<HashMap<String, crate::record::SnapshotRecord>>,
 }
 
 /// `GET /v1/sandboxes` filters.
@@ -88,8 +90,14 @@ impl Lifecycle {
             .into_iter()
             .map(|t| (t.template_id.clone(), t))
             .collect();
+        let snapshots = store
+            .load_snapshots()?
+            .into_iter()
+            .map(|s| (s.id.clone(), s))
+            .collect();
         Ok(Arc::new(Self {
             cfg,
+            snapshots: Mutex::new(snapshots),
             templates: Mutex::new(templates),
             store,
             records: Mutex::new(records),
@@ -218,13 +226,28 @@ impl Lifecycle {
     /// `POST /v1/sandboxes`: validate, admit into a slot, record the intent, start.
     pub async fn create(self: &Arc<Self>, req: CreateSandboxRequest) -> Result<Sandbox, ApiError> {
         let max_timeout = self.cfg.max_timeout.as_secs();
-        let plan = match req.template_id.clone() {
-            Some(template_id) => {
+        let plan = match (req.template_id.clone(), req.snapshot_id.clone()) {
+            (Some(template_id), _) => {
                 let template = self.ready_template(&template_id)?;
                 plan_from_template(req, &template, max_timeout)?
             }
-            None => plan(req, max_timeout)?,
+            (None, Some(snapshot_id)) => {
+                let snapshot = self.ready_snapshot(&snapshot_id)?;
+                plan_from_snapshot(req, &snapshot, max_timeout)?
+            }
+            (None, None) => plan(req, max_timeout)?,
         };
+        let id = self.admit_and_record(&plan).await?;
+        self.start_create(id.clone(), plan).await?;
+        Ok(self.record(&id)?.to_wire())
+    }
+
+    /// Admission and the durable intent of a create: a slot, then the `Pending` record that
+    /// holds it. Returns the new sandbox's id.
+    pub(super) async fn admit_and_record(
+        self: &Arc<Self>,
+        plan: &super::plan::CreatePlan,
+    ) -> Result<String, ApiError> {
         self.fastlet
             .check_image(&plan.image.uri)
             .map_err(|e| ApiError::InvalidParameter(format!("image: {e}")))?;
@@ -259,17 +282,19 @@ impl Lifecycle {
             template_id: plan.template_id.clone(),
             network_policy: super::egress::recorded(&plan.policy),
             egress_token: random_token(),
+            snapshot_id: plan.snapshot_id.clone(),
+            paused_checkpoint: None,
         };
-        record.event(
-            "Created",
-            &format!("sandbox created from image {}", plan.image.uri),
-        );
+        let from = match &plan.snapshot_id {
+            Some(snapshot) => format!("snapshot {snapshot}"),
+            None => format!("image {}", plan.image.uri),
+        };
+        record.event("Created", &format!("sandbox created from {from}"));
         if let Err(e) = self.insert(record) {
             self.fastlet.release_slot(slot);
             return Err(e);
         }
-        self.start_create(id.clone(), plan).await?;
-        Ok(self.record(&id)?.to_wire())
+        Ok(id)
     }
 
     /// `GET /v1/sandboxes/{id}`.
@@ -316,7 +341,15 @@ impl Lifecycle {
             )));
         }
         let record = self.update(id, |r| {
-            if !matches!(r.state(), SandboxState::Pending | SandboxState::Running) {
+            // Expiry keeps running while a sandbox is paused, and can be renewed then.
+            if !matches!(
+                r.state(),
+                SandboxState::Pending
+                    | SandboxState::Running
+                    | SandboxState::Pausing
+                    | SandboxState::Paused
+                    | SandboxState::Resuming
+            ) {
                 return Err(not_running(r, ""));
             }
             r.expires_at = Some(expires_at);
@@ -378,7 +411,7 @@ impl Lifecycle {
         let record = self.record(id)?;
         match record.state() {
             SandboxState::Running => {}
-            SandboxState::Pending => {
+            SandboxState::Pending | SandboxState::Resuming => {
                 return Err(ApiError::NotReady {
                     id: id.to_string(),
                     state: record.state().to_string(),

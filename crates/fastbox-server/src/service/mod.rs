@@ -5,6 +5,8 @@ mod converge;
 mod egress;
 mod lifecycle;
 pub mod plan;
+mod snapshots;
 mod templates;
 
 pub use lifecycle::{EndpointQuery, Health, Lifecycle, ListQuery, random_token};
+pub use snapshots::{MAX_FORK, SnapshotQuery};

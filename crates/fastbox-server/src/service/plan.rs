@@ -10,6 +10,7 @@ use fastbox_runtime::spec::DEFAULT_PIDS;
 use fastbox_egress::EgressPolicy;
 
 use crate::error::ApiError;
+use crate::record::SnapshotRecord;
 
 /// Shortest `timeout` the API accepts, in seconds.
 pub const MIN_TIMEOUT_SECS: i64 = 60;
@@ -33,6 +34,8 @@ pub struct CreatePlan {
     pub template_id: Option<String>,
     /// The egress policy (allow all when the request has none).
     pub policy: EgressPolicy,
+    /// The snapshot the sandbox is restored from (its processes run on as they were).
+    pub snapshot_id: Option<String>,
 }
 
 fn invalid(message: impl Into<String>) -> ApiError {
@@ -46,8 +49,8 @@ fn unsupported(message: impl Into<String>) -> ApiError {
 /// Validates `req` against the API's rules and this server's limits.
 pub fn plan(req: CreateSandboxRequest, max_timeout_secs: u64) -> Result<CreatePlan, ApiError> {
     if req.snapshot_id.is_some() {
-        return Err(unsupported(
-            "creating from a snapshot (snapshotId) is not supported by this server yet",
+        return Err(invalid(
+            "give exactly one of image, snapshotId and templateId",
         ));
     }
     let image = req
@@ -128,6 +131,7 @@ pub fn plan(req: CreateSandboxRequest, max_timeout_secs: u64) -> Result<CreatePl
         extensions: req.extensions,
         template_id: None,
         policy,
+        snapshot_id: None,
     })
 }
 
@@ -180,6 +184,79 @@ pub fn plan_from_template(
         extensions: req.extensions,
         template_id: Some(template.template_id.clone()),
         policy,
+        snapshot_id: None,
+    })
+}
+
+/// A create with `snapshotId`: the snapshot's processes run on as they were, so the
+/// entrypoint may only be the recorded one or the SDK's default (both ignored), and the
+/// environment cannot change. Metadata, timeout, egress policy and limits not given are the
+/// snapshot source's.
+pub fn plan_from_snapshot(
+    req: CreateSandboxRequest,
+    snapshot: &SnapshotRecord,
+    max_timeout_secs: u64,
+) -> Result<CreatePlan, ApiError> {
+    let refused = [
+        ("image", req.image.is_some()),
+        ("templateId", req.template_id.is_some()),
+        (
+            "volumes",
+            req.volumes.as_ref().is_some_and(|v| !v.is_empty()),
+        ),
+        ("lifecycle", req.lifecycle.is_some()),
+        ("secureAccess", req.secure_access == Some(true)),
+        ("env", req.env.as_ref().is_some_and(|e| !e.is_empty())),
+    ];
+    if let Some((field, _)) = refused.iter().find(|(_, given)| *given) {
+        return Err(invalid(format!(
+            "{field} cannot be given with snapshotId: the snapshot's processes run on as they were"
+        )));
+    }
+    if let Some(entrypoint) = &req.entrypoint
+        && *entrypoint != snapshot.entrypoint
+        && *entrypoint != default_entrypoint()
+    {
+        return Err(invalid(format!(
+            "entrypoint {entrypoint:?} cannot be given with snapshotId: the snapshot's processes run on as they were (its entrypoint is {:?})",
+            snapshot.entrypoint
+        )));
+    }
+    let timeout_secs = timeout_of(req.timeout, max_timeout_secs)?.or(snapshot.timeout_secs);
+    let mut resource_limits = req
+        .resource_limits
+        .unwrap_or_else(|| snapshot.resource_limits.clone());
+    // The writable layer must hold the snapshot's: its disk size stays unless given.
+    for key in ["disk", "ephemeral-storage"] {
+        if let Some(disk) = snapshot.resource_limits.get(key)
+            && !resource_limits.contains_key("disk")
+            && !resource_limits.contains_key("ephemeral-storage")
+        {
+            resource_limits.insert(key.to_string(), disk.clone());
+        }
+    }
+    let (limits, disk_bytes) = limits_of(&resource_limits)?;
+    let metadata = match req.metadata {
+        Some(m) if !m.is_empty() => metadata_of(Some(m))?,
+        _ => snapshot.metadata.clone(),
+    };
+    let policy = match &req.network_policy {
+        Some(p) => policy_of(Some(p))?,
+        None => snapshot.policy(),
+    };
+    Ok(CreatePlan {
+        image: snapshot.image.clone(),
+        entrypoint: snapshot.entrypoint.clone(),
+        env: snapshot.env.clone(),
+        metadata,
+        resource_limits,
+        limits,
+        disk_bytes,
+        timeout_secs,
+        extensions: req.extensions,
+        template_id: None,
+        policy,
+        snapshot_id: Some(snapshot.id.clone()),
     })
 }
 
@@ -341,7 +418,7 @@ mod tests {
         ));
         assert!(matches!(
             err(r#"{"snapshotId":"s"}"#),
-            ApiError::NotSupported(_)
+            ApiError::InvalidParameter(_)
         ));
         plan(req(&format!("{{{base},\"networkPolicy\":{{}}}}")), 86_400).unwrap();
     }

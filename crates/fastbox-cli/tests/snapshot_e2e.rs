@@ -1,0 +1,286 @@
+//! Pause, resume, snapshots and fork through a real `fastbox up` (DESIGN §4, §5): processes
+//! and memory survive a pause, clones of a snapshot are their own sandboxes with the source's
+//! memory, and `kill -9` of the server at any phase of a pause, a resume or a snapshot
+//! converges (Running, Paused or Failed with a reason; Ready or Failed) with nothing leaked.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::execd::Execd;
+use common::server::UpServer;
+use serde_json::{Value, json};
+
+/// A shell that keeps a random value in memory only and hands it to whoever reads the FIFO
+/// `/tmp/mem` (the FIFO holds no data on disk), plus the facts compared across a pause.
+const MEMORY_SERVER: &str = r#"mkfifo /tmp/mem && setsid sh -c 'v=$(head -c 12 /dev/urandom | od -A n -t x1 | tr -d " \n"); while :; do echo "$v" > /tmp/mem; done' </dev/null >/dev/null 2>&1 &
+echo started"#;
+
+/// The in-memory value, the uptime, the address and the entrypoint's pid.
+const FACTS: &str = r#"echo secret=$(cat /tmp/mem)
+echo uptime=$(cut -d ' ' -f 1 /proc/uptime)
+echo address=$(ip -4 -o addr show | awk '$2 != "lo" {print $4}')
+echo sleeper=$(pidof sleep)
+echo hostname=$(hostname)"#;
+
+fn start_memory_server(e: &Execd) {
+    let run = e.sh(MEMORY_SERVER);
+    assert!(run.stdout.contains("started"), "{}", run.stdout);
+}
+
+fn facts(e: &Execd) -> std::collections::BTreeMap<String, String> {
+    let (_, facts) = e.facts(FACTS);
+    assert_eq!(facts["secret"].len(), 24, "{facts:?}");
+    facts
+}
+
+/// Polls `id` until its state is one of `done` (60 s at most); returns it and its reason.
+fn settle(server: &UpServer, id: &str, done: &[&str]) -> (String, Option<String>) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (state, reason) = server.state(id);
+        if done.contains(&state.as_str()) {
+            return (state, reason);
+        }
+        assert!(Instant::now() < deadline, "{id} stuck in {state}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn uptime(facts: &std::collections::BTreeMap<String, String>) -> f64 {
+    facts["uptime"].parse().unwrap()
+}
+
+#[test]
+fn pause_and_resume_keep_processes_memory_and_address_through_crashes() {
+    let Some(mut server) = UpServer::start('j', &[]) else {
+        return;
+    };
+    let id = server.create_busybox();
+    let e = Execd::of(&server, &id);
+    start_memory_server(&e);
+    let before = facts(&e);
+
+    // Pause: Paused once durable; its endpoints are gone meanwhile.
+    let (status, body) = server.post(&format!("/v1/sandboxes/{id}/pause"), &json!({}));
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(
+        settle(&server, &id, &["Paused", "Failed", "Running"]).0,
+        "Paused"
+    );
+    assert_eq!(server.ping(&id), 409, "a paused sandbox has no endpoint");
+    let (status, _) = server.post(&format!("/v1/sandboxes/{id}/pause"), &json!({}));
+    assert_eq!(status, 409, "pausing a paused sandbox");
+
+    // Resume: the same processes, memory, address and hostname; uptime went on.
+    let (status, body) = server.post(&format!("/v1/sandboxes/{id}/resume"), &json!({}));
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(
+        settle(&server, &id, &["Running", "Paused", "Failed"]).0,
+        "Running"
+    );
+    let e = Execd::of(&server, &id);
+    let after = facts(&e);
+    for key in ["secret", "address", "sleeper", "hostname"] {
+        assert_eq!(before[key], after[key], "{key} across pause/resume");
+    }
+    assert!(uptime(&after) >= uptime(&before), "{before:?} {after:?}");
+    let (status, _) = server.post(&format!("/v1/sandboxes/{id}/resume"), &json!({}));
+    assert_eq!(status, 409, "resuming a running sandbox");
+
+    // kill -9 of the server at several points of a pause, then of a resume.
+    let mut last = after;
+    for delay_ms in [0u64, 30, 90, 250] {
+        let (status, body) = server.post(&format!("/v1/sandboxes/{id}/pause"), &json!({}));
+        assert_eq!(status, 202, "{body}");
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        server.kill9();
+        server.spawn();
+        let (state, reason) = settle(&server, &id, &["Paused", "Running", "Failed"]);
+        eprintln!("pause killed after {delay_ms} ms: {state} {reason:?}");
+        assert_ne!(state, "Failed", "a pause lost the sandbox: {reason:?}");
+        if state == "Paused" {
+            let (status, body) = server.post(&format!("/v1/sandboxes/{id}/resume"), &json!({}));
+            assert_eq!(status, 202, "{body}");
+            std::thread::sleep(Duration::from_millis(delay_ms));
+            server.kill9();
+            server.spawn();
+            let (state, reason) = settle(&server, &id, &["Paused", "Running", "Failed"]);
+            eprintln!("resume killed after {delay_ms} ms: {state} {reason:?}");
+            assert_ne!(state, "Failed", "a resume lost the sandbox: {reason:?}");
+            if state == "Paused" {
+                let (status, _) = server.post(&format!("/v1/sandboxes/{id}/resume"), &json!({}));
+                assert_eq!(status, 202);
+                assert_eq!(settle(&server, &id, &["Running", "Failed"]).0, "Running");
+            }
+        }
+        let now = facts(&Execd::of(&server, &id));
+        for key in ["secret", "address", "sleeper"] {
+            assert_eq!(last[key], now[key], "{key} after a crash at {delay_ms} ms");
+        }
+        last = now;
+    }
+
+    // A paused sandbox that is deleted leaves nothing: no checkpoint, no slot.
+    let (status, _) = server.post(&format!("/v1/sandboxes/{id}/pause"), &json!({}));
+    assert_eq!(status, 202);
+    assert_eq!(settle(&server, &id, &["Paused", "Failed"]).0, "Paused");
+    assert_eq!(server.delete(&format!("/v1/sandboxes/{id}")), 204);
+    assert_eq!(
+        settle(&server, &id, &["Terminated", "Failed"]).0,
+        "Terminated"
+    );
+    let snapshots = server.data_dir.join("snapshots");
+    let left: Vec<_> = std::fs::read_dir(&snapshots)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        left.is_empty(),
+        "checkpoints left after the delete: {left:?}"
+    );
+    server.finish();
+}
+
+/// Polls snapshot `sid` until it is Ready or Failed.
+fn settle_snapshot(server: &UpServer, sid: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) = server.get(&format!("/v1/snapshots/{sid}"));
+        assert_eq!(status, 200, "{body}");
+        if matches!(body["status"]["state"].as_str(), Some("Ready" | "Failed")) {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "snapshot {sid} stuck: {body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn snapshots_make_independent_clones_and_survive_crashes() {
+    let Some(mut server) = UpServer::start('l', &[]) else {
+        return;
+    };
+    let id = server.create_busybox();
+    let source = Execd::of(&server, &id);
+    start_memory_server(&source);
+    let original = facts(&source);
+
+    let (status, snap) = server.post(
+        &format!("/v1/sandboxes/{id}/snapshots"),
+        &json!({"name": "first"}),
+    );
+    assert_eq!(status, 202, "{snap}");
+    let sid = snap["id"].as_str().unwrap().to_string();
+    let snap = settle_snapshot(&server, &sid);
+    assert_eq!(snap["status"]["state"], "Ready", "{snap}");
+    assert_eq!(snap["sandboxId"], id.as_str());
+    // The source ran on.
+    assert_eq!(facts(&source)["sleeper"], original["sleeper"]);
+
+    // A foreign entrypoint is refused and records nothing; the SDK's default is ignored.
+    let before = server.ids().len();
+    let (status, body) = server.post(
+        "/v1/sandboxes",
+        &json!({"snapshotId": sid, "entrypoint": ["/bin/sh", "-c", "echo other"]}),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(
+        server.ids().len(),
+        before,
+        "a refused create recorded a sandbox"
+    );
+    let (status, clone) = server.post(
+        "/v1/sandboxes",
+        &json!({"snapshotId": sid, "entrypoint": ["tail", "-f", "/dev/null"], "timeout": 600}),
+    );
+    assert_eq!(status, 202, "{clone}");
+    let clone_id = clone["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        settle(&server, &clone_id, &["Running", "Failed"]).0,
+        "Running"
+    );
+    let (_, got) = server.get(&format!("/v1/sandboxes/{clone_id}"));
+    assert_eq!(got["snapshotId"], sid.as_str(), "{got}");
+
+    // Fork: more clones of a new live snapshot, each with the source's memory.
+    let (status, forked) = server.post(&format!("/v1/sandboxes/{id}/fork"), &json!({"count": 2}));
+    assert_eq!(status, 202, "{forked}");
+    let mut clones = vec![clone_id];
+    clones.extend(
+        forked["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["id"].as_str().unwrap().to_string()),
+    );
+    assert_eq!(clones.len(), 3);
+    let mut hostnames = vec![original["hostname"].clone()];
+    let mut addresses = vec![original["address"].clone()];
+    for c in &clones {
+        assert_eq!(
+            settle(&server, c, &["Running", "Failed"]).0,
+            "Running",
+            "{c}"
+        );
+        let e = Execd::of(&server, c);
+        assert_ne!(e.token, source.token, "a clone's execd has its own token");
+        assert_eq!(
+            source.ping_with(&e.token),
+            401,
+            "the source refuses a clone's token"
+        );
+        let f = facts(&e);
+        assert_eq!(
+            f["secret"], original["secret"],
+            "{c} has the source's memory"
+        );
+        hostnames.push(f["hostname"].clone());
+        addresses.push(f["address"].clone());
+        // Its writable layer is its own.
+        e.sh(&format!("echo {c} > /tmp/mark"));
+    }
+    for list in [&hostnames, &addresses] {
+        let unique: std::collections::BTreeSet<_> = list.iter().collect();
+        assert_eq!(unique.len(), list.len(), "clones share {list:?}");
+    }
+    let marks = source.sh("cat /tmp/mark 2>/dev/null || echo none").stdout;
+    assert_eq!(
+        marks.trim(),
+        "none",
+        "a clone wrote into the source's layer"
+    );
+
+    // kill -9 while a snapshot is taken: it ends Ready or Failed with a reason.
+    for delay_ms in [0u64, 40, 150] {
+        let (status, snap) = server.post(&format!("/v1/sandboxes/{id}/snapshots"), &json!({}));
+        assert_eq!(status, 202, "{snap}");
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        server.kill9();
+        server.spawn();
+        let sid = snap["id"].as_str().unwrap();
+        let settled = settle_snapshot(&server, sid);
+        eprintln!("snapshot killed after {delay_ms} ms: {}", settled["status"]);
+        if settled["status"]["state"] == "Failed" {
+            assert!(settled["status"]["reason"].is_string(), "{settled}");
+        }
+        assert_eq!(server.state(&id).0, "Running", "the source survives");
+        assert_eq!(
+            facts(&Execd::of(&server, &id))["secret"],
+            original["secret"]
+        );
+        assert_eq!(server.delete(&format!("/v1/snapshots/{sid}")), 204);
+        let (status, _) = server.get(&format!("/v1/snapshots/{sid}"));
+        assert_eq!(status, 404);
+    }
+
+    // List, filter, delete.
+    let (_, listed) = server.get(&format!("/v1/snapshots?sandboxId={id}&name=first"));
+    assert_eq!(listed["items"].as_array().unwrap().len(), 1, "{listed}");
+    let (status, _) = server.get("/v1/snapshots?state=Bogus");
+    assert_eq!(status, 400);
+    assert_eq!(server.delete(&format!("/v1/snapshots/{sid}")), 204);
+    let (status, body) = server.post("/v1/sandboxes", &json!({"snapshotId": sid}));
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(server.delete("/v1/snapshots/snap_unknown"), 404);
+    server.finish();
+}

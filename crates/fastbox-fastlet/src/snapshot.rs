@@ -1,0 +1,256 @@
+//! Snapshots, pause and resume on this node (DESIGN §4).
+//!
+//! A snapshot of a sandbox is a checkpoint directory like a golden template's, kept under
+//! `DATA_DIR/snapshots/<key>/` and committed by its `template.json` (written last), whose
+//! golden token is the sandbox's execd token at the time. Three operations make one:
+//!
+//! - a **live snapshot** freezes the sandbox only for the dump: CRIU writes the images and the
+//!   writable layer is copied into a memory-backed staging directory while the tree is
+//!   frozen, then the tree runs on and the staged files move to disk;
+//! - a **pause** dumps the sandbox (which ends it) straight to disk, flushes it, and then
+//!   releases everything the sandbox held except its slot index, i.e. its address;
+//! - a **resume** restores the pause's checkpoint into that slot again, with the sandbox's own
+//!   id, token and established connections.
+//!
+//! Clones of a snapshot ([`Fastlet::clone_snapshot`]) are restores into new slots that get a
+//! new hostname, identity files and execd token; their processes run on as they were.
+
+use std::path::{Path, PathBuf};
+
+use fastbox_runtime::checkpoint::{CheckpointOptions, CheckpointReport};
+use fastbox_runtime::criu_stats::DumpStats;
+use fastbox_runtime::sandbox;
+
+use crate::agent::{Fastlet, FastletError, PlaceRequest, Placement, StartMode, StartReport};
+use crate::host::HostError;
+use crate::template::{self, Template};
+
+/// Where node snapshot `key` lives.
+pub fn snapshot_dir(data_dir: &Path, key: &str) -> PathBuf {
+    data_dir.join("snapshots").join(key)
+}
+
+/// Where a live snapshot of instance `prefix` stages its files while the sandbox is frozen:
+/// memory-backed, so the freeze does not wait for a disk.
+pub fn staging_dir(prefix: &str, key: &str) -> PathBuf {
+    PathBuf::from(format!("/dev/shm/fastbox-{prefix}-stage-{key}"))
+}
+
+/// What taking a snapshot cost.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SnapshotReport {
+    /// How long the sandbox's processes were stopped (CRIU's `frozen_time`), when known.
+    pub frozen_ms: Option<f64>,
+    /// The `criu dump` run.
+    pub dump_ms: f64,
+    /// Moving the staged files to disk and flushing them.
+    pub persist_ms: f64,
+    /// The whole operation, until committed.
+    pub total_ms: f64,
+    /// Size of the checkpoint (memory images and writable layer).
+    pub bytes: u64,
+    /// CRIU's `stats-dump`.
+    pub stats: Option<DumpStats>,
+}
+
+impl SnapshotReport {
+    fn of(report: &CheckpointReport, total_ms: f64) -> Self {
+        Self {
+            frozen_ms: report.stats.map(|s| s.frozen_time_us as f64 / 1000.0),
+            dump_ms: report.dump.as_secs_f64() * 1000.0,
+            persist_ms: report.persist.as_secs_f64() * 1000.0,
+            total_ms,
+            bytes: report.bytes,
+            stats: report.stats,
+        }
+    }
+
+    /// `frozen 84.1 ms, dump 97.0 ms, persist 120.3 ms, 262.4 MiB` style.
+    pub fn summary(&self) -> String {
+        let frozen = self
+            .frozen_ms
+            .map(|f| format!("frozen {f:.1} ms, "))
+            .unwrap_or_default();
+        format!(
+            "{frozen}dump {:.1} ms, persist {:.1} ms, total {:.1} ms, {:.1} MiB",
+            self.dump_ms,
+            self.persist_ms,
+            self.total_ms,
+            self.bytes as f64 / (1024.0 * 1024.0)
+        )
+    }
+}
+
+/// What a snapshot is taken of.
+#[derive(Debug, Clone)]
+pub struct SnapshotSource<'a> {
+    /// The node snapshot's key (a snapshot id, or a pause checkpoint's name).
+    pub key: &'a str,
+    pub placement: &'a Placement,
+    /// The sandbox's execd token (the clones' claim authenticates with it).
+    pub execd_token: &'a str,
+    /// The image reference the sandbox came from (for logs and the manifest).
+    pub image_reference: &'a str,
+}
+
+impl Fastlet {
+    /// A live snapshot of a running sandbox: frozen only while CRIU dumps its memory and its
+    /// writable layer is copied (both into memory), then it runs on and the files move to
+    /// `DATA_DIR/snapshots/<key>`.
+    pub fn snapshot(
+        &self,
+        source: &SnapshotSource<'_>,
+    ) -> Result<(Template, SnapshotReport), FastletError> {
+        let staging = staging_dir(&self.config().prefix, source.key);
+        self.take_snapshot(
+            source,
+            CheckpointOptions {
+                leave_running: true,
+                staging: Some(&staging),
+                durable: false,
+            },
+        )
+    }
+
+    /// Pauses a running sandbox: its checkpoint is written to disk and flushed (the dump ends
+    /// its processes), then everything it held on this node is released except its slot
+    /// index, which keeps its address for the resume.
+    pub fn pause(
+        &self,
+        id: &str,
+        source: &SnapshotSource<'_>,
+    ) -> Result<(Template, SnapshotReport), FastletError> {
+        let taken = self.take_snapshot(
+            source,
+            CheckpointOptions {
+                leave_running: false,
+                staging: None,
+                durable: true,
+            },
+        )?;
+        self.release_keeping_address(id, Some(source.placement), source.placement.slot)?;
+        Ok(taken)
+    }
+
+    fn take_snapshot(
+        &self,
+        source: &SnapshotSource<'_>,
+        opts: CheckpointOptions<'_>,
+    ) -> Result<(Template, SnapshotReport), FastletError> {
+        let clock = std::time::Instant::now();
+        let fail = |message: String| FastletError::Snapshot {
+            key: source.key.to_string(),
+            message,
+        };
+        let dir = snapshot_dir(&self.config().data_dir, source.key);
+        let _ = std::fs::remove_dir_all(&dir);
+        let checkpoint = dir.join("checkpoint");
+        let taken = fastbox_runtime::checkpoint::checkpoint_with(
+            &self.config().criu,
+            &source.placement.handle,
+            &checkpoint,
+            opts,
+        );
+        let report = match taken {
+            Ok(report) => report,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(fail(e.to_string()));
+            }
+        };
+        let Some(rootfs) = report.meta.lower.clone() else {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(fail("the sandbox's image rootfs is not known".into()));
+        };
+        let t = Template {
+            key: source.key.to_string(),
+            image_digest: String::new(),
+            image_reference: source.image_reference.to_string(),
+            rootfs,
+            checkpoint,
+            golden_token: source.execd_token.to_string(),
+            build_ms: clock.elapsed().as_millis() as u64,
+        };
+        template::commit(&dir, &t).map_err(|e| fail(format!("commit: {e}")))?;
+        let report = SnapshotReport::of(&report, clock.elapsed().as_secs_f64() * 1000.0);
+        tracing::info!(key = %source.key, sandbox = %source.placement.handle.id, leave_running = opts.leave_running, report = %report.summary(), "snapshot taken");
+        Ok((t, report))
+    }
+
+    /// The committed node snapshot `key`, if this node has it.
+    pub fn load_snapshot(&self, key: &str) -> Option<Template> {
+        template::load(&snapshot_dir(&self.config().data_dir, key))
+    }
+
+    /// Removes node snapshot `key` (committed or not). Idempotent.
+    pub fn remove_snapshot(&self, key: &str) -> std::io::Result<()> {
+        let _ = std::fs::remove_dir_all(staging_dir(&self.config().prefix, key));
+        match std::fs::remove_dir_all(snapshot_dir(&self.config().data_dir, key)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Resumes paused sandbox `req.id` from its checkpoint `snapshot` into slot `slot` (the
+    /// one it kept): same address, same token, same connections.
+    pub fn resume(
+        &self,
+        snapshot: &Template,
+        req: &PlaceRequest,
+        slot: u32,
+    ) -> Result<(Placement, StartReport), FastletError> {
+        self.restore_as(snapshot, req, slot, StartMode::Resume)
+    }
+
+    /// A new sandbox `req.id` from `snapshot`: its processes as they were, with its own
+    /// hostname, identity files, address and execd token; no entrypoint is started.
+    pub fn clone_snapshot(
+        &self,
+        snapshot: &Template,
+        req: &PlaceRequest,
+        slot: u32,
+    ) -> Result<(Placement, StartReport), FastletError> {
+        self.restore_as(snapshot, req, slot, StartMode::Clone)
+    }
+
+    /// Releases what sandbox `id` holds on this node (processes, mounts, files, cgroup,
+    /// network namespace and policy), synchronously, but keeps slot index `slot` taken: a
+    /// paused sandbox keeps its address. Idempotent; works on what a crash left.
+    pub fn release_keeping_address(
+        &self,
+        id: &str,
+        placement: Option<&Placement>,
+        slot: u32,
+    ) -> Result<(), FastletError> {
+        self.forget_route(id);
+        self.claim_slot(slot);
+        let handle = placement
+            .map(|p| p.handle.clone())
+            .unwrap_or_else(|| self.unstarted_handle(id));
+        let host = &self.host;
+        let released = sandbox::stop_processes(&handle, &host.cgroups)
+            .and_then(|()| sandbox::destroy(&handle, &host.cgroups))
+            .map_err(HostError::from)
+            .and_then(|()| {
+                let net = host.network.slot(slot)?;
+                host.release_network(&net)
+            });
+        released.map_err(|source| FastletError::Remove {
+            id: id.to_string(),
+            source: Box::new(source),
+        })
+    }
+
+    /// Removes staging directories a crash left (live snapshots interrupted mid-dump).
+    pub fn purge_staging(&self) -> usize {
+        let head = format!("fastbox-{}-stage-", self.config().prefix);
+        let Ok(entries) = std::fs::read_dir("/dev/shm") else {
+            return 0;
+        };
+        entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&head))
+            .filter(|e| std::fs::remove_dir_all(e.path()).is_ok())
+            .count()
+    }
+}

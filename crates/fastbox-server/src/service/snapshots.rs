@@ -1,0 +1,762 @@
+//! Snapshots, pause, resume and fork (DESIGN §4, §5): each writes its intent durably
+//! (`Creating`, `Pausing`, `Resuming`), answers 202, and a task does the node's part; after a
+//! crash, [`Lifecycle::recover_snapshots`] and [`Lifecycle::recover_paused`] drive what was
+//! interrupted to an end state (`Ready` or `Failed`; `Running`, `Paused` or `Failed`).
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use fastbox_api::lifecycle::{
+    CreateSandboxRequest, CreateSandboxResponse, PaginationInfo, SandboxState,
+};
+use fastbox_api::snapshots::{
+    ForkRequest, ForkResponse, ListSnapshotsResponse, Snapshot, SnapshotState, SnapshotStatus,
+};
+use fastbox_fastlet::snapshot::SnapshotSource;
+use fastbox_fastlet::template::Template;
+use fastbox_fastlet::{FastletError, PlaceRequest, blocking};
+
+use crate::error::ApiError;
+use crate::record::{SandboxRecord, SnapshotRecord};
+
+use super::converge::{PROCESS_LOST, START_FAILED};
+use super::lifecycle::{Lifecycle, not_running};
+use super::plan::{CreatePlan, limits_of, plan_from_snapshot};
+
+/// Reasons recorded on sandboxes and snapshots.
+pub const PAUSE_FAILED: &str = "PAUSE_FAILED";
+pub const RESUME_FAILED: &str = "RESUME_FAILED";
+pub const SNAPSHOT_FAILED: &str = "SNAPSHOT_FAILED";
+pub const INTERRUPTED: &str = "INTERRUPTED";
+
+/// Most sandboxes one fork makes.
+pub const MAX_FORK: u32 = 64;
+/// Longest snapshot name.
+const MAX_NAME_LEN: usize = 128;
+
+/// `GET /v1/snapshots` filters.
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotQuery {
+    pub sandbox_id: Option<String>,
+    pub name: Option<String>,
+    pub states: Vec<SnapshotState>,
+    pub page: u32,
+    pub page_size: u32,
+}
+
+/// The node checkpoint a pause of sandbox `id` writes.
+fn pause_key(id: &str) -> String {
+    format!("pause-{id}")
+}
+
+impl Lifecycle {
+    fn snapshot_record(&self, id: &str) -> Result<SnapshotRecord, ApiError> {
+        self.snapshots
+            .lock()
+            .expect("snapshots lock")
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::SnapshotNotFound(id.to_string()))
+    }
+
+    fn update_snapshot(
+        &self,
+        id: &str,
+        change: impl FnOnce(&mut SnapshotRecord),
+    ) -> Result<SnapshotRecord, ApiError> {
+        let mut snapshots = self.snapshots.lock().expect("snapshots lock");
+        let current = snapshots
+            .get(id)
+            .ok_or_else(|| ApiError::SnapshotNotFound(id.to_string()))?;
+        let mut next = current.clone();
+        change(&mut next);
+        self.store.put_snapshot(&next)?;
+        snapshots.insert(id.to_string(), next.clone());
+        Ok(next)
+    }
+
+    /// A snapshot sandboxes can be created from, or why not (404 unknown, 409 not `Ready`).
+    pub(super) fn ready_snapshot(&self, id: &str) -> Result<SnapshotRecord, ApiError> {
+        let snapshot = self.snapshot_record(id)?;
+        if snapshot.state() != SnapshotState::Ready {
+            return Err(ApiError::Conflict(format!(
+                "snapshot {id} is {}, not Ready",
+                snapshot.state()
+            )));
+        }
+        Ok(snapshot)
+    }
+
+    /// `POST /v1/sandboxes/{id}/snapshots`: records the snapshot (`Creating`) and takes it in
+    /// the background; the sandbox keeps running.
+    pub fn create_snapshot(
+        self: &Arc<Self>,
+        sandbox_id: &str,
+        name: Option<String>,
+    ) -> Result<Snapshot, ApiError> {
+        let snapshot = self.record_snapshot(sandbox_id, name)?;
+        let this = self.clone();
+        let id = snapshot.id.clone();
+        tokio::spawn(async move { this.take_snapshot(&id).await });
+        Ok(snapshot.to_wire())
+    }
+
+    /// Validates and records a `Creating` snapshot of running sandbox `sandbox_id`, which is
+    /// busy until [`Lifecycle::take_snapshot`] ends.
+    fn record_snapshot(
+        &self,
+        sandbox_id: &str,
+        name: Option<String>,
+    ) -> Result<SnapshotRecord, ApiError> {
+        if let Some(name) = &name
+            && (name.trim().is_empty() || name.len() > MAX_NAME_LEN)
+        {
+            return Err(ApiError::InvalidParameter(format!(
+                "name must be 1 to {MAX_NAME_LEN} characters"
+            )));
+        }
+        let source = self.record(sandbox_id)?;
+        if source.state() != SandboxState::Running || source.placement.is_none() {
+            return Err(not_running(
+                &source,
+                ": only a running sandbox is snapshotted",
+            ));
+        }
+        if !self.claim(sandbox_id) {
+            return Err(busy(sandbox_id));
+        }
+        let now = Utc::now();
+        let snapshot = SnapshotRecord {
+            id: format!("snap_{}", uuid::Uuid::new_v4().simple()),
+            sandbox_id: sandbox_id.to_string(),
+            name,
+            status: SnapshotStatus {
+                state: SnapshotState::Creating,
+                reason: None,
+                message: None,
+                last_transition_at: Some(now),
+            },
+            created_at: now,
+            image: fastbox_api::lifecycle::ImageSpec {
+                uri: source.image.uri.clone(),
+                auth: None,
+            },
+            entrypoint: source.entrypoint.clone(),
+            env: source.env.clone(),
+            metadata: source.metadata.clone(),
+            resource_limits: source.resource_limits.clone(),
+            timeout_secs: source
+                .expires_at
+                .map(|t| (t - source.created_at).num_seconds()),
+            network_policy: source.network_policy.clone(),
+            execd_token: source.execd_token.clone(),
+            report: None,
+        };
+        let stored = self.store.put_snapshot(&snapshot);
+        if let Err(e) = stored {
+            self.release(sandbox_id);
+            return Err(e.into());
+        }
+        self.snapshots
+            .lock()
+            .expect("snapshots lock")
+            .insert(snapshot.id.clone(), snapshot.clone());
+        Ok(snapshot)
+    }
+
+    /// Takes recorded snapshot `id` of its (busy) source: `Ready` with what it cost, or
+    /// `Failed` with why. Releases the source.
+    async fn take_snapshot(self: &Arc<Self>, id: &str) -> SnapshotState {
+        let Ok(snapshot) = self.snapshot_record(id) else {
+            return SnapshotState::Failed;
+        };
+        let source = self.record(&snapshot.sandbox_id);
+        let taken = match source {
+            Ok(source) if source.placement.is_some() => {
+                let fastlet = self.fastlet.clone();
+                let key = snapshot.id.clone();
+                blocking::run("fastbox-snapshot", move || {
+                    let placement = source.placement.as_ref().expect("placed");
+                    fastlet.snapshot(&SnapshotSource {
+                        key: &key,
+                        placement,
+                        execd_token: &source.execd_token,
+                        image_reference: &source.image.uri,
+                    })
+                })
+                .await
+                .map_err(|e| e.to_string())
+            }
+            _ => Err(format!(
+                "sandbox {} is no longer running",
+                snapshot.sandbox_id
+            )),
+        };
+        self.release(&snapshot.sandbox_id);
+        let updated = self.update_snapshot(id, |s| match &taken {
+            Ok((_, report)) => {
+                s.report = Some(report.summary());
+                s.transition(SnapshotState::Ready, None, &report.summary());
+            }
+            Err(message) => s.transition(SnapshotState::Failed, Some(SNAPSHOT_FAILED), message),
+        });
+        let _ = self.update(&snapshot.sandbox_id, |r| {
+            match &taken {
+                Ok((_, report)) => r.event("Snapshotted", &format!("{id}: {}", report.summary())),
+                Err(message) => r.event("SnapshotFailed", &format!("{id}: {message}")),
+            }
+            Ok(())
+        });
+        match updated {
+            Ok(s) => s.state(),
+            Err(e) => {
+                tracing::warn!(snapshot = %id, error = %e, "could not record the snapshot");
+                SnapshotState::Failed
+            }
+        }
+    }
+
+    /// `GET /v1/snapshots`: filtered, newest first, paginated.
+    pub fn list_snapshots(&self, q: &SnapshotQuery) -> ListSnapshotsResponse {
+        let mut items: Vec<Snapshot> = self
+            .snapshots
+            .lock()
+            .expect("snapshots lock")
+            .values()
+            .filter(|s| q.sandbox_id.as_ref().is_none_or(|id| *id == s.sandbox_id))
+            .filter(|s| q.name.is_none() || q.name == s.name)
+            .filter(|s| q.states.is_empty() || q.states.contains(&s.state()))
+            .map(SnapshotRecord::to_wire)
+            .collect();
+        items.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
+        let (pagination, range) = PaginationInfo::of(q.page, q.page_size, items.len());
+        ListSnapshotsResponse {
+            items: items[range].to_vec(),
+            pagination,
+        }
+    }
+
+    /// `GET /v1/snapshots/{id}`.
+    pub fn get_snapshot(&self, id: &str) -> Result<Snapshot, ApiError> {
+        Ok(self.snapshot_record(id)?.to_wire())
+    }
+
+    /// `DELETE /v1/snapshots/{id}`: `Deleting` (durable), then its files go and the record
+    /// with them. Sandboxes restored from it keep running. A snapshot still being taken
+    /// cannot be deleted (409).
+    pub async fn delete_snapshot(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
+        let snapshot = self.snapshot_record(id)?;
+        if snapshot.state() == SnapshotState::Creating {
+            return Err(ApiError::Conflict(format!(
+                "snapshot {id} is still being taken"
+            )));
+        }
+        self.update_snapshot(id, |s| s.transition(SnapshotState::Deleting, None, ""))?;
+        self.finish_snapshot_delete(id).await
+    }
+
+    async fn finish_snapshot_delete(&self, id: &str) -> Result<(), ApiError> {
+        let fastlet = self.fastlet.clone();
+        let key = id.to_string();
+        blocking::run("fastbox-snapshot", move || fastlet.remove_snapshot(&key))
+            .await
+            .map_err(|e| ApiError::Internal(format!("remove snapshot files: {e}")))?;
+        self.store.remove_snapshot(id)?;
+        self.snapshots.lock().expect("snapshots lock").remove(id);
+        Ok(())
+    }
+
+    /// `POST /v1/sandboxes/{id}/pause`: `Pausing` now; `Paused` once the checkpoint is on
+    /// disk and the runtime released.
+    pub fn pause(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
+        self.begin(
+            id,
+            SandboxState::Running,
+            SandboxState::Pausing,
+            "pause requested",
+        )?;
+        let this = self.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            this.run_pause(&id).await;
+            this.release(&id);
+        });
+        Ok(())
+    }
+
+    /// `POST /v1/sandboxes/{id}/resume`: `Resuming` now; `Running` once restored.
+    pub fn resume(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
+        self.begin(
+            id,
+            SandboxState::Paused,
+            SandboxState::Resuming,
+            "resume requested",
+        )?;
+        let this = self.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            this.run_resume(&id).await;
+            this.release(&id);
+        });
+        Ok(())
+    }
+
+    /// Marks `id` busy and moves it from `from` to `to` durably, or says why not (404, 409).
+    fn begin(
+        &self,
+        id: &str,
+        from: SandboxState,
+        to: SandboxState,
+        message: &str,
+    ) -> Result<(), ApiError> {
+        let record = self.record(id)?;
+        if record.state() != from {
+            return Err(not_running(&record, &format!(": it must be {from}")));
+        }
+        if !self.claim(id) {
+            return Err(busy(id));
+        }
+        let moved = self.update(id, |r| {
+            if r.state() != from {
+                return Err(not_running(r, &format!(": it must be {from}")));
+            }
+            r.transition(to, None, message);
+            Ok(())
+        });
+        if moved.is_err() {
+            self.release(id);
+        }
+        moved.map(drop)
+    }
+
+    /// The pause of a `Pausing` sandbox. A failed dump leaves the processes running: the
+    /// sandbox is `Running` again, with the reason; if they are gone it is `Failed`.
+    pub(super) async fn run_pause(self: &Arc<Self>, id: &str) {
+        let Ok(record) = self.record(id) else { return };
+        let Some(placement) = record.placement.clone() else {
+            self.fail_paused(id, "no placement is recorded").await;
+            return;
+        };
+        let key = pause_key(id);
+        let fastlet = self.fastlet.clone();
+        let (rid, token, image, k) = (
+            id.to_string(),
+            record.execd_token.clone(),
+            record.image.uri.clone(),
+            key.clone(),
+        );
+        let paused = blocking::run("fastbox-pause", move || {
+            fastlet.pause(
+                &rid,
+                &SnapshotSource {
+                    key: &k,
+                    placement: &placement,
+                    execd_token: &token,
+                    image_reference: &image,
+                },
+            )
+        })
+        .await;
+        match paused {
+            Ok((_, report)) => {
+                let _ = self.update(id, |r| {
+                    r.placement = None;
+                    r.paused_checkpoint = Some(key.clone());
+                    if r.state() == SandboxState::Pausing {
+                        r.transition(SandboxState::Paused, None, &report.summary());
+                    }
+                    Ok(())
+                });
+            }
+            Err(e) => self.pause_failed(id, &record, &e).await,
+        }
+    }
+
+    async fn pause_failed(self: &Arc<Self>, id: &str, record: &SandboxRecord, e: &FastletError) {
+        let alive = record
+            .placement
+            .as_ref()
+            .is_some_and(|p| self.fastlet.is_alive(p));
+        tracing::warn!(sandbox = %id, error = %e, alive, "pause failed");
+        if alive {
+            let _ = self.update(id, |r| {
+                if r.state() == SandboxState::Pausing {
+                    r.transition(SandboxState::Running, Some(PAUSE_FAILED), &e.to_string());
+                }
+                Ok(())
+            });
+        } else {
+            self.fail_paused(id, &e.to_string()).await;
+        }
+    }
+
+    /// A sandbox whose pause or resume lost its processes: `Failed`, and whatever it held
+    /// (its kept slot, its checkpoint) is removed.
+    async fn fail_paused(self: &Arc<Self>, id: &str, message: &str) {
+        let _ = self.update(id, |r| {
+            if !r.state().is_final() && r.state() != SandboxState::Stopping {
+                r.transition(SandboxState::Failed, Some(PROCESS_LOST), message);
+            }
+            Ok(())
+        });
+        self.remove_now(id).await;
+    }
+
+    /// The resume of a `Resuming` sandbox: its checkpoint restored into the slot it kept.
+    /// On failure it is `Paused` again (the checkpoint stays), with the reason.
+    pub(super) async fn run_resume(self: &Arc<Self>, id: &str) {
+        let Ok(record) = self.record(id) else { return };
+        let (Some(key), Some(slot)) = (record.paused_checkpoint.clone(), record.slot) else {
+            self.fail_paused(id, "no checkpoint or slot is recorded for the resume")
+                .await;
+            return;
+        };
+        let fastlet = self.fastlet.clone();
+        let rec = record.clone();
+        let resumed = blocking::run("fastbox-resume", move || {
+            let checkpoint = fastlet
+                .load_snapshot(&key)
+                .ok_or_else(|| FastletError::Snapshot {
+                    key: key.clone(),
+                    message: "this node does not have the checkpoint".into(),
+                })?;
+            let req = place_request(&rec, &checkpoint)?;
+            let resumed = fastlet.resume(&checkpoint, &req, slot);
+            if resumed.is_err() {
+                let _ = fastlet.release_keeping_address(&rec.id, None, slot);
+            }
+            resumed
+        })
+        .await;
+        match resumed {
+            Ok((placement, report)) => {
+                self.start_metrics.record(&report);
+                let updated = self.update(id, |r| {
+                    r.placement = Some(placement);
+                    if r.state() == SandboxState::Resuming {
+                        r.transition(SandboxState::Running, None, &report.summary());
+                    }
+                    Ok(())
+                });
+                if updated.is_ok() {
+                    self.drop_pause_checkpoint(id).await;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "resume failed");
+                let _ = self.update(id, |r| {
+                    if r.state() == SandboxState::Resuming {
+                        r.transition(SandboxState::Paused, Some(RESUME_FAILED), &e.to_string());
+                    }
+                    Ok(())
+                });
+            }
+        }
+    }
+
+    /// Removes the checkpoint a resumed (or removed) sandbox was paused in.
+    pub(super) async fn drop_pause_checkpoint(&self, id: &str) {
+        let Ok(record) = self.record(id) else { return };
+        let Some(key) = record.paused_checkpoint else {
+            return;
+        };
+        let fastlet = self.fastlet.clone();
+        let removed =
+            blocking::run("fastbox-snapshot", move || fastlet.remove_snapshot(&key)).await;
+        match removed {
+            Ok(()) => {
+                let _ = self.update(id, |r| {
+                    r.paused_checkpoint = None;
+                    Ok(())
+                });
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "could not remove a pause checkpoint")
+            }
+        }
+    }
+
+    /// The create of a sandbox recorded from a snapshot: a clone restored into its slot.
+    pub(super) async fn run_clone(self: &Arc<Self>, id: &str, snapshot_id: &str, plan: CreatePlan) {
+        let Ok(record) = self.record(id) else { return };
+        let Some(slot) = record.slot else {
+            self.fail(id, START_FAILED, "no slot was reserved").await;
+            return;
+        };
+        let fastlet = self.fastlet.clone();
+        let key = snapshot_id.to_string();
+        let mut rec = record.clone();
+        rec.env = plan.env.clone();
+        let placed = blocking::run("fastbox-place", move || {
+            let snapshot = fastlet
+                .load_snapshot(&key)
+                .ok_or_else(|| FastletError::Snapshot {
+                    key: key.clone(),
+                    message: "this node does not have the snapshot".into(),
+                })?;
+            let mut req = place_request(&rec, &snapshot)?;
+            req.policy = plan.policy.clone();
+            req.limits = plan.limits;
+            req.disk_bytes = plan.disk_bytes;
+            fastlet.clone_snapshot(&snapshot, &req, slot)
+        })
+        .await;
+        self.finish_start(id, slot, placed, None).await;
+    }
+
+    /// `POST /v1/sandboxes/{id}/fork`: one live snapshot of the sandbox, and `count` new
+    /// sandboxes restored from it, recorded (`Pending`) before this answers.
+    pub async fn fork(
+        self: &Arc<Self>,
+        id: &str,
+        req: ForkRequest,
+    ) -> Result<ForkResponse, ApiError> {
+        if req.count == 0 || req.count > MAX_FORK {
+            return Err(ApiError::InvalidParameter(format!(
+                "count must be 1 to {MAX_FORK}, got {}",
+                req.count
+            )));
+        }
+        let snapshot = self.record_snapshot(id, Some(format!("fork of {id}")))?;
+        let create = CreateSandboxRequest {
+            snapshot_id: Some(snapshot.id.clone()),
+            metadata: req.metadata.clone(),
+            timeout: req.timeout,
+            ..Default::default()
+        };
+        let planned = plan_from_snapshot(create, &snapshot, self.cfg.max_timeout.as_secs());
+        let mut clones = Vec::new();
+        let admitted = match planned {
+            Ok(plan) => {
+                let mut result = Ok(());
+                for _ in 0..req.count {
+                    match self.admit_and_record(&plan).await {
+                        Ok(clone) => clones.push(clone),
+                        Err(e) => {
+                            result = Err(e);
+                            break;
+                        }
+                    }
+                }
+                result.map(|()| plan)
+            }
+            Err(e) => Err(e),
+        };
+        let plan = match admitted {
+            Ok(plan) => plan,
+            Err(e) => {
+                // Nothing is started: the recorded clones and the snapshot go again.
+                for clone in &clones {
+                    self.fail(clone, START_FAILED, &format!("the fork was refused: {e}"))
+                        .await;
+                }
+                self.release(id);
+                let _ = self.update_snapshot(&snapshot.id, |s| {
+                    s.transition(SnapshotState::Failed, Some(SNAPSHOT_FAILED), &e.to_string())
+                });
+                return Err(e);
+            }
+        };
+        for clone in &clones {
+            self.claim(clone);
+        }
+        let this = self.clone();
+        let (snapshot_id, ids) = (snapshot.id.clone(), clones.clone());
+        tokio::spawn(async move {
+            let state = this.take_snapshot(&snapshot_id).await;
+            let mut tasks = Vec::new();
+            for clone in ids {
+                let this = this.clone();
+                let plan = plan.clone();
+                let snapshot_id = snapshot_id.clone();
+                tasks.push(tokio::spawn(async move {
+                    if state == SnapshotState::Ready {
+                        this.run_clone(&clone, &snapshot_id, plan).await;
+                    } else {
+                        this.fail(&clone, START_FAILED, "the fork's snapshot failed")
+                            .await;
+                    }
+                    this.release(&clone);
+                }));
+            }
+            for task in tasks {
+                let _ = task.await;
+            }
+        });
+        let items = clones
+            .iter()
+            .map(|c| {
+                self.record(c)
+                    .map(|r| CreateSandboxResponse::from(r.to_wire()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ForkResponse {
+            snapshot_id: snapshot.id,
+            items,
+        })
+    }
+
+    /// After a restart: snapshots being taken are taken again when their source still
+    /// runs (`Failed` otherwise, or `Ready` when the node finished it), and deletions
+    /// finish.
+    pub async fn recover_snapshots(self: &Arc<Self>) {
+        let all: Vec<SnapshotRecord> = self
+            .snapshots
+            .lock()
+            .expect("snapshots lock")
+            .values()
+            .cloned()
+            .collect();
+        for snapshot in all {
+            match snapshot.state() {
+                SnapshotState::Creating => {
+                    if self.fastlet.load_snapshot(&snapshot.id).is_some() {
+                        let _ = self.update_snapshot(&snapshot.id, |s| {
+                            s.transition(SnapshotState::Ready, None, "finished before a restart")
+                        });
+                        continue;
+                    }
+                    let runs = self.record(&snapshot.sandbox_id).is_ok_and(|r| {
+                        r.state() == SandboxState::Running
+                            && r.placement
+                                .as_ref()
+                                .is_some_and(|p| self.fastlet.is_alive(p))
+                    });
+                    if runs && self.claim(&snapshot.sandbox_id) {
+                        let this = self.clone();
+                        tokio::spawn(async move { this.take_snapshot(&snapshot.id).await });
+                    } else {
+                        let _ = self.fastlet.remove_snapshot(&snapshot.id);
+                        let _ = self.update_snapshot(&snapshot.id, |s| {
+                            s.transition(
+                                SnapshotState::Failed,
+                                Some(INTERRUPTED),
+                                "interrupted by a restart, and its sandbox no longer runs",
+                            )
+                        });
+                    }
+                }
+                SnapshotState::Deleting => {
+                    if let Err(e) = self.finish_snapshot_delete(&snapshot.id).await {
+                        tracing::warn!(snapshot = %snapshot.id, error = %e, "could not finish a snapshot deletion");
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// After a restart, a sandbox that was `Pausing` or `Resuming`: a pause whose checkpoint
+    /// was committed ends `Paused` (the runtime released again); one that was not runs again
+    /// while the processes live (`Failed` when they are gone). A resume starts over from a
+    /// clean slot.
+    pub(super) fn recover_paused(self: &Arc<Self>, record: SandboxRecord) {
+        let id = record.id.clone();
+        if let Some(slot) = record.slot {
+            self.fastlet.claim_slot(slot);
+        }
+        self.claim(&id);
+        let this = self.clone();
+        tokio::spawn(async move {
+            match record.state() {
+                SandboxState::Pausing => this.recover_pause(&record).await,
+                _ => {
+                    if let Some(slot) = record.slot {
+                        let fastlet = this.fastlet.clone();
+                        let rid = id.clone();
+                        let _ = blocking::run("fastbox-remove", move || {
+                            fastlet.release_keeping_address(&rid, None, slot)
+                        })
+                        .await;
+                    }
+                    let _ = this.update(&id, |r| {
+                        r.placement = None;
+                        r.event("ResumeRestarted", "the resume was interrupted by a restart");
+                        Ok(())
+                    });
+                    this.run_resume(&id).await;
+                }
+            }
+            this.release(&id);
+        });
+    }
+
+    async fn recover_pause(self: &Arc<Self>, record: &SandboxRecord) {
+        let id = record.id.as_str();
+        let key = pause_key(id);
+        let committed = self.fastlet.load_snapshot(&key).is_some();
+        let alive = record
+            .placement
+            .as_ref()
+            .is_some_and(|p| self.fastlet.is_alive(p));
+        match (committed, alive, record.slot) {
+            (true, _, Some(slot)) => {
+                let fastlet = self.fastlet.clone();
+                let (rid, placement) = (id.to_string(), record.placement.clone());
+                let released = blocking::run("fastbox-remove", move || {
+                    fastlet.release_keeping_address(&rid, placement.as_ref(), slot)
+                })
+                .await;
+                let _ = self.update(id, |r| {
+                    match &released {
+                        Ok(()) => {
+                            r.placement = None;
+                            r.paused_checkpoint = Some(key.clone());
+                            r.transition(
+                                SandboxState::Paused,
+                                None,
+                                "the pause finished after a restart",
+                            );
+                        }
+                        Err(e) => r.event("PauseRecoveryFailed", &e.to_string()),
+                    }
+                    Ok(())
+                });
+            }
+            (false, true, _) => {
+                let _ = self.update(id, |r| {
+                    r.event("PauseRestarted", "the pause was interrupted by a restart");
+                    Ok(())
+                });
+                self.run_pause(id).await;
+            }
+            _ => {
+                let _ = self.fastlet.remove_snapshot(&key);
+                self.fail_paused(
+                    id,
+                    "the pause was interrupted by a restart and the sandbox's processes are gone",
+                )
+                .await;
+            }
+        }
+    }
+}
+
+/// What the node needs to restore `record` from `checkpoint` (a pause's or a snapshot's).
+fn place_request(
+    record: &SandboxRecord,
+    checkpoint: &Template,
+) -> Result<PlaceRequest, FastletError> {
+    let (limits, disk_bytes) =
+        limits_of(&record.resource_limits).map_err(|e| FastletError::Snapshot {
+            key: checkpoint.key.clone(),
+            message: e.to_string(),
+        })?;
+    Ok(PlaceRequest {
+        id: record.id.clone(),
+        rootfs: checkpoint.rootfs.clone(),
+        entrypoint: Vec::new(),
+        env: record.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        limits,
+        disk_bytes,
+        execd_token: record.execd_token.clone(),
+        egress_token: record.egress_token.clone(),
+        policy: record.policy(),
+    })
+}
+
+fn busy(id: &str) -> ApiError {
+    ApiError::Conflict(format!(
+        "sandbox {id} is busy with another operation; retry when it is done"
+    ))
+}
