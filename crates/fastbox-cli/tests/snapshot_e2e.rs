@@ -12,12 +12,13 @@ use common::server::UpServer;
 use serde_json::{Value, json};
 
 /// A shell that keeps a random value in memory only and hands it to whoever reads the FIFO
-/// `/tmp/mem` (the FIFO holds no data on disk), plus the facts compared across a pause.
-const MEMORY_SERVER: &str = r#"mkfifo /tmp/mem && setsid sh -c 'v=$(head -c 12 /dev/urandom | od -A n -t x1 | tr -d " \n"); while :; do echo "$v" > /tmp/mem; done' </dev/null >/dev/null 2>&1 &
+/// `/tmp/mem` (the FIFO holds no data on disk; a reader that leaves early is no reason to
+/// die of SIGPIPE).
+const MEMORY_SERVER: &str = r#"mkfifo /tmp/mem && setsid sh -c 'trap "" PIPE; v=$(head -c 12 /dev/urandom | od -A n -t x1 | tr -d " \n"); while :; do echo "$v" > /tmp/mem; done' </dev/null >/dev/null 2>&1 &
 echo started"#;
 
 /// The in-memory value, the uptime, the address and the entrypoint's pid.
-const FACTS: &str = r#"echo secret=$(cat /tmp/mem)
+const FACTS: &str = r#"echo secret=$(timeout 10 head -n 1 /tmp/mem)
 echo uptime=$(cut -d ' ' -f 1 /proc/uptime)
 echo address=$(ip -4 -o addr show | awk '$2 != "lo" {print $4}')
 echo sleeper=$(pidof sleep)
@@ -29,8 +30,9 @@ fn start_memory_server(e: &Execd) {
 }
 
 fn facts(e: &Execd) -> std::collections::BTreeMap<String, String> {
+    eprintln!("facts of {}", e.base);
     let (_, facts) = e.facts(FACTS);
-    assert_eq!(facts["secret"].len(), 24, "{facts:?}");
+    assert_eq!(facts["secret"].len(), 24, "secret: {:.80}", facts["secret"]);
     facts
 }
 
@@ -57,6 +59,8 @@ fn pause_and_resume_keep_processes_memory_and_address_through_crashes() {
         return;
     };
     let id = server.create_busybox();
+    let (state, reason) = settle(&server, &id, &["Running", "Failed"]);
+    assert_eq!(state, "Running", "{reason:?}\n{}", server.log_text());
     let e = Execd::of(&server, &id);
     start_memory_server(&e);
     let before = facts(&e);
@@ -161,6 +165,7 @@ fn snapshots_make_independent_clones_and_survive_crashes() {
         return;
     };
     let id = server.create_busybox();
+    server.wait_state(&id, "Running");
     let source = Execd::of(&server, &id);
     start_memory_server(&source);
     let original = facts(&source);

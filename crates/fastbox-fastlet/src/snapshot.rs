@@ -17,7 +17,7 @@
 
 use std::path::{Path, PathBuf};
 
-use fastbox_runtime::checkpoint::{CheckpointOptions, CheckpointReport};
+use fastbox_runtime::checkpoint::{self, CheckpointOptions, CheckpointReport};
 use fastbox_runtime::criu_stats::DumpStats;
 use fastbox_runtime::sandbox;
 
@@ -93,6 +93,37 @@ pub struct SnapshotSource<'a> {
     pub image_reference: &'a str,
 }
 
+/// How long recovery waits for a dump that outlived a crash.
+const DUMP_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Commits the snapshot in `dir` (its `template.json`, written last).
+fn commit(
+    source: &SnapshotSource<'_>,
+    dir: &Path,
+    meta: &checkpoint::CheckpointMeta,
+    build_ms: u64,
+) -> Result<Template, FastletError> {
+    let fail = |message: String| FastletError::Snapshot {
+        key: source.key.to_string(),
+        message,
+    };
+    let rootfs = meta
+        .lower
+        .clone()
+        .ok_or_else(|| fail("the sandbox's image rootfs is not known".into()))?;
+    let t = Template {
+        key: source.key.to_string(),
+        image_digest: String::new(),
+        image_reference: source.image_reference.to_string(),
+        rootfs,
+        checkpoint: dir.join("checkpoint"),
+        golden_token: source.execd_token.to_string(),
+        build_ms,
+    };
+    template::commit(dir, &t).map_err(|e| fail(format!("commit: {e}")))?;
+    Ok(t)
+}
+
 impl Fastlet {
     /// A live snapshot of a running sandbox: frozen only while CRIU dumps its memory and its
     /// writable layer is copied (both into memory), then it runs on and the files move to
@@ -145,7 +176,7 @@ impl Fastlet {
         let dir = snapshot_dir(&self.config().data_dir, source.key);
         let _ = std::fs::remove_dir_all(&dir);
         let checkpoint = dir.join("checkpoint");
-        let taken = fastbox_runtime::checkpoint::checkpoint_with(
+        let taken = checkpoint::checkpoint_with(
             &self.config().criu,
             &source.placement.handle,
             &checkpoint,
@@ -158,23 +189,44 @@ impl Fastlet {
                 return Err(fail(e.to_string()));
             }
         };
-        let Some(rootfs) = report.meta.lower.clone() else {
+        let t = commit(
+            source,
+            &dir,
+            &report.meta,
+            clock.elapsed().as_millis() as u64,
+        )
+        .inspect_err(|_| {
             let _ = std::fs::remove_dir_all(&dir);
-            return Err(fail("the sandbox's image rootfs is not known".into()));
-        };
-        let t = Template {
-            key: source.key.to_string(),
-            image_digest: String::new(),
-            image_reference: source.image_reference.to_string(),
-            rootfs,
-            checkpoint,
-            golden_token: source.execd_token.to_string(),
-            build_ms: clock.elapsed().as_millis() as u64,
-        };
-        template::commit(&dir, &t).map_err(|e| fail(format!("commit: {e}")))?;
+        })?;
         let report = SnapshotReport::of(&report, clock.elapsed().as_secs_f64() * 1000.0);
         tracing::info!(key = %source.key, sandbox = %source.placement.handle.id, leave_running = opts.leave_running, report = %report.summary(), "snapshot taken");
         Ok((t, report))
+    }
+
+    /// After a crash during a pause of `source`: waits for a dump that outlived it, and
+    /// commits the checkpoint when that dump completed; removes what is there otherwise.
+    pub fn finish_interrupted_pause(&self, source: &SnapshotSource<'_>) -> Option<Template> {
+        if let Some(t) = self.load_snapshot(source.key) {
+            return Some(t);
+        }
+        let dir = snapshot_dir(&self.config().data_dir, source.key);
+        let checkpoint = dir.join("checkpoint");
+        let done = checkpoint::is_complete(&checkpoint, DUMP_WAIT)
+            .then(|| checkpoint::read_meta(&checkpoint).ok())
+            .flatten()
+            .and_then(|meta| commit(source, &dir, &meta, 0).ok());
+        if done.is_none() {
+            let _ = self.remove_snapshot(source.key);
+        }
+        done
+    }
+
+    /// After a crash during a live snapshot: waits for a dump that outlived it, then removes
+    /// what it left (the snapshot is taken again or failed by the caller).
+    pub fn discard_interrupted_snapshot(&self, key: &str) {
+        let staging = staging_dir(&self.config().prefix, key);
+        checkpoint::is_complete(&staging, DUMP_WAIT);
+        let _ = self.remove_snapshot(key);
     }
 
     /// The committed node snapshot `key`, if this node has it.
@@ -227,6 +279,8 @@ impl Fastlet {
         let handle = placement
             .map(|p| p.handle.clone())
             .unwrap_or_else(|| self.unstarted_handle(id));
+        // A restore that outlived a crash would put processes back after this.
+        checkpoint::wait_for_restore(&handle.dir, DUMP_WAIT);
         let host = &self.host;
         let released = sandbox::stop_processes(&handle, &host.cgroups)
             .and_then(|()| sandbox::destroy(&handle, &host.cgroups))

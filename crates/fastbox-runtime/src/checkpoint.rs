@@ -52,6 +52,9 @@ pub struct CheckpointMeta {
     pub lower: Option<PathBuf>,
 }
 
+/// A restore's CRIU log, pidfile and statistics, in the new sandbox's directory.
+const RESTORE_WORK_DIR: &str = "criu-work";
+
 /// Paths inside a checkpoint directory.
 pub fn images_dir(checkpoint: &Path) -> PathBuf {
     checkpoint.join("criu")
@@ -117,6 +120,20 @@ pub fn checkpoint_with(
     fs::create_dir_all(write_to).map_err(io_err("create", write_to))?;
     let images = images_dir(write_to);
     let rootfs = handle.rootfs();
+    // The metadata goes first: a dump that outlives a crash of this process is complete
+    // with it (see [`is_complete`]).
+    let meta = CheckpointMeta {
+        source_id: id.clone(),
+        execd_digest: handle.execd_digest.clone(),
+        criu_version: criu.version.clone(),
+        lower: rootfs.lower(),
+    };
+    let path = write_to.join("checkpoint.json");
+    fs::write(
+        &path,
+        serde_json::to_vec_pretty(&meta).expect("metadata serializes"),
+    )
+    .map_err(io_err("write", &path))?;
     // The writable layer is copied by CRIU's post-dump action, while the tree is frozen.
     let script = write_to.join(POST_DUMP_SCRIPT);
     write_script(
@@ -151,19 +168,6 @@ pub fn checkpoint_with(
         })
     })?;
     let stats = crate::criu_stats::read_dump_stats(&images).ok();
-    let meta = CheckpointMeta {
-        source_id: id.clone(),
-        execd_digest: handle.execd_digest.clone(),
-        criu_version: criu.version.clone(),
-        lower: rootfs.lower(),
-    };
-    let path = write_to.join("checkpoint.json");
-    fs::write(
-        &path,
-        serde_json::to_vec_pretty(&meta).expect("metadata serializes"),
-    )
-    .map_err(io_err("write", &path))
-    .map_err(discard)?;
     let clock = Instant::now();
     if let Some(staging) = opts.staging {
         fs::create_dir_all(out).map_err(io_err("create", out))?;
@@ -181,6 +185,23 @@ pub fn checkpoint_with(
         persist: clock.elapsed(),
         bytes: tree_bytes(out),
     })
+}
+
+/// Whether `checkpoint` holds a complete checkpoint (its metadata, and images of a dump that
+/// succeeded), after waiting up to `wait` for a dump into it that may still run (one that
+/// outlived a crash of the process that started it).
+pub fn is_complete(checkpoint: &Path, wait: Duration) -> bool {
+    let images = images_dir(checkpoint);
+    crate::criu::wait_for_criu(&images, wait)
+        && crate::criu::dump_succeeded(&images)
+        && read_meta(checkpoint).is_ok()
+        && upper_dir(checkpoint).is_dir()
+}
+
+/// Waits (at most `wait`) for a restore into sandbox directory `dir` that may still run
+/// (one that outlived a crash of the process that started it). True when none runs.
+pub fn wait_for_restore(dir: &Path, wait: Duration) -> bool {
+    crate::criu::wait_for_criu(&dir.join(RESTORE_WORK_DIR), wait)
 }
 
 /// Reads `checkpoint.json` of a checkpoint directory.
@@ -294,7 +315,7 @@ pub fn restore(
     // CRIU only reads the images; its log and pidfile go to a private work directory, so one
     // checkpoint is restored many times, concurrently, without copies.
     let images = images_dir(checkpoint);
-    let work_dir = target.dir.join("criu-work");
+    let work_dir = target.dir.join(RESTORE_WORK_DIR);
     let mut timings = RestoreTimings::default();
     let clock = Instant::now();
     let seed = upper_dir(checkpoint);

@@ -174,7 +174,8 @@ impl Criu {
         if let Some(script) = req.post_dump {
             cmd.arg("--action-script").arg(script);
         }
-        run(cmd, "dump", &req.images.join("dump.log"))
+        let output = run_recorded(cmd, req.images)?;
+        check(output, "dump", &req.images.join("dump.log"))
     }
 
     /// Restore `images` into the given root, network namespace and cgroups; returns the host
@@ -189,13 +190,13 @@ impl Criu {
         let _ = fs::remove_file(&pidfile);
         let args = restore_args(req, &pidfile);
         let output = match launcher {
-            Some(launcher) => launcher.launch(&self.path, &args)?,
+            Some(launcher) => launcher.launch(&self.path, &args, req.work_dir)?,
             None => {
                 let joined = JoinedFds::open(req.netns, &req.cgroup_procs)?;
                 let mut cmd = self.command();
                 cmd.args(&args);
                 joined.install(&mut cmd);
-                let output = spawn_output(cmd)?;
+                let output = run_recorded(cmd, req.work_dir)?;
                 drop(joined);
                 output
             }
@@ -257,8 +258,10 @@ impl RestoreLauncher {
         mut self,
         criu: &Path,
         args: &[std::ffi::OsString],
+        pid_dir: &Path,
     ) -> Result<std::process::Output, CriuError> {
         let mut child = self.child.take().expect("a launcher is launched once");
+        record_pid(pid_dir, child.id());
         let mut line = criu.as_os_str().as_bytes().to_vec();
         for arg in args {
             line.push(0);
@@ -288,6 +291,71 @@ impl Drop for RestoreLauncher {
             let _ = child.wait();
         }
     }
+}
+
+/// The file a CRIU run records its pid in: the images directory of a dump, the work
+/// directory of a restore.
+const PID_FILE: &str = "criu.pid";
+
+/// Runs `cmd` (CRIU) to its end, its pid recorded in `pid_dir` first: a CRIU run outlives a
+/// crash of its caller, and the pid tells a later run to wait for it ([`wait_for_criu`]).
+fn run_recorded(mut cmd: Command, pid_dir: &Path) -> Result<std::process::Output, CriuError> {
+    let io_err = |what| {
+        move |source| CriuError::Io {
+            what,
+            path: PathBuf::from("criu"),
+            source,
+        }
+    };
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(io_err("run"))?;
+    record_pid(pid_dir, child.id());
+    child.wait_with_output().map_err(io_err("wait for"))
+}
+
+fn record_pid(dir: &Path, pid: u32) {
+    let _ = fs::write(dir.join(PID_FILE), pid.to_string());
+}
+
+/// Waits (at most `timeout`) until the CRIU run that recorded its pid in `dir` (a dump's
+/// images directory, a restore's work directory) no longer runs, e.g. one left behind by a
+/// crash of the process that started it. True when none runs.
+pub fn wait_for_criu(dir: &Path, timeout: std::time::Duration) -> bool {
+    let Some(pid) = fs::read_to_string(dir.join(PID_FILE))
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+    else {
+        return true;
+    };
+    let deadline = std::time::Instant::now() + timeout;
+    // The pid names that dump while its process is a `criu` (not a later reuse of the pid).
+    let running = || {
+        fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "criu")
+            && fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                !s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+    };
+    while running() {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    true
+}
+
+/// Whether the dump into `images` finished successfully: CRIU writes its `stats-dump` last,
+/// and only when the dump (its post-dump action included) succeeded.
+pub fn dump_succeeded(images: &Path) -> bool {
+    images.join(crate::criu_stats::DUMP_FILE).is_file()
 }
 
 /// The argument that makes the fastbox binary a CRIU launcher ([`launcher_main`]).
@@ -428,18 +496,6 @@ fn format_pid(pid: i32, buf: &mut [u8; 12]) -> &[u8] {
         }
     }
     &buf[i..]
-}
-
-fn run(cmd: Command, action: &'static str, log: &Path) -> Result<(), CriuError> {
-    check(spawn_output(cmd)?, action, log)
-}
-
-fn spawn_output(mut cmd: Command) -> Result<std::process::Output, CriuError> {
-    cmd.output().map_err(|source| CriuError::Io {
-        what: "run",
-        path: PathBuf::from("criu"),
-        source,
-    })
 }
 
 /// Ok for a successful run; otherwise the error lines of its log.

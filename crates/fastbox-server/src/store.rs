@@ -15,6 +15,9 @@ const SANDBOXES: TableDefinition<&str, &[u8]> = TableDefinition::new("sandboxes"
 const TEMPLATES: TableDefinition<&str, &[u8]> = TableDefinition::new("templates");
 const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshots");
 
+/// How long opening the store waits for a lock held by what a crashed run left.
+pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The store's tables: id -> JSON.
 type Table = TableDefinition<'static, &'static str, &'static [u8]>;
 
@@ -39,9 +42,21 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (or creates) the store at `path`.
+    /// Opens (or creates) the store at `path`. After a crash, a child process of the previous
+    /// run caught between its fork and its exec may share the file's lock for a moment: the
+    /// open waits up to [`LOCK_WAIT`] for it.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = dbr(Database::create(path))?;
+        let deadline = std::time::Instant::now() + LOCK_WAIT;
+        let db = loop {
+            match Database::create(path) {
+                Err(redb::DatabaseError::DatabaseAlreadyOpen)
+                    if std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => break dbr(other)?,
+            }
+        };
         let txn = dbr(db.begin_write())?;
         dbr(txn.open_table(SANDBOXES))?;
         dbr(txn.open_table(TEMPLATES))?;

@@ -149,6 +149,8 @@ impl UpServer {
         let deadline = Instant::now() + Duration::from_secs(300);
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                // No server to clean up through: the drop purges by prefix.
+                self.child = None;
                 panic!("fastbox up exited with {status}:\n{}", self.log_text());
             }
             let ok = self

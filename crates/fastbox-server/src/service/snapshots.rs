@@ -622,11 +622,16 @@ impl Lifecycle {
                                 .as_ref()
                                 .is_some_and(|p| self.fastlet.is_alive(p))
                     });
+                    let fastlet = self.fastlet.clone();
+                    let key = snapshot.id.clone();
+                    blocking::run("fastbox-snapshot", move || {
+                        fastlet.discard_interrupted_snapshot(&key)
+                    })
+                    .await;
                     if runs && self.claim(&snapshot.sandbox_id) {
                         let this = self.clone();
                         tokio::spawn(async move { this.take_snapshot(&snapshot.id).await });
                     } else {
-                        let _ = self.fastlet.remove_snapshot(&snapshot.id);
                         let _ = self.update_snapshot(&snapshot.id, |s| {
                             s.transition(
                                 SnapshotState::Failed,
@@ -684,7 +689,29 @@ impl Lifecycle {
     async fn recover_pause(self: &Arc<Self>, record: &SandboxRecord) {
         let id = record.id.as_str();
         let key = pause_key(id);
-        let committed = self.fastlet.load_snapshot(&key).is_some();
+        // A dump may have outlived the crash: wait for it, and keep what it completed.
+        let committed = match record.placement.clone() {
+            Some(placement) => {
+                let fastlet = self.fastlet.clone();
+                let (k, token, image) = (
+                    key.clone(),
+                    record.execd_token.clone(),
+                    record.image.uri.clone(),
+                );
+                blocking::run("fastbox-pause", move || {
+                    fastlet
+                        .finish_interrupted_pause(&SnapshotSource {
+                            key: &k,
+                            placement: &placement,
+                            execd_token: &token,
+                            image_reference: &image,
+                        })
+                        .is_some()
+                })
+                .await
+            }
+            None => self.fastlet.load_snapshot(&key).is_some(),
+        };
         let alive = record
             .placement
             .as_ref()
