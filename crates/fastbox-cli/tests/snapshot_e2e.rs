@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::execd::Execd;
 use common::server::UpServer;
+use fastbox_artifact::{ArtifactKind, ArtifactStore, IndexKey, LocalStore, read_manifest};
 use serde_json::{Value, json};
 
 /// A shell that keeps a random value in memory only and hands it to whoever reads the FIFO
@@ -49,6 +50,18 @@ fn settle(server: &UpServer, id: &str, done: &[&str]) -> (String, Option<String>
     }
 }
 
+/// The kind of the artifact published under `key` in the server's artifact store, if any.
+fn published_kind(server: &UpServer, key: &str) -> Option<ArtifactKind> {
+    let store = LocalStore::open(server.data_dir.join("artifacts")).unwrap();
+    let digest = store.index_get(&IndexKey::try_new(key).unwrap()).unwrap()?;
+    let manifest = read_manifest(&store, &digest).unwrap();
+    assert!(
+        manifest.meta.rootfs.is_none(),
+        "{key}: a checkpoint artifact carries no rootfs of its own"
+    );
+    Some(manifest.meta.kind)
+}
+
 fn uptime(facts: &std::collections::BTreeMap<String, String>) -> f64 {
     facts["uptime"].parse().unwrap()
 }
@@ -73,6 +86,12 @@ fn pause_and_resume_keep_processes_memory_and_address_through_crashes() {
         "Paused"
     );
     assert_eq!(server.ping(&id), 409, "a paused sandbox has no endpoint");
+    let pause_key = format!("pause-{id}");
+    assert_eq!(
+        published_kind(&server, &pause_key),
+        Some(ArtifactKind::Checkpoint),
+        "a pause is durable in the artifact store"
+    );
     let (status, _) = server.post(&format!("/v1/sandboxes/{id}/pause"), &json!({}));
     assert_eq!(status, 409, "pausing a paused sandbox");
 
@@ -91,6 +110,11 @@ fn pause_and_resume_keep_processes_memory_and_address_through_crashes() {
     assert!(uptime(&after) >= uptime(&before), "{before:?} {after:?}");
     let (status, _) = server.post(&format!("/v1/sandboxes/{id}/resume"), &json!({}));
     assert_eq!(status, 409, "resuming a running sandbox");
+    assert_eq!(
+        published_kind(&server, &pause_key),
+        None,
+        "a resumed sandbox's pause checkpoint is dropped"
+    );
 
     // kill -9 of the server at several points of a pause, then of a resume.
     let mut last = after;
@@ -179,6 +203,7 @@ fn snapshots_make_independent_clones_and_survive_crashes() {
     let snap = settle_snapshot(&server, &sid);
     assert_eq!(snap["status"]["state"], "Ready", "{snap}");
     assert_eq!(snap["sandboxId"], id.as_str());
+    assert_eq!(published_kind(&server, &sid), Some(ArtifactKind::Snapshot));
     // The source ran on.
     assert_eq!(facts(&source)["sleeper"], original["sleeper"]);
 
@@ -284,6 +309,11 @@ fn snapshots_make_independent_clones_and_survive_crashes() {
     let (status, _) = server.get("/v1/snapshots?state=Bogus");
     assert_eq!(status, 400);
     assert_eq!(server.delete(&format!("/v1/snapshots/{sid}")), 204);
+    assert_eq!(
+        published_kind(&server, &sid),
+        None,
+        "a deleted snapshot is unpublished"
+    );
     let (status, body) = server.post("/v1/sandboxes", &json!({"snapshotId": sid}));
     assert_eq!(status, 404, "{body}");
     assert_eq!(server.delete("/v1/snapshots/snap_unknown"), 404);

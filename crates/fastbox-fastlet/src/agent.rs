@@ -585,25 +585,52 @@ impl Fastlet {
         template: &Template,
         index_key: &str,
     ) -> Result<crate::artifact::PublishedTemplate, FastletError> {
-        let fail = |message: String| FastletError::Template {
+        self.publish(
+            template,
+            index_key,
+            fastbox_artifact::ArtifactKind::Template,
+        )
+        .map_err(|message| FastletError::Template {
             image: template.image_reference.clone(),
             message,
-        };
-        let store = fastbox_artifact::LocalStore::open(self.cfg.data_dir.join("artifacts"))
-            .map_err(|e| fail(format!("artifact store: {e}")))?;
+        })
+    }
+
+    /// Publishes the checkpoint `template` (a golden template, a snapshot or a pause's
+    /// checkpoint) into this node's artifact store under `index_key`. A snapshot or a
+    /// checkpoint names the template of its image as its parent, when that is published.
+    pub(crate) fn publish(
+        &self,
+        template: &Template,
+        index_key: &str,
+        kind: fastbox_artifact::ArtifactKind,
+    ) -> Result<crate::artifact::PublishedTemplate, String> {
+        let store = self.artifact_store()?;
         let work_dir = self.cfg.data_dir.join("artifacts-work");
-        std::fs::create_dir_all(&work_dir)
-            .map_err(|e| fail(format!("{}: {e}", work_dir.display())))?;
-        let opts = crate::artifact::PublishOptions::new(index_key, &work_dir);
+        std::fs::create_dir_all(&work_dir).map_err(|e| format!("{}: {e}", work_dir.display()))?;
+        let mut opts = crate::artifact::PublishOptions::new(index_key, &work_dir);
+        opts.kind = kind;
+        if kind != fastbox_artifact::ArtifactKind::Template {
+            opts.parent = fastbox_artifact::IndexKey::try_new(&template.image_reference)
+                .ok()
+                .and_then(|key| fastbox_artifact::ArtifactStore::index_get(&store, &key).ok())
+                .flatten();
+        }
         let published = crate::artifact::publish_template(
             &store,
             template,
             &opts,
             &fastbox_artifact::NoProgress,
         )
-        .map_err(|e| fail(format!("publish: {e}")))?;
-        tracing::info!(key = %index_key, manifest = %published.manifest.to_hex(), blocks = published.stats.blocks, new_blocks = published.stats.new_blocks, seconds = published.seconds, "template published");
+        .map_err(|e| format!("publish: {e}"))?;
+        tracing::info!(key = %index_key, kind = ?kind, manifest = %published.manifest.to_hex(), blocks = published.stats.blocks, new_blocks = published.stats.new_blocks, seconds = published.seconds, "artifact published");
         Ok(published)
+    }
+
+    /// This node's artifact store (`DATA_DIR/artifacts`).
+    pub(crate) fn artifact_store(&self) -> Result<fastbox_artifact::LocalStore, String> {
+        fastbox_artifact::LocalStore::open(self.cfg.data_dir.join("artifacts"))
+            .map_err(|e| format!("artifact store: {e}"))
     }
 
     /// Keeps a warm pool of `template` from now on (no-op without a pool size).

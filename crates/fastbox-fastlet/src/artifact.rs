@@ -174,10 +174,16 @@ pub struct PublishOptions<'a> {
     pub work_dir: &'a Path,
     /// How the rootfs is packed.
     pub rootfs_format: PackFormat,
+    /// `Template` carries its packed rootfs. A `Snapshot` or a `Checkpoint` (of a paused
+    /// sandbox) carries only the checkpoint: its rootfs is its template's, named by
+    /// `parent` when known.
+    pub kind: ArtifactKind,
+    /// The manifest the artifact derives from (a snapshot's template).
+    pub parent: Option<Digest>,
 }
 
 impl<'a> PublishOptions<'a> {
-    /// No labels, no policy, the best rootfs format this host can write.
+    /// A template: no labels, no policy, the best rootfs format this host can write.
     pub fn new(index_key: &'a str, work_dir: &'a Path) -> Self {
         PublishOptions {
             index_key,
@@ -185,6 +191,8 @@ impl<'a> PublishOptions<'a> {
             policy: None,
             work_dir,
             rootfs_format: PackFormat::best_available(),
+            kind: ArtifactKind::Template,
+            parent: None,
         }
     }
 }
@@ -272,15 +280,20 @@ pub fn publish_template<S: ArtifactStore + ?Sized>(
         .map_err(io_error("create a staging directory in", opts.work_dir))?;
     let stage = staging.path();
     let rootfs_name = rootfs_file_name(opts.rootfs_format);
-    let packed = pack_rootfs(
-        &template.rootfs,
-        &stage.join(rootfs_name),
-        opts.rootfs_format,
-    )
-    .map_err(|source| TemplateArtifactError::Pack {
-        what: "rootfs",
-        source,
-    })?;
+    let packed = match opts.kind {
+        ArtifactKind::Template => Some(
+            pack_rootfs(
+                &template.rootfs,
+                &stage.join(rootfs_name),
+                opts.rootfs_format,
+            )
+            .map_err(|source| TemplateArtifactError::Pack {
+                what: "rootfs",
+                source,
+            })?,
+        ),
+        ArtifactKind::Snapshot | ArtifactKind::Checkpoint => None,
+    };
     let pack_seconds = clock.elapsed().as_secs_f64();
     stage_checkpoint(&template.checkpoint, &stage.join(CHECKPOINT_DIR))?;
     let info = TemplateInfo {
@@ -290,19 +303,20 @@ pub fn publish_template<S: ArtifactStore + ?Sized>(
     };
     write_info(&stage.join(INFO_FILE), &info)?;
 
-    let mut meta = ManifestMeta::new(ArtifactKind::Template, execd_digest, host);
+    let mut meta = ManifestMeta::new(opts.kind, execd_digest, host);
     meta.created_at = created_at;
     meta.lineage.source = Some(SourceImage {
         reference: template.image_reference.clone(),
-        digest: Some(template.image_digest.clone()),
+        digest: (!template.image_digest.is_empty()).then(|| template.image_digest.clone()),
     });
+    meta.lineage.parent = opts.parent;
     meta.policy = opts.policy.clone();
     meta.labels = opts.labels.clone();
     meta.labels.insert(
         GOLDEN_TOKEN_LABEL.to_string(),
         golden_token_sha256(&template.golden_token),
     );
-    meta.rootfs = Some(RootfsImage {
+    meta.rootfs = packed.as_ref().map(|packed| RootfsImage {
         path: rootfs_name.to_string(),
         format: packed.format,
     });
@@ -311,8 +325,8 @@ pub fn publish_template<S: ArtifactStore + ?Sized>(
         manifest: done.manifest,
         outcome: done.outcome,
         stats: done.stats,
-        rootfs_format: packed.format,
-        packed_rootfs_bytes: packed.bytes,
+        rootfs_format: packed.as_ref().map_or(opts.rootfs_format, |p| p.format),
+        packed_rootfs_bytes: packed.as_ref().map_or(0, |p| p.bytes),
         pack_seconds,
         seconds: clock.elapsed().as_secs_f64(),
     };
