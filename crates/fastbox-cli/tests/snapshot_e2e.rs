@@ -183,6 +183,41 @@ fn settle_snapshot(server: &UpServer, sid: &str) -> Value {
     }
 }
 
+/// Pings the sandbox's execd in a loop (new connection each time, through the node proxy)
+/// while a live snapshot is taken; returns failures, the largest gap between two answers,
+/// and how many pings were sent.
+fn ping_during_snapshot(server: &UpServer, id: &str, e: &Execd) -> (usize, Duration, usize) {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let monitor = scope.spawn(|| {
+            let (mut failures, mut pings, mut max_gap) = (0, 0, Duration::ZERO);
+            let mut last = Instant::now();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                pings += 1;
+                if e.try_ping(&e.token).is_ok_and(|s| s == 200) {
+                    max_gap = max_gap.max(last.elapsed());
+                    last = Instant::now();
+                } else {
+                    failures += 1;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            (failures, max_gap, pings)
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let (status, snap) = server.post(&format!("/v1/sandboxes/{id}/snapshots"), &json!({}));
+        assert_eq!(status, 202, "{snap}");
+        let sid = snap["id"].as_str().unwrap().to_string();
+        let settled = settle_snapshot(server, &sid);
+        std::thread::sleep(Duration::from_millis(100));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(settled["status"]["state"], "Ready", "{settled}");
+        eprintln!("monitored snapshot: {}", settled["status"]["message"]);
+        assert_eq!(server.delete(&format!("/v1/snapshots/{sid}")), 204);
+        monitor.join().unwrap()
+    })
+}
+
 #[test]
 fn snapshots_make_independent_clones_and_survive_crashes() {
     let Some(mut server) = UpServer::start('l', &[]) else {
@@ -206,6 +241,14 @@ fn snapshots_make_independent_clones_and_survive_crashes() {
     assert_eq!(published_kind(&server, &sid), Some(ArtifactKind::Snapshot));
     // The source ran on.
     assert_eq!(facts(&source)["sleeper"], original["sleeper"]);
+
+    // A ping monitor during a live snapshot: the sandbox keeps serving, frozen only briefly.
+    let (failures, max_gap, pings) = ping_during_snapshot(&server, &id, &source);
+    eprintln!(
+        "ping monitor during a live snapshot: {pings} pings, {failures} failed, largest gap {max_gap:?}"
+    );
+    assert_eq!(failures, 0, "pings failed during a live snapshot");
+    assert!(pings > 10, "the monitor ran ({pings} pings)");
 
     // A foreign entrypoint is refused and records nothing; the SDK's default is ignored.
     let before = server.ids().len();

@@ -44,13 +44,16 @@ impl Execd {
 
     /// The status of `GET /ping` presenting `token`.
     pub fn ping_with(&self, token: &str) -> u16 {
+        self.try_ping(token).expect("ping")
+    }
+
+    /// The status of `GET /ping` presenting `token`, or the transport error.
+    pub fn try_ping(&self, token: &str) -> reqwest::Result<u16> {
         self.http
             .get(format!("{}/ping", self.base))
             .header(TOKEN_HEADER, token)
             .send()
-            .expect("ping")
-            .status()
-            .as_u16()
+            .map(|r| r.status().as_u16())
     }
 
     /// Runs `script` with `POST /command {"command": ...}` and collects its stdout lines;
