@@ -323,6 +323,20 @@ fn snapshots_make_independent_clones_and_survive_crashes() {
         "a clone wrote into the source's layer"
     );
 
+    // A create may follow a snapshot's 202 at once: it waits for the snapshot.
+    let (status, snap) = server.post(&format!("/v1/sandboxes/{id}/snapshots"), &json!({}));
+    assert_eq!(status, 202, "{snap}");
+    let quick_sid = snap["id"].as_str().unwrap().to_string();
+    let (status, quick) = server.post("/v1/sandboxes", &json!({"snapshotId": quick_sid}));
+    assert_eq!(status, 202, "{quick}");
+    let quick = quick["id"].as_str().unwrap().to_string();
+    assert_eq!(settle(&server, &quick, &["Running", "Failed"]).0, "Running");
+    assert_eq!(
+        facts(&Execd::of(&server, &quick))["secret"],
+        original["secret"]
+    );
+    assert_eq!(server.delete(&format!("/v1/snapshots/{quick_sid}")), 204);
+
     // kill -9 while a snapshot is taken: it ends Ready or Failed with a reason.
     for delay_ms in [0u64, 40, 150] {
         let (status, snap) = server.post(&format!("/v1/sandboxes/{id}/snapshots"), &json!({}));

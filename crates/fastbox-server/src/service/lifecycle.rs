@@ -232,7 +232,7 @@ impl Lifecycle {
                 plan_from_template(req, &template, max_timeout)?
             }
             (None, Some(snapshot_id)) => {
-                let snapshot = self.ready_snapshot(&snapshot_id)?;
+                let snapshot = self.ready_snapshot(&snapshot_id).await?;
                 plan_from_snapshot(req, &snapshot, max_timeout)?
             }
             (None, None) => plan(req, max_timeout)?,

@@ -29,6 +29,9 @@ pub const RESUME_FAILED: &str = "RESUME_FAILED";
 pub const SNAPSHOT_FAILED: &str = "SNAPSHOT_FAILED";
 pub const INTERRUPTED: &str = "INTERRUPTED";
 
+/// How long a create from a snapshot that is still being taken waits for it.
+pub const SNAPSHOT_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Most sandboxes one fork makes.
 pub const MAX_FORK: u32 = 64;
 /// Longest snapshot name.
@@ -76,8 +79,17 @@ impl Lifecycle {
     }
 
     /// A snapshot sandboxes can be created from, or why not (404 unknown, 409 not `Ready`).
-    pub(super) fn ready_snapshot(&self, id: &str) -> Result<SnapshotRecord, ApiError> {
-        let snapshot = self.snapshot_record(id)?;
+    /// One still being taken is waited for (up to [`SNAPSHOT_WAIT`]), so a create can follow
+    /// the snapshot's 202 at once.
+    pub(super) async fn ready_snapshot(&self, id: &str) -> Result<SnapshotRecord, ApiError> {
+        let deadline = tokio::time::Instant::now() + SNAPSHOT_WAIT;
+        let mut snapshot = self.snapshot_record(id)?;
+        while snapshot.state() == SnapshotState::Creating
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            snapshot = self.snapshot_record(id)?;
+        }
         if snapshot.state() != SnapshotState::Ready {
             return Err(ApiError::Conflict(format!(
                 "snapshot {id} is {}, not Ready",
