@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use fastbox_runtime::execd_binary::ExecdBinary;
 use fastbox_runtime::spec::EXECD_SANDBOX_PATH;
 
@@ -171,38 +171,16 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// Writes `BUNDLE/config.json` for the runc baselines: `runc spec`'s defaults with `rootfs`
-/// as a read-only root, execd bind-mounted read-only at its sandbox path and run as the
-/// container process on `127.0.0.1:port`, a tmpfs `/tmp`, and the host's network namespace
-/// (so the benchmark reaches execd without entering a namespace).
+/// Writes `BUNDLE/config.json` for the runc baselines of execd (see
+/// [`crate::bench_runc::write_bundle`]): execd bind-mounted read-only at its sandbox path and
+/// run as the container process on `127.0.0.1:port`.
 pub fn runc_bundle(bundle: &Path, rootfs: &Path, execd: &Path, port: u16) -> anyhow::Result<()> {
-    let status = Command::new("runc")
-        .arg("spec")
-        .current_dir(bundle)
-        .status()
-        .context("runc spec (is runc installed?)")?;
-    if !status.success() {
-        bail!("runc spec failed");
-    }
-    let config_path = bundle.join("config.json");
-    let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(&config_path)?)?;
-    config["root"] = serde_json::json!({ "path": rootfs, "readonly": true });
-    config["process"]["terminal"] = false.into();
-    config["process"]["args"] = serde_json::json!([EXECD_SANDBOX_PATH, "--port", port.to_string()]);
-    let mounts = config["mounts"]
-        .as_array_mut()
-        .context("runc spec has mounts")?;
-    mounts.push(serde_json::json!({
-        "destination": EXECD_SANDBOX_PATH, "type": "bind", "source": execd, "options": ["bind", "ro"]
-    }));
-    mounts.push(serde_json::json!({
-        "destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]
-    }));
-    if let Some(ns) = config["linux"]["namespaces"].as_array_mut() {
-        ns.retain(|n| n["type"] != "network");
-    }
-    std::fs::write(&config_path, serde_json::to_vec_pretty(&config)?)?;
-    Ok(())
+    let args = [
+        EXECD_SANDBOX_PATH.to_string(),
+        "--port".into(),
+        port.to_string(),
+    ];
+    crate::bench_runc::write_bundle(bundle, rootfs, &args, &[(EXECD_SANDBOX_PATH, execd)])
 }
 
 #[cfg(test)]

@@ -3,6 +3,8 @@
 pub mod bench;
 pub mod bench_create;
 pub mod bench_memory;
+pub mod bench_runc;
+pub mod bench_snapshot;
 pub mod client;
 pub mod paths;
 pub mod sandbox_run;

@@ -3,7 +3,9 @@
 //! process that builds a sandbox's namespaces (see `fastbox_runtime::init`).
 
 use clap::{Parser, Subcommand};
-use fastbox_cli::{bench, bench_create, bench_memory, client, paths, sandbox_run, up};
+use fastbox_cli::{
+    bench, bench_create, bench_memory, bench_snapshot, client, paths, sandbox_run, up,
+};
 
 mod bench_restore;
 
@@ -49,6 +51,9 @@ enum BenchCommand {
     Restore(bench_restore::RestoreBenchArgs),
     /// Memory of the idle pooled sandboxes of a running instance (private, PSS, RSS).
     PoolMemory(bench_memory::PoolMemoryArgs),
+    /// Live snapshots, pause/resume, creates from a snapshot and forks of a sandbox holding
+    /// M MiB, through a running server, next to runc checkpoint/restore of the same workload.
+    Snapshot(bench_snapshot::SnapshotBenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -116,6 +121,9 @@ fn main() {
         Command::Bench {
             command: BenchCommand::PoolMemory(args),
         } => bench_memory::pool_memory(args),
+        Command::Bench {
+            command: BenchCommand::Snapshot(args),
+        } => bench_snapshot::snapshot(args),
         Command::Check(args) => paths::check(&args),
         Command::Up(args) => up::up(args),
         Command::Purge(args) => up::purge(args),

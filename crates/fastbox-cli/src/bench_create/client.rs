@@ -135,7 +135,7 @@ impl BenchClient {
         })
     }
 
-    fn api(&self, method: reqwest::Method, path: &str) -> RequestBuilder {
+    pub(crate) fn api(&self, method: reqwest::Method, path: &str) -> RequestBuilder {
         let request = self.http.request(method, format!("{}{path}", self.v1));
         match &self.api_key {
             Some(key) => request.header(API_KEY_HEADER, key),
@@ -190,7 +190,8 @@ impl BenchClient {
         decode::<Created>(Phase::Create, response).map(|created| created.id)
     }
 
-    fn until_ready(&self, id: &str, deadline: Instant) -> Result<(), Failure> {
+    /// Waits until sandbox `id`'s execd answers `/ping` through a freshly fetched endpoint.
+    pub(crate) fn until_ready(&self, id: &str, deadline: Instant) -> Result<(), Failure> {
         let endpoint = self.execd_endpoint(id, deadline)?;
         let url = format!(
             "{}://{}/ping",

@@ -6,11 +6,11 @@
 //! - `run`: warm-ups, workers back to back or in batches, progress;
 //! - `stats`: percentiles and failure counts; `report`: JSON and text.
 
-mod client;
+pub(crate) mod client;
 mod report;
-mod request;
+pub(crate) mod request;
 mod run;
-mod stats;
+pub(crate) mod stats;
 
 use std::time::Duration;
 

@@ -84,8 +84,7 @@ impl Lifecycle {
     pub(super) async fn ready_snapshot(&self, id: &str) -> Result<SnapshotRecord, ApiError> {
         let deadline = tokio::time::Instant::now() + SNAPSHOT_WAIT;
         let mut snapshot = self.snapshot_record(id)?;
-        while snapshot.state() == SnapshotState::Creating
-            && tokio::time::Instant::now() < deadline
+        while snapshot.state() == SnapshotState::Creating && tokio::time::Instant::now() < deadline
         {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             snapshot = self.snapshot_record(id)?;
@@ -576,12 +575,17 @@ impl Lifecycle {
         let (snapshot_id, ids) = (snapshot.id.clone(), clones.clone());
         tokio::spawn(async move {
             let state = this.take_snapshot(&snapshot_id).await;
+            // As many restores at once as there are cores: more only contend.
+            let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+            let permits = Arc::new(tokio::sync::Semaphore::new(cores));
             let mut tasks = Vec::new();
             for clone in ids {
                 let this = this.clone();
                 let plan = plan.clone();
                 let snapshot_id = snapshot_id.clone();
+                let permits = permits.clone();
                 tasks.push(tokio::spawn(async move {
+                    let _permit = permits.acquire_owned().await;
                     if state == SnapshotState::Ready {
                         this.run_clone(&clone, &snapshot_id, plan).await;
                     } else {
