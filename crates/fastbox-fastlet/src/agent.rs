@@ -192,6 +192,8 @@ pub struct Fastlet {
     pools: WarmPools,
     spares: SparePool,
     reaper: Reaper,
+    /// Where live snapshots stage their files while the sandbox is frozen.
+    pub(crate) staging: crate::staging::Staging,
     /// Connection pool of execd clients (claims).
     http: reqwest::blocking::Client,
     /// Recent resolutions by reference (see [`Fastlet::resolve_image`]).
@@ -234,6 +236,7 @@ impl Fastlet {
         let slots = Mutex::new(SlotTable::new(cfg.pool.capacity()));
         let (pool_min, pool_max) = (cfg.pool_min, cfg.pool_max);
         let spares = SparePool::new(cfg.spare_slots);
+        let staging = crate::staging::Staging::open(&cfg.prefix);
         Ok(Self {
             cfg,
             host,
@@ -245,6 +248,7 @@ impl Fastlet {
             pools: WarmPools::new(pool_min, pool_max),
             spares,
             reaper: Reaper::default(),
+            staging,
             resolved: Mutex::new(HashMap::new()),
             http: ExecdClient::http_client().map_err(|e| FastletError::Execd {
                 path: PathBuf::from("http client"),
@@ -1120,8 +1124,10 @@ impl Fastlet {
         self.host.stop_services();
     }
 
-    /// Stops refilling and removes every pooled (unclaimed) sandbox and every spare slot.
+    /// Stops refilling and removes every pooled (unclaimed) sandbox and every spare slot,
+    /// and the staging area of live snapshots (at shutdown).
     pub fn drain_pools(&self) {
+        self.staging.unmount();
         for pooled in self.pools.drain() {
             let _ = self.remove(&pooled.placement.handle.id, Some(&pooled.placement), None);
         }

@@ -529,6 +529,7 @@ pub fn purge(prefix: &str, data_dir: &Path) -> Result<(), HostError> {
     }
     HostNetwork::purge(prefix)?;
     fastbox_runtime::cgroup::remove_prefix(&cgroups, prefix)?;
+    crate::staging::purge(prefix);
     Ok(())
 }
 

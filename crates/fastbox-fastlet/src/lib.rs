@@ -15,6 +15,7 @@ pub mod reaper;
 pub mod slots;
 pub mod snapshot;
 pub mod spares;
+pub mod staging;
 pub mod template;
 
 pub use agent::{

@@ -5,8 +5,8 @@
 //! golden token is the sandbox's execd token at the time. Three operations make one:
 //!
 //! - a **live snapshot** freezes the sandbox only for the dump: CRIU writes the images and the
-//!   writable layer is copied into a memory-backed staging directory while the tree is
-//!   frozen, then the tree runs on and the staged files move to disk;
+//!   writable layer is copied into the memory-backed staging area ([`crate::staging`]) while
+//!   the tree is frozen, then the tree runs on and the staged files move to disk;
 //! - a **pause** dumps the sandbox (which ends it) straight to disk, flushes it, and then
 //!   releases everything the sandbox held except its slot index, i.e. its address;
 //! - a **resume** restores the pause's checkpoint into that slot again, with the sandbox's own
@@ -29,12 +29,6 @@ use crate::template::{self, Template};
 /// Where node snapshot `key` lives.
 pub fn snapshot_dir(data_dir: &Path, key: &str) -> PathBuf {
     data_dir.join("snapshots").join(key)
-}
-
-/// Where a live snapshot of instance `prefix` stages its files while the sandbox is frozen:
-/// memory-backed, so the freeze does not wait for a disk.
-pub fn staging_dir(prefix: &str, key: &str) -> PathBuf {
-    PathBuf::from(format!("/dev/shm/fastbox-{prefix}-stage-{key}"))
 }
 
 /// What taking a snapshot cost.
@@ -141,7 +135,7 @@ impl Fastlet {
         &self,
         source: &SnapshotSource<'_>,
     ) -> Result<(Template, SnapshotReport), FastletError> {
-        let staging = staging_dir(&self.config().prefix, source.key);
+        let staging = self.staging.dir(source.key);
         self.take_snapshot(
             source,
             CheckpointOptions {
@@ -253,7 +247,7 @@ impl Fastlet {
     /// After a crash during a live snapshot: waits for a dump that outlived it, then removes
     /// what it left (the snapshot is taken again or failed by the caller).
     pub fn discard_interrupted_snapshot(&self, key: &str) {
-        let staging = staging_dir(&self.config().prefix, key);
+        let staging = self.staging.dir(key);
         checkpoint::is_complete(&staging, DUMP_WAIT);
         let _ = self.remove_snapshot(key);
     }
@@ -266,7 +260,7 @@ impl Fastlet {
     /// Removes node snapshot `key` (committed or not) and its index entry in the artifact
     /// store (its blocks go with the store's garbage collection). Idempotent.
     pub fn remove_snapshot(&self, key: &str) -> std::io::Result<()> {
-        let _ = std::fs::remove_dir_all(staging_dir(&self.config().prefix, key));
+        let _ = std::fs::remove_dir_all(self.staging.dir(key));
         if let (Ok(store), Ok(index)) = (self.artifact_store(), IndexKey::try_new(key)) {
             store.index_delete(&index).map_err(std::io::Error::other)?;
         }
@@ -330,14 +324,6 @@ impl Fastlet {
 
     /// Removes staging directories a crash left (live snapshots interrupted mid-dump).
     pub fn purge_staging(&self) -> usize {
-        let head = format!("fastbox-{}-stage-", self.config().prefix);
-        let Ok(entries) = std::fs::read_dir("/dev/shm") else {
-            return 0;
-        };
-        entries
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with(&head))
-            .filter(|e| std::fs::remove_dir_all(e.path()).is_ok())
-            .count()
+        self.staging.purge_entries()
     }
 }

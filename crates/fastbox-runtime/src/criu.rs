@@ -162,7 +162,7 @@ impl Criu {
             .arg(req.init_pid.to_string())
             .arg("--images-dir")
             .arg(req.images)
-            .args(["--log-file", "dump.log", "-v4"])
+            .args(["--log-file", "dump.log", "-v2"])
             .arg("--external")
             .arg(format!("net[{netns_inode}]:{NETNS_KEY}"))
             .arg("--external")
