@@ -252,6 +252,18 @@ impl Fastlet {
         let _ = self.remove_snapshot(key);
     }
 
+    /// The names of the snapshots and pause checkpoints on this node (committed or not).
+    pub fn snapshot_keys(&self) -> Vec<String> {
+        std::fs::read_dir(self.config().data_dir.join("snapshots"))
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// The committed node snapshot `key`, if this node has it.
     pub fn load_snapshot(&self, key: &str) -> Option<Template> {
         template::load(&snapshot_dir(&self.config().data_dir, key))

@@ -90,6 +90,11 @@ pub async fn run(
     }
     let (adopted, lost, restarted) = lifecycle.recover().await;
     lifecycle.recover_snapshots().await;
+    for key in lifecycle.unreferenced_pauses(&fastlet.snapshot_keys()) {
+        if let Err(e) = fastlet.remove_snapshot(&key) {
+            tracing::warn!(checkpoint = %key, error = %e, "could not remove a pause checkpoint left by an earlier run");
+        }
+    }
     let claimed = lifecycle.runtime_ids();
     let stale = fastlet.purge_pool_leftovers(&claimed);
     if stale > 0 {

@@ -423,6 +423,77 @@ mod tests {
         plan(req(&format!("{{{base},\"networkPolicy\":{{}}}}")), 86_400).unwrap();
     }
 
+    fn snapshot() -> SnapshotRecord {
+        let mut source = crate::record::tests::record("src");
+        source.resource_limits = [("disk".to_string(), "2Gi".to_string())].into();
+        SnapshotRecord {
+            id: "snap_1".into(),
+            sandbox_id: source.id.clone(),
+            name: None,
+            status: fastbox_api::snapshots::SnapshotStatus {
+                state: fastbox_api::snapshots::SnapshotState::Ready,
+                reason: None,
+                message: None,
+                last_transition_at: None,
+            },
+            created_at: source.created_at,
+            image: source.image.clone(),
+            entrypoint: vec!["sleep".into(), "9".into()],
+            env: [("A".to_string(), "1".to_string())].into(),
+            metadata: source.metadata.clone(),
+            resource_limits: source.resource_limits.clone(),
+            timeout_secs: Some(900),
+            network_policy: None,
+            execd_token: "t".into(),
+            report: None,
+        }
+    }
+
+    fn from_snapshot(json: &str) -> Result<CreatePlan, ApiError> {
+        plan_from_snapshot(req(json), &snapshot(), 86_400)
+    }
+
+    #[test]
+    fn snapshot_creates_keep_the_processes_and_inherit_what_is_not_given() {
+        // The SDK's default body: its entrypoint and limits, no env.
+        let p = from_snapshot(
+            r#"{"snapshotId":"snap_1","entrypoint":["tail","-f","/dev/null"],"env":{},"resourceLimits":{"cpu":"1","memory":"2Gi"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            p.entrypoint,
+            ["sleep", "9"],
+            "the recorded entrypoint stays"
+        );
+        assert_eq!(p.snapshot_id.as_deref(), Some("snap_1"));
+        assert_eq!(p.timeout_secs, Some(900), "the source's lifetime");
+        assert_eq!(p.metadata.get("team").map(String::as_str), Some("a"));
+        assert_eq!(p.disk_bytes, Some(2 << 30), "the source's disk stays");
+        assert_eq!(p.limits.cpu_millis, Some(1000), "the create's limits win");
+        let p = from_snapshot(
+            r#"{"snapshotId":"snap_1","entrypoint":["sleep","9"],"timeout":120,"metadata":{"k":"v"}}"#,
+        )
+        .unwrap();
+        assert_eq!(p.timeout_secs, Some(120));
+        assert_eq!(p.metadata.len(), 1, "given metadata replaces the source's");
+    }
+
+    #[test]
+    fn snapshot_creates_refuse_what_would_change_the_processes() {
+        for body in [
+            r#"{"snapshotId":"snap_1","entrypoint":["/bin/sh"]}"#,
+            r#"{"snapshotId":"snap_1","env":{"X":"1"}}"#,
+            r#"{"snapshotId":"snap_1","image":{"uri":"python:3.12"}}"#,
+            r#"{"snapshotId":"snap_1","templateId":"tpl_1"}"#,
+            r#"{"snapshotId":"snap_1","timeout":5}"#,
+        ] {
+            assert!(
+                matches!(from_snapshot(body), Err(ApiError::InvalidParameter(_))),
+                "{body}"
+            );
+        }
+    }
+
     #[test]
     fn disk_and_pids_limits() {
         let map: StringMap = [

@@ -47,9 +47,16 @@ pub struct SnapshotQuery {
     pub page_size: u32,
 }
 
-/// The node checkpoint a pause of sandbox `id` writes.
-fn pause_key(id: &str) -> String {
-    format!("pause-{id}")
+/// Names of the node checkpoints of pauses start with this.
+pub const PAUSE_KEY_PREFIX: &str = "pause-";
+
+/// A new name for the node checkpoint a pause of sandbox `id` writes: every pause has its
+/// own, so removing the last one's after a resume never races with the next pause.
+fn new_pause_key(id: &str) -> String {
+    format!(
+        "{PAUSE_KEY_PREFIX}{id}-{}",
+        &super::lifecycle::random_token()[..8]
+    )
 }
 
 impl Lifecycle {
@@ -280,11 +287,13 @@ impl Lifecycle {
     /// `POST /v1/sandboxes/{id}/pause`: `Pausing` now; `Paused` once the checkpoint is on
     /// disk and the runtime released.
     pub fn pause(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
+        let key = new_pause_key(id);
         self.begin(
             id,
             SandboxState::Running,
             SandboxState::Pausing,
             "pause requested",
+            |r| r.paused_checkpoint = Some(key),
         )?;
         let this = self.clone();
         let id = id.to_string();
@@ -302,6 +311,7 @@ impl Lifecycle {
             SandboxState::Paused,
             SandboxState::Resuming,
             "resume requested",
+            |_| {},
         )?;
         let this = self.clone();
         let id = id.to_string();
@@ -319,6 +329,7 @@ impl Lifecycle {
         from: SandboxState,
         to: SandboxState,
         message: &str,
+        also: impl FnOnce(&mut SandboxRecord),
     ) -> Result<(), ApiError> {
         let record = self.record(id)?;
         if record.state() != from {
@@ -332,6 +343,7 @@ impl Lifecycle {
                 return Err(not_running(r, &format!(": it must be {from}")));
             }
             r.transition(to, None, message);
+            also(r);
             Ok(())
         });
         if moved.is_err() {
@@ -344,11 +356,13 @@ impl Lifecycle {
     /// sandbox is `Running` again, with the reason; if they are gone it is `Failed`.
     pub(super) async fn run_pause(self: &Arc<Self>, id: &str) {
         let Ok(record) = self.record(id) else { return };
-        let Some(placement) = record.placement.clone() else {
-            self.fail_paused(id, "no placement is recorded").await;
+        let (Some(placement), Some(key)) =
+            (record.placement.clone(), record.paused_checkpoint.clone())
+        else {
+            self.fail_paused(id, "no placement or checkpoint name is recorded")
+                .await;
             return;
         };
-        let key = pause_key(id);
         let fastlet = self.fastlet.clone();
         let (rid, token, image, k) = (
             id.to_string(),
@@ -372,7 +386,6 @@ impl Lifecycle {
             Ok((_, report)) => {
                 let _ = self.update(id, |r| {
                     r.placement = None;
-                    r.paused_checkpoint = Some(key.clone());
                     if r.state() == SandboxState::Pausing {
                         r.transition(SandboxState::Paused, None, &report.summary());
                     }
@@ -394,6 +407,7 @@ impl Lifecycle {
                 if r.state() == SandboxState::Pausing {
                     r.transition(SandboxState::Running, Some(PAUSE_FAILED), &e.to_string());
                 }
+                r.paused_checkpoint = None;
                 Ok(())
             });
         } else {
@@ -442,15 +456,25 @@ impl Lifecycle {
         match resumed {
             Ok((placement, report)) => {
                 self.start_metrics.record(&report);
+                let mut dropped = None;
                 let updated = self.update(id, |r| {
                     r.placement = Some(placement);
                     if r.state() == SandboxState::Resuming {
                         r.transition(SandboxState::Running, None, &report.summary());
+                        dropped = r.paused_checkpoint.take();
                     }
                     Ok(())
                 });
-                if updated.is_ok() {
-                    self.drop_pause_checkpoint(id).await;
+                // The checkpoint goes in the background: the sandbox runs, and the next
+                // pause writes another one. A crash before it is gone leaves it to
+                // [`Lifecycle::unreferenced_pauses`].
+                if let (Ok(_), Some(key)) = (updated, dropped) {
+                    let fastlet = self.fastlet.clone();
+                    tokio::spawn(blocking::run("fastbox-snapshot", move || {
+                        if let Err(e) = fastlet.remove_snapshot(&key) {
+                            tracing::warn!(checkpoint = %key, error = %e, "could not remove a pause checkpoint");
+                        }
+                    }));
                 }
             }
             Err(e) => {
@@ -612,6 +636,21 @@ impl Lifecycle {
         })
     }
 
+    /// Names of pause checkpoints no sandbox record names: what a crash between a resume and
+    /// the removal of its checkpoint left (the caller removes them at start).
+    pub fn unreferenced_pauses(&self, on_node: &[String]) -> Vec<String> {
+        let named: std::collections::HashSet<String> = self
+            .snapshot()
+            .into_iter()
+            .filter_map(|r| r.paused_checkpoint)
+            .collect();
+        on_node
+            .iter()
+            .filter(|k| k.starts_with(PAUSE_KEY_PREFIX) && !named.contains(*k))
+            .cloned()
+            .collect()
+    }
+
     /// After a restart: snapshots being taken are taken again when their source still
     /// runs (`Failed` otherwise, or `Ready` when the node finished it), and deletions
     /// finish.
@@ -704,7 +743,11 @@ impl Lifecycle {
 
     async fn recover_pause(self: &Arc<Self>, record: &SandboxRecord) {
         let id = record.id.as_str();
-        let key = pause_key(id);
+        let Some(key) = record.paused_checkpoint.clone() else {
+            self.fail_paused(id, "the interrupted pause recorded no checkpoint name")
+                .await;
+            return;
+        };
         // A dump may have outlived the crash: wait for it, and keep what it completed.
         let committed = match record.placement.clone() {
             Some(placement) => {
@@ -744,7 +787,6 @@ impl Lifecycle {
                     match &released {
                         Ok(()) => {
                             r.placement = None;
-                            r.paused_checkpoint = Some(key.clone());
                             r.transition(
                                 SandboxState::Paused,
                                 None,
