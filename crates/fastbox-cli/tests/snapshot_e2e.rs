@@ -74,6 +74,20 @@ fn pause_checkpoints(server: &UpServer, id: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Settles `id` among `done` and panics with its reason and the server's log unless it is
+/// `want`.
+fn expect_state(server: &UpServer, id: &str, done: &[&str], want: &str) {
+    let (state, reason) = settle(server, id, done);
+    if state != want {
+        let (_, events) = server.get(&format!("/v1/sandboxes/{id}/diagnostics/events"));
+        panic!(
+            "{id} is {state} ({reason:?}), wanted {want}\nevents:\n{}\nlog:\n{}",
+            events["content"].as_str().unwrap_or_default(),
+            server.log_text()
+        );
+    }
+}
+
 fn uptime(facts: &std::collections::BTreeMap<String, String>) -> f64 {
     facts["uptime"].parse().unwrap()
 }
@@ -93,10 +107,7 @@ fn pause_and_resume_keep_processes_memory_and_address_through_crashes() {
     // Pause: Paused once durable; its endpoints are gone meanwhile.
     let (status, body) = server.post(&format!("/v1/sandboxes/{id}/pause"), &json!({}));
     assert_eq!(status, 202, "{body}");
-    assert_eq!(
-        settle(&server, &id, &["Paused", "Failed", "Running"]).0,
-        "Paused"
-    );
+    expect_state(&server, &id, &["Paused", "Failed", "Running"], "Paused");
     assert_eq!(server.ping(&id), 409, "a paused sandbox has no endpoint");
     let pauses = pause_checkpoints(&server, &id);
     assert_eq!(pauses.len(), 1, "one pause checkpoint: {pauses:?}");
@@ -112,10 +123,7 @@ fn pause_and_resume_keep_processes_memory_and_address_through_crashes() {
     // Resume: the same processes, memory, address and hostname; uptime went on.
     let (status, body) = server.post(&format!("/v1/sandboxes/{id}/resume"), &json!({}));
     assert_eq!(status, 202, "{body}");
-    assert_eq!(
-        settle(&server, &id, &["Running", "Paused", "Failed"]).0,
-        "Running"
-    );
+    expect_state(&server, &id, &["Running", "Paused", "Failed"], "Running");
     let e = Execd::of(&server, &id);
     let after = facts(&e);
     for key in ["secret", "address", "sleeper", "hostname"] {
@@ -159,7 +167,7 @@ fn pause_and_resume_keep_processes_memory_and_address_through_crashes() {
             if state == "Paused" {
                 let (status, _) = server.post(&format!("/v1/sandboxes/{id}/resume"), &json!({}));
                 assert_eq!(status, 202);
-                assert_eq!(settle(&server, &id, &["Running", "Failed"]).0, "Running");
+                expect_state(&server, &id, &["Running", "Failed"], "Running");
             }
         }
         let now = facts(&Execd::of(&server, &id));
@@ -172,12 +180,9 @@ fn pause_and_resume_keep_processes_memory_and_address_through_crashes() {
     // A paused sandbox that is deleted leaves nothing: no checkpoint, no slot.
     let (status, _) = server.post(&format!("/v1/sandboxes/{id}/pause"), &json!({}));
     assert_eq!(status, 202);
-    assert_eq!(settle(&server, &id, &["Paused", "Failed"]).0, "Paused");
+    expect_state(&server, &id, &["Paused", "Failed"], "Paused");
     assert_eq!(server.delete(&format!("/v1/sandboxes/{id}")), 204);
-    assert_eq!(
-        settle(&server, &id, &["Terminated", "Failed"]).0,
-        "Terminated"
-    );
+    expect_state(&server, &id, &["Terminated", "Failed"], "Terminated");
     let snapshots = server.data_dir.join("snapshots");
     let left: Vec<_> = std::fs::read_dir(&snapshots)
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
@@ -288,10 +293,7 @@ fn snapshots_make_independent_clones_and_survive_crashes() {
     );
     assert_eq!(status, 202, "{clone}");
     let clone_id = clone["id"].as_str().unwrap().to_string();
-    assert_eq!(
-        settle(&server, &clone_id, &["Running", "Failed"]).0,
-        "Running"
-    );
+    expect_state(&server, &clone_id, &["Running", "Failed"], "Running");
     let (_, got) = server.get(&format!("/v1/sandboxes/{clone_id}"));
     assert_eq!(got["snapshotId"], sid.as_str(), "{got}");
 
@@ -350,7 +352,7 @@ fn snapshots_make_independent_clones_and_survive_crashes() {
     let (status, quick) = server.post("/v1/sandboxes", &json!({"snapshotId": quick_sid}));
     assert_eq!(status, 202, "{quick}");
     let quick = quick["id"].as_str().unwrap().to_string();
-    assert_eq!(settle(&server, &quick, &["Running", "Failed"]).0, "Running");
+    expect_state(&server, &quick, &["Running", "Failed"], "Running");
     assert_eq!(
         facts(&Execd::of(&server, &quick))["secret"],
         original["secret"]
