@@ -882,21 +882,9 @@ impl Fastlet {
     /// Cgroups of spares a crash interrupted before their directory existed (at start, when
     /// no spare is being made).
     fn purge_spare_cgroups(&self) -> usize {
-        let mut names: Vec<String> =
-            fastbox_runtime::cgroup::leaked(&self.host.cgroups, &self.cfg.prefix)
-                .iter()
-                .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-                .filter(|n| n.starts_with(SPARE_ID_PREFIX))
-                .collect();
-        names.sort();
-        names.dedup();
-        names
-            .iter()
-            .filter(|name| {
-                fastbox_runtime::cgroup::Cgroup::open(&self.host.cgroups, &self.cfg.prefix, name)
-                    .is_some_and(|cg| cg.kill_all().and_then(|()| cg.remove()).is_ok())
-            })
-            .count()
+        crate::host::remove_cgroups(&self.host.cgroups, &self.cfg.prefix, |name| {
+            name.starts_with(SPARE_ID_PREFIX)
+        })
     }
 
     /// After a restart: takes back a sandbox recorded as placed here. True when its processes

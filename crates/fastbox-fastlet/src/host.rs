@@ -528,9 +528,34 @@ pub fn purge(prefix: &str, data_dir: &Path) -> Result<(), HostError> {
         }
     }
     HostNetwork::purge(prefix)?;
+    // Cgroups no sandbox directory names (a spare a crash interrupted) go too.
+    remove_cgroups(&cgroups, prefix, |_| true);
     fastbox_runtime::cgroup::remove_prefix(&cgroups, prefix)?;
     crate::staging::purge(prefix);
     Ok(())
+}
+
+/// Kills the processes of and removes every cgroup of instance `prefix` whose name `which`
+/// accepts; returns how many went.
+pub(crate) fn remove_cgroups(
+    cgroups: &CgroupRoot,
+    prefix: &str,
+    which: impl Fn(&str) -> bool,
+) -> usize {
+    let mut names: Vec<String> = fastbox_runtime::cgroup::leaked(cgroups, prefix)
+        .iter()
+        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .filter(|n| which(n))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+        .iter()
+        .filter(|name| {
+            fastbox_runtime::cgroup::Cgroup::open(cgroups, prefix, name)
+                .is_some_and(|cg| cg.kill_all().and_then(|()| cg.remove()).is_ok())
+        })
+        .count()
 }
 
 /// Host-wide state still carrying `prefix`: network namespaces, links, nft tables, cgroups,
