@@ -135,18 +135,7 @@ impl ExecdClient {
         if !entrypoint.is_empty() {
             body["entrypoint"] = serde_json::json!(entrypoint);
         }
-        let resp = self
-            .request(reqwest::Method::POST, "/fastbox/claim")
-            .timeout(Duration::from_secs(10))
-            .json(&body)
-            .send()?;
-        if !resp.status().is_success() {
-            return Err(ExecdClientError::Refused {
-                status: resp.status(),
-                body: resp.text().unwrap_or_default(),
-            });
-        }
-        Ok(())
+        self.post_control("/fastbox/claim", &body)
     }
 
     /// Gives a restored execd a new access token and changes nothing else: no entrypoint, same
@@ -154,10 +143,19 @@ impl ExecdClient {
     /// sandbox. Authenticated with this client's token; from now on execd answers to `token`
     /// only.
     pub fn rekey(&self, token: &str) -> Result<(), ExecdClientError> {
+        self.post_control(
+            "/fastbox/rekey",
+            &serde_json::json!({ "access_token": token }),
+        )
+    }
+
+    /// POSTs `body` to one of execd's `/fastbox/...` control routes; anything but a success
+    /// is [`ExecdClientError::Refused`] with execd's answer.
+    fn post_control(&self, path: &str, body: &serde_json::Value) -> Result<(), ExecdClientError> {
         let resp = self
-            .request(reqwest::Method::POST, "/fastbox/rekey")
+            .request(reqwest::Method::POST, path)
             .timeout(Duration::from_secs(10))
-            .json(&serde_json::json!({ "access_token": token }))
+            .json(body)
             .send()?;
         if !resp.status().is_success() {
             return Err(ExecdClientError::Refused {

@@ -155,11 +155,7 @@ pub fn plan_from_template(
         ("lifecycle", req.lifecycle.is_some()),
         ("secureAccess", req.secure_access == Some(true)),
     ];
-    if let Some((field, _)) = refused.iter().find(|(_, given)| *given) {
-        return Err(invalid(format!(
-            "{field} cannot be given with templateId: the template decides it"
-        )));
-    }
+    refuse_given(&refused, "templateId: the template decides it")?;
     let timeout_secs = timeout_of(req.timeout, max_timeout_secs)?
         .ok_or_else(|| invalid("timeout is required with templateId"))?;
     let resource_limits = template.resource_limits.clone().unwrap_or_default();
@@ -208,11 +204,10 @@ pub fn plan_from_snapshot(
         ("secureAccess", req.secure_access == Some(true)),
         ("env", req.env.as_ref().is_some_and(|e| !e.is_empty())),
     ];
-    if let Some((field, _)) = refused.iter().find(|(_, given)| *given) {
-        return Err(invalid(format!(
-            "{field} cannot be given with snapshotId: the snapshot's processes run on as they were"
-        )));
-    }
+    refuse_given(
+        &refused,
+        "snapshotId: the snapshot's processes run on as they were",
+    )?;
     if let Some(entrypoint) = &req.entrypoint
         && *entrypoint != snapshot.entrypoint
         && *entrypoint != default_entrypoint()
@@ -258,6 +253,15 @@ pub fn plan_from_snapshot(
         policy,
         snapshot_id: Some(snapshot.id.clone()),
     })
+}
+
+/// A 400 naming the first field of `fields` the request gave, which it may not give with
+/// `with` (`"templateId: why"`).
+fn refuse_given(fields: &[(&str, bool)], with: &str) -> Result<(), ApiError> {
+    match fields.iter().find(|(_, given)| *given) {
+        Some((field, _)) => Err(invalid(format!("{field} cannot be given with {with}"))),
+        None => Ok(()),
+    }
 }
 
 /// The SDK's default entrypoint: keep the sandbox alive.
