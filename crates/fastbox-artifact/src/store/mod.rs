@@ -118,6 +118,25 @@ pub trait ArtifactStore: Send + Sync {
     fn put_block(&self, digest: &Digest, bytes: &[u8]) -> Result<Stored, StoreError>;
     /// A block's bytes, verified against its digest.
     fn get_block(&self, digest: &Digest) -> Result<Vec<u8>, StoreError>;
+    /// Stream a block's bytes to `sink` as they arrive, hashing them on the way; the bytes
+    /// are verified when the last one has passed, so a caller must discard what it was given
+    /// when this returns an error ([`StoreError::Corrupt`] for bad bytes). Returns the length.
+    /// The default reads the whole block with [`get_block`](Self::get_block) first; backends
+    /// that receive blocks in pieces (an S3 origin, a peer) override it so that a relay can
+    /// pass bytes on while it still receives them.
+    fn stream_block(
+        &self,
+        digest: &Digest,
+        sink: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> Result<u64, StoreError> {
+        let bytes = self.get_block(digest)?;
+        sink(&bytes).map_err(|source| StoreError::Io {
+            op: "pass on",
+            location: format!("block {digest}"),
+            source,
+        })?;
+        Ok(bytes.len() as u64)
+    }
     /// Whether a block is stored (not verified).
     fn has_block(&self, digest: &Digest) -> Result<bool, StoreError>;
     /// Remove a block; removing an absent block succeeds.
