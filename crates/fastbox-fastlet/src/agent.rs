@@ -188,7 +188,7 @@ pub struct Fastlet {
     execd: ExecdBinary,
     slots: Mutex<SlotTable>,
     routes: RwLock<HashMap<String, Route>>,
-    builds: BuildLocks,
+    pub(crate) builds: BuildLocks,
     pools: WarmPools,
     spares: SparePool,
     reaper: Reaper,
@@ -390,15 +390,20 @@ impl Fastlet {
 
     /// The template in `dir` if it holds this node's execd; one built with another execd
     /// (fastbox was upgraded since) is built again, so new sandboxes get the current one.
-    fn current_template(&self, dir: &Path) -> Option<Template> {
+    pub(crate) fn current_template(&self, dir: &Path) -> Option<Template> {
         let t = template::load(dir)?;
-        match fastbox_runtime::checkpoint::read_meta(&t.checkpoint) {
-            Ok(meta) if meta.execd_digest == self.execd.digest => Some(t),
-            _ => {
-                tracing::info!(image = %t.image_reference, "template holds another execd: building it again");
-                None
-            }
+        if self.holds_current_execd(&t) {
+            Some(t)
+        } else {
+            tracing::info!(image = %t.image_reference, "template holds another execd: building it again");
+            None
         }
+    }
+
+    /// Whether the checkpoint of `t` was taken of the execd this node injects.
+    pub(crate) fn holds_current_execd(&self, t: &Template) -> bool {
+        fastbox_runtime::checkpoint::read_meta(&t.checkpoint)
+            .is_ok_and(|meta| meta.execd_digest == self.execd.digest)
     }
 
     /// Restores `template` as sandbox `req.id` in slot `slot`, gives it its own identity
@@ -575,7 +580,9 @@ impl Fastlet {
     /// are not refilled after a restart).
     pub fn remove_template(&self, key: &str) -> std::io::Result<()> {
         self.pools.unregister(key);
-        match std::fs::remove_dir_all(template::template_dir(&self.cfg.data_dir, key)) {
+        let dir = template::template_dir(&self.cfg.data_dir, key);
+        crate::from_artifact::unmount_rootfs(&dir);
+        match std::fs::remove_dir_all(dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         }

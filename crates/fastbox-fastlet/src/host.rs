@@ -527,6 +527,7 @@ pub fn purge(prefix: &str, data_dir: &Path) -> Result<(), HostError> {
             sandbox::destroy(&handle, &cgroups)?;
         }
     }
+    crate::from_artifact::unmount_all(data_dir);
     HostNetwork::purge(prefix)?;
     // Cgroups no sandbox directory names (a spare a crash interrupted) go too.
     remove_cgroups(&cgroups, prefix, |_| true);

@@ -6,6 +6,7 @@ pub mod agent;
 pub mod artifact;
 pub mod blocking;
 pub mod execd_client;
+pub mod from_artifact;
 pub mod host;
 pub mod memory;
 pub mod node_proxy;

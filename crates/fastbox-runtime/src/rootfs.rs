@@ -200,12 +200,19 @@ pub fn is_mount_point(path: &Path) -> bool {
 
 /// Mount points under `/proc/self/mountinfo` containing `needle` (leak checks by prefix).
 pub fn mounts_containing(needle: &str) -> Vec<String> {
+    mount_points()
+        .into_iter()
+        .filter(|p| p.contains(needle))
+        .collect()
+}
+
+/// Every mount point of this mount namespace, from `/proc/self/mountinfo` (escapes decoded).
+pub fn mount_points() -> Vec<String> {
     fs::read_to_string("/proc/self/mountinfo")
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
         .map(unescape_mount_path)
-        .filter(|p| p.contains(needle))
         .collect()
 }
 

@@ -1,0 +1,199 @@
+//! Templates this node did not build: a golden checkpoint materialized from an artifact store
+//! (the local directory, an S3 origin, or DART's peer delivery in front of one), made ready
+//! for restores (`docs/artifacts.md`, DESIGN §3).
+//!
+//! [`Fastlet::template_from_artifact`] materializes the manifest into
+//! `DATA_DIR/templates/artifact-<manifest digest>/` (complete or absent: see
+//! [`materialize_template`]), checks the golden token it was handed against the manifest's
+//! label, and makes the packed rootfs the overlay's lower layer:
+//!
+//! - `rootfs.erofs` is mounted read-only (`mount -t erofs -o loop,ro`) at `rootfs/`, once per
+//!   template per node, shared by every restore; the loop device goes with the unmount
+//!   ([`unmount_rootfs`], called when the template is removed and by `fastbox purge`);
+//! - `rootfs.tar` is unpacked into `rootfs/` instead.
+//!
+//! The node then keeps the template as it keeps one it built (`template.json`, holding the
+//! token, is written last), so a restart finds it again; a rootfs mount a reboot removed is
+//! mounted again when the template is next used.
+
+use std::path::Path;
+use std::process::Command;
+
+use fastbox_artifact::{ArtifactStore, Digest, PackFormat};
+
+use crate::agent::{Fastlet, FastletError};
+use crate::artifact::{MaterializedTemplate, materialize_template, unpack_canonical_tar};
+use crate::template::{self, Template};
+
+/// The directory the lower layer of a materialized template is mounted or unpacked at.
+const ROOTFS_DIR: &str = "rootfs";
+/// The packed rootfs images a materialized template may hold, by format.
+const ROOTFS_IMAGES: [(&str, PackFormat); 2] = [
+    ("rootfs.erofs", PackFormat::Erofs),
+    ("rootfs.tar", PackFormat::Tar),
+];
+
+impl Fastlet {
+    /// The template published as `manifest` in `store`, materialized on this node if it is
+    /// not yet, ready for [`Fastlet::restore_from`]. `golden_token` is the token execd was
+    /// started with when the template was built (the server keeps it; the artifact holds
+    /// only its SHA-256): a token the manifest does not confirm is refused before anything
+    /// runs.
+    pub fn template_from_artifact(
+        &self,
+        store: &dyn ArtifactStore,
+        manifest: &Digest,
+        golden_token: &str,
+    ) -> Result<Template, FastletError> {
+        let key = artifact_key(manifest);
+        let dir = template::template_dir(&self.config().data_dir, &key);
+        let fail = |message: String| FastletError::Template {
+            image: format!("artifact {manifest}"),
+            message,
+        };
+        let lock = self.builds.for_image(&key);
+        let _materializing = lock.lock().expect("build lock");
+        if let Some(t) = self.current_template(&dir) {
+            ensure_rootfs(&dir).map_err(fail)?;
+            return Ok(t);
+        }
+        unmount_rootfs(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        if let Some(parent) = dir.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| fail(format!("{}: {e}", parent.display())))?;
+        }
+        let m = materialize_template(store, manifest, &dir).map_err(|e| fail(e.to_string()))?;
+        let adopted = self.adopt_materialized(&m, &key, golden_token);
+        if adopted.is_err() {
+            unmount_rootfs(&dir);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        let t = adopted.map_err(fail)?;
+        tracing::info!(manifest = %manifest, blocks = m.stats.blocks_fetched, bytes = m.stats.bytes, seconds = m.seconds, "template materialized from an artifact");
+        Ok(t)
+    }
+
+    fn adopt_materialized(
+        &self,
+        m: &MaterializedTemplate,
+        key: &str,
+        golden_token: &str,
+    ) -> Result<Template, String> {
+        if !m.accepts_golden_token(golden_token) {
+            return Err(
+                "the golden token given is not the one this template was built with".into(),
+            );
+        }
+        let t = Template {
+            key: key.to_string(),
+            image_digest: m.info.image_digest.clone(),
+            image_reference: m.info.image_reference.clone(),
+            rootfs: m.dir.join(ROOTFS_DIR),
+            checkpoint: m.checkpoint.clone(),
+            golden_token: golden_token.to_string(),
+            build_ms: m.info.build_ms,
+        };
+        if !self.holds_current_execd(&t) {
+            return Err(format!(
+                "it holds execd {}, this node runs another one",
+                m.execd_digest
+            ));
+        }
+        ensure_rootfs(&m.dir)?;
+        template::commit(&m.dir, &t).map_err(|e| format!("commit: {e}"))?;
+        Ok(t)
+    }
+}
+
+/// The template key of a materialized manifest (also its directory name).
+pub fn artifact_key(manifest: &Digest) -> String {
+    format!("artifact-{}", manifest.to_hex())
+}
+
+/// Makes `dir/rootfs` the unpacked lower layer: mounts `rootfs.erofs` there unless it is
+/// mounted already, or unpacks `rootfs.tar` once.
+fn ensure_rootfs(dir: &Path) -> Result<(), String> {
+    let target = dir.join(ROOTFS_DIR);
+    let Some((image, format)) = ROOTFS_IMAGES
+        .iter()
+        .map(|(name, format)| (dir.join(name), *format))
+        .find(|(path, _)| path.is_file())
+    else {
+        return Err(format!("{}: no packed rootfs image", dir.display()));
+    };
+    match format {
+        PackFormat::Erofs => {
+            if is_mount_point(&target) {
+                return Ok(());
+            }
+            std::fs::create_dir_all(&target).map_err(|e| format!("{}: {e}", target.display()))?;
+            let out = Command::new("mount")
+                .args(["-t", "erofs", "-o", "loop,ro"])
+                .arg(&image)
+                .arg(&target)
+                .output()
+                .map_err(|e| format!("mount: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "mount {} at {}: {}",
+                    image.display(),
+                    target.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            Ok(())
+        }
+        PackFormat::Tar => {
+            if target.is_dir() {
+                return Ok(());
+            }
+            let partial = dir.join(".rootfs.unpacking");
+            let _ = std::fs::remove_dir_all(&partial);
+            unpack_canonical_tar(&image, &partial).map_err(|e| e.to_string())?;
+            std::fs::rename(&partial, &target).map_err(|e| format!("{}: {e}", target.display()))
+        }
+    }
+}
+
+/// Unmounts the erofs lower layer of the materialized template in `dir`, if mounted (lazily:
+/// restores in flight keep their overlay).
+pub fn unmount_rootfs(dir: &Path) {
+    let target = dir.join(ROOTFS_DIR);
+    if is_mount_point(&target)
+        && let Err(e) = nix::mount::umount2(&target, nix::mount::MntFlags::MNT_DETACH)
+    {
+        tracing::warn!(path = %target.display(), error = %e, "could not unmount a template rootfs");
+    }
+}
+
+/// Unmounts the lower layers of every materialized template under `data_dir`.
+pub fn unmount_all(data_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(data_dir.join("templates")) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        unmount_rootfs(&entry.path());
+    }
+}
+
+fn is_mount_point(path: &Path) -> bool {
+    let Ok(canonical) = path.canonicalize() else {
+        return false;
+    };
+    fastbox_runtime::rootfs::mount_points()
+        .iter()
+        .any(|m| Path::new(m) == canonical)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_root_is_a_mount_point_and_a_fresh_dir_is_not() {
+        assert!(is_mount_point(Path::new("/")));
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!is_mount_point(dir.path()));
+    }
+}
