@@ -35,9 +35,11 @@
 //! are read from `/proc` only when the caller asks ([`HostFacts::detect`]).
 
 mod block;
+mod cache;
 mod canonical;
 mod digest;
 mod entry;
+mod gc;
 mod host;
 mod manifest;
 mod materialize;
@@ -47,8 +49,15 @@ mod store;
 mod tree;
 
 pub use block::{BLOCK_SIZE, Block, BlockReader, block_count, block_len, zero_block_digest};
+pub use cache::{
+    BlockCache, CacheError, CacheStats, CachedStore, CachedStoreStats, FLUSH_INTERVAL,
+    PROTECTED_SHARE_PERCENT, PinError,
+};
 pub use digest::{Digest, DigestError};
 pub use entry::{EntryError, EntryKind, FileEntry, MODE_MASK, tree_order};
+pub use gc::{
+    DEFAULT_GRACE, GcError, GcOptions, GcReport, Roots, SweepTally, Tally, collect_garbage,
+};
 pub use host::{HostFacts, HostFactsError};
 pub use manifest::{
     ArtifactKind, FORMAT_VERSION, Lineage, Manifest, ManifestError, ManifestMeta, RootfsImage,
