@@ -9,6 +9,7 @@ pub mod client;
 pub mod paths;
 pub mod sandbox_run;
 pub mod up;
+pub mod verify_p2p;
 
 pub use fastbox_fastlet::execd_client;
 /// One sandbox on this host without a server (kept under its old name for the CLI's users).

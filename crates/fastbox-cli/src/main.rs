@@ -37,6 +37,22 @@ enum Command {
     },
     /// Check that this machine can run fastbox (root, CRIU >= 4.2, cgroups, execd).
     Check(paths::HostArgs),
+    /// End-to-end scenarios that prove a property by themselves.
+    Verify {
+        #[command(subcommand)]
+        command: VerifyCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum VerifyCommand {
+    /// DART on one machine: several fastlets, each in its own network namespace, restore one
+    /// template cold through peers and an S3 origin; prints blocks, origin and peer fetches,
+    /// cache hits, seconds and bytes verified.
+    P2p(fastbox_cli::verify_p2p::P2pArgs),
+    /// One node of `verify p2p` (started by it, driven over stdin/stdout).
+    #[command(hide = true)]
+    P2pNode(fastbox_cli::verify_p2p::NodeArgs),
 }
 
 #[derive(Subcommand)]
@@ -125,6 +141,12 @@ fn main() {
             command: BenchCommand::Snapshot(args),
         } => bench_snapshot::snapshot(args),
         Command::Check(args) => paths::check(&args),
+        Command::Verify {
+            command: VerifyCommand::P2p(args),
+        } => fastbox_cli::verify_p2p::run(args),
+        Command::Verify {
+            command: VerifyCommand::P2pNode(args),
+        } => fastbox_cli::verify_p2p::run_node(args),
         Command::Up(args) => up::up(args),
         Command::Purge(args) => up::purge(args),
         Command::Leftovers(args) => up::leftovers(args),

@@ -178,12 +178,8 @@ pub fn unmount_all(data_dir: &Path) {
 }
 
 fn is_mount_point(path: &Path) -> bool {
-    let Ok(canonical) = path.canonicalize() else {
-        return false;
-    };
-    fastbox_runtime::rootfs::mount_points()
-        .iter()
-        .any(|m| Path::new(m) == canonical)
+    path.canonicalize()
+        .is_ok_and(|canonical| fastbox_runtime::rootfs::is_mount_point(&canonical))
 }
 
 #[cfg(test)]

@@ -79,7 +79,11 @@ pub fn purge(prefix: &str) {
 }
 
 fn release(root: &Path, mounted: bool) {
-    if mounted && let Err(e) = umount2(root, MntFlags::MNT_DETACH) {
+    // Unmounted already when an earlier release (a drain before the shutdown) ran.
+    if mounted
+        && fastbox_runtime::rootfs::is_mount_point(root)
+        && let Err(e) = umount2(root, MntFlags::MNT_DETACH)
+    {
         tracing::warn!(dir = %root.display(), error = %e, "could not unmount the staging area");
     }
     let _ = std::fs::remove_dir_all(root);

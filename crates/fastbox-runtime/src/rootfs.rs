@@ -188,14 +188,8 @@ pub(crate) fn unmount_if_mounted(path: &Path) -> Result<(), RootfsError> {
 
 /// True when `path` is listed as a mount point in this process's mount table.
 pub fn is_mount_point(path: &Path) -> bool {
-    let Ok(table) = fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
     let wanted = path.to_string_lossy();
-    table
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .any(|p| unescape_mount_path(p) == wanted)
+    mount_points().iter().any(|p| *p == wanted)
 }
 
 /// Mount points under `/proc/self/mountinfo` containing `needle` (leak checks by prefix).
