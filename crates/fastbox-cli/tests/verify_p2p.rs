@@ -6,6 +6,8 @@
 //!   cluster-wide lie within `[blocks, blocks + 4]`, peers serve the rest, every block every
 //!   node received was verified; then every node pulls straight from the origin (fresh caches,
 //!   no peers) for the comparison.
+//! - Restart: the first node starts again on its cache with one cached block corrupted; it
+//!   takes every other block from the cache, drops the corrupt one and fetches it again.
 //! - Kill run: one node is killed (SIGKILL) a third of the way through its fetches; the other
 //!   two still restore, every byte verified.
 //! - Nothing carrying the run's prefix stays on the host.
@@ -114,7 +116,7 @@ fn three_nodes_restore_one_template_through_peers_and_survive_a_killed_node() {
     let base = fastbox_testkit::run_prefix("");
     let prefix = format!("{}z", &base[..base.len().min(6)]);
 
-    let clean = verify(&prefix, &["--compare-direct"]);
+    let clean = verify(&prefix, &["--compare-direct", "--restart-check"]);
     let blocks = num(&clean, "blocks");
     // 64 MiB of payload alone is 16 blocks.
     assert!(blocks >= SIZE_MIB / 4, "{clean:#}");
@@ -139,6 +141,14 @@ fn three_nodes_restore_one_template_through_peers_and_survive_a_killed_node() {
     assert_nodes_restored(direct, NODES);
     assert_eq!(num(direct, "peer_fetches"), 0, "{direct:#}");
     assert_eq!(num(direct, "origin_fetches"), NODES * blocks, "{direct:#}");
+
+    // The restarted node kept its cache: only the corrupted block came again.
+    let restart = &clean["restart"];
+    assert_eq!(restart["ok"], true, "{restart:#}");
+    let node = &restart["phase"]["nodes"][0];
+    assert_eq!(num(node, "corrupt_dropped"), 1, "{restart:#}");
+    assert_eq!(num(node, "origin_fetches"), 1, "{restart:#}");
+    assert!(num(node, "cache_hits") >= blocks - 1, "{restart:#}");
 
     let killed = verify(&prefix, &["--kill-node", "1"]);
     let p2p = &killed["p2p"];

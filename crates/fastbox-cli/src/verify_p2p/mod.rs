@@ -80,6 +80,11 @@ pub struct P2pArgs {
     /// caches, no peers), for the delivery time next to DART's.
     #[arg(long)]
     pub compare_direct: bool,
+    /// Afterwards, restart the first surviving node on its cache with one cached block
+    /// corrupted: it must find every other block in its cache, drop the corrupt one, fetch it
+    /// again and restore.
+    #[arg(long)]
+    pub restart_check: bool,
     /// Block cache budget of each node, MiB [default: twice the template, at least 512].
     #[arg(long)]
     pub cache_mib: Option<u64>,
@@ -130,7 +135,20 @@ pub struct Report {
     pub publish_seconds: f64,
     pub p2p: Phase,
     pub direct: Option<Phase>,
+    pub restart: Option<RestartCheck>,
     pub leftovers: Vec<String>,
+}
+
+/// A node restarted on its cache with one cached block corrupted.
+#[derive(Debug, Serialize)]
+pub struct RestartCheck {
+    pub node: usize,
+    /// The block whose cached copy was corrupted.
+    pub corrupted_block: String,
+    /// Whether the node restored using its cache for every other block, and dropped and
+    /// fetched the corrupted one again.
+    pub ok: bool,
+    pub phase: Phase,
 }
 
 pub fn run(args: P2pArgs) -> anyhow::Result<i32> {
@@ -181,7 +199,10 @@ pub fn run(args: P2pArgs) -> anyhow::Result<i32> {
             .direct
             .as_ref()
             .is_none_or(|d| d.nodes.len() == args.nodes);
-    let ok = restored_all && report.origin_bound_ok != Some(false) && report.leftovers.is_empty();
+    let ok = restored_all
+        && report.origin_bound_ok != Some(false)
+        && report.restart.as_ref().is_none_or(|r| r.ok)
+        && report.leftovers.is_empty();
     Ok(if ok { 0 } else { 1 })
 }
 
@@ -211,9 +232,16 @@ fn scenario(
         group_key: &group_key,
         cache_mib,
     };
-    let p2p = ctx.run("p2p", args.kill_node)?;
+    let all: Vec<usize> = (0..args.nodes).collect();
+    let p2p = ctx.run("p2p", &all, args.kill_node)?;
     let direct = if args.compare_direct {
-        Some(ctx.run("direct", None)?)
+        Some(ctx.run("direct", &all, None)?)
+    } else {
+        None
+    };
+    let restart = if args.restart_check {
+        let node = usize::from(args.kill_node == Some(0));
+        Some(ctx.restart_check(node, &store)?)
     } else {
         None
     };
@@ -236,6 +264,7 @@ fn scenario(
         publish_seconds,
         p2p,
         direct,
+        restart,
         leftovers: Vec::new(),
     })
 }
@@ -361,6 +390,8 @@ struct PhaseContext<'a> {
 
 /// A node process and its stdin.
 struct NodeProcess {
+    /// The node's number.
+    index: usize,
     child: Child,
     stdin: Option<ChildStdin>,
     prefix: String,
@@ -375,11 +406,15 @@ enum Event {
 impl PhaseContext<'_> {
     /// Starts every node, says `go` to all at once, waits for their results (killing
     /// `kill` a third of the way), then lets them clean up.
-    fn run(&self, mode: &'static str, kill: Option<usize>) -> anyhow::Result<Phase> {
-        let n = self.args.nodes;
+    fn run(
+        &self,
+        mode: &'static str,
+        which: &[usize],
+        kill: Option<usize>,
+    ) -> anyhow::Result<Phase> {
         let (tx, rx) = mpsc::channel();
-        let mut procs = Vec::with_capacity(n);
-        for i in 0..n {
+        let mut procs = Vec::with_capacity(which.len());
+        for &i in which {
             match self.spawn(mode, i, tx.clone()) {
                 Ok(p) => procs.push(p),
                 Err(e) => {
@@ -420,7 +455,7 @@ impl PhaseContext<'_> {
         events: mpsc::Sender<Event>,
     ) -> anyhow::Result<NodeProcess> {
         let node_prefix = format!("{}{i}", self.prefix);
-        let data_dir = self.dir.join(mode).join(format!("n{i}"));
+        let data_dir = self.node_dir(mode, i);
         std::fs::create_dir_all(&data_dir)?;
         let peers: Vec<String> = (0..self.args.nodes)
             .map(|j| format!("n{j}={}", self.peer_addr(j)))
@@ -472,10 +507,55 @@ impl PhaseContext<'_> {
             let _ = events.send(Event::Closed(i));
         });
         Ok(NodeProcess {
+            index: i,
             stdin: child.stdin.take(),
             child,
             prefix: node_prefix,
             data_dir,
+        })
+    }
+
+    /// A node's state directory in `mode`; a restart reuses the one of the p2p run.
+    fn node_dir(&self, mode: &str, i: usize) -> PathBuf {
+        let mode = if mode == "restart" { "p2p" } else { mode };
+        self.dir.join(mode).join(format!("n{i}"))
+    }
+
+    /// Corrupts one block in node `node`'s cache (left by the p2p run), restarts the node on
+    /// it with the origin only, and checks it refetched exactly that block.
+    fn restart_check(
+        &self,
+        node: usize,
+        store: &dyn ArtifactStore,
+    ) -> anyhow::Result<RestartCheck> {
+        let manifest = fastbox_artifact::read_manifest(store, self.manifest)?;
+        let block = manifest
+            .blocks()
+            .into_iter()
+            .next()
+            .context("an empty manifest")?;
+        let hex = block.to_hex();
+        let path = self
+            .node_dir("restart", node)
+            .join("block-cache/blocks")
+            .join(&hex[..2])
+            .join(&hex);
+        let mut bytes = std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
+        bytes[0] ^= 0xff;
+        std::fs::write(&path, &bytes).with_context(|| format!("corrupt {}", path.display()))?;
+        eprintln!(
+            "verify p2p: restarting n{node} on its cache with block {} corrupted",
+            &hex[..12]
+        );
+        let phase = self.run("restart", &[node], None)?;
+        let ok = phase.nodes.first().is_some_and(|d| {
+            d.corrupt_dropped == 1 && d.origin_fetches == 1 && d.peer_fetches == 0
+        });
+        Ok(RestartCheck {
+            node,
+            corrupted_block: hex,
+            ok,
+            phase,
         })
     }
 
@@ -507,7 +587,7 @@ impl PhaseContext<'_> {
                 writeln!(stdin, "go").context("say go to a node")?;
             }
         }
-        let mut done: Vec<Option<NodeDone>> = (0..n).map(|_| None).collect();
+        let mut done = std::collections::BTreeMap::new();
         let mut finished = 0;
         let mut killed = None;
         let mut last = 0.0f64;
@@ -525,7 +605,9 @@ impl PhaseContext<'_> {
                         let total = done_total(&v);
                         if total >= 1 {
                             eprintln!("verify p2p: killing node n{i} (SIGKILL) mid-transfer");
-                            let _ = procs[i].child.kill();
+                            if let Some(p) = procs.iter_mut().find(|p| p.index == i) {
+                                let _ = p.child.kill();
+                            }
                             killed = Some(i);
                         }
                     }
@@ -538,7 +620,7 @@ impl PhaseContext<'_> {
                         "verify p2p: n{i} restored in {:.2} s ({} origin, {} peer fetches)",
                         d.seconds, d.origin_fetches, d.peer_fetches
                     );
-                    done[i] = Some(d);
+                    done.insert(i, d);
                     finished += 1;
                 }
                 Event::Line(i, v) if v["event"] == "failed" => {
@@ -549,7 +631,7 @@ impl PhaseContext<'_> {
                 Event::Closed(i) => bail!("node n{i} exited before it restored"),
             }
         }
-        Ok((done.into_iter().flatten().collect(), last, killed))
+        Ok((done.into_values().collect(), last, killed))
     }
 }
 
@@ -568,7 +650,8 @@ fn finish(procs: &mut [NodeProcess], killed: Option<usize>) {
             let _ = writeln!(stdin, "exit");
         }
     }
-    for (i, p) in procs.iter_mut().enumerate() {
+    for p in procs.iter_mut() {
+        let i = p.index;
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             match p.child.try_wait() {
@@ -639,6 +722,18 @@ fn human(r: &Report) -> String {
                 .killed
                 .map(|k| format!(" (n{k} killed)"))
                 .unwrap_or_default(),
+        );
+    }
+    if let Some(rc) = &r.restart {
+        let d = rc.phase.nodes.first();
+        out += &format!(
+            "  restart: n{} on its cache, block {} corrupted: {} cache hits, {} corrupt dropped, {} fetched again: {}\n",
+            rc.node,
+            &rc.corrupted_block[..12],
+            d.map_or(0, |d| d.cache_hits),
+            d.map_or(0, |d| d.corrupt_dropped),
+            d.map_or(0, |d| d.origin_fetches),
+            if rc.ok { "ok" } else { "NOT OK" }
         );
     }
     if let Some(ok) = r.origin_bound_ok {

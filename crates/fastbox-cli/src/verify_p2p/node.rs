@@ -66,6 +66,8 @@ pub struct NodeDone {
     pub origin_fetches: u64,
     pub bytes_verified: u64,
     pub peer_served: u64,
+    /// Cached blocks found corrupt on read, dropped and fetched again.
+    pub corrupt_dropped: u64,
     /// From `go` until every block was local.
     pub fetch_seconds: f64,
     /// From `go` until the template was materialized.
@@ -187,6 +189,7 @@ fn restore(
             origin_fetches: c.origin_fetches,
             bytes_verified: c.bytes_verified,
             peer_served: c.peer_served,
+            corrupt_dropped: c.corrupt_dropped,
             fetch_seconds,
             materialized_seconds,
             seconds,

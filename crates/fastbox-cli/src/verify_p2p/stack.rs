@@ -44,6 +44,8 @@ pub struct StackCounters {
     pub origin_fetches: u64,
     pub bytes_verified: u64,
     pub peer_served: u64,
+    /// Cached blocks found corrupt (dropped and fetched again).
+    pub corrupt_dropped: u64,
 }
 
 enum Layer {
@@ -55,6 +57,7 @@ enum Layer {
 pub struct NodeStack {
     layer: Layer,
     server: Option<PeerServer>,
+    cache: Arc<BlockCache>,
 }
 
 impl NodeStack {
@@ -71,8 +74,9 @@ impl NodeStack {
         );
         let Some(listen) = cfg.listen else {
             return Ok(Self {
-                layer: Layer::Direct(Arc::new(CachedStore::new(cache, origin))),
+                layer: Layer::Direct(Arc::new(CachedStore::new(cache.clone(), origin))),
                 server: None,
+                cache,
             });
         };
         let key = cfg
@@ -85,7 +89,7 @@ impl NodeStack {
         let secret = GroupSecret::try_new(key.into_bytes()).context("FASTBOX_DART_KEY")?;
         let delivery = Arc::new(Delivery::new(
             DartConfig::new(node, members, secret),
-            cache,
+            cache.clone(),
             origin,
         ));
         let listener = TcpListener::bind(listen).with_context(|| format!("listen on {listen}"))?;
@@ -94,6 +98,7 @@ impl NodeStack {
         Ok(Self {
             layer: Layer::Dart(delivery),
             server: Some(server),
+            cache,
         })
     }
 
@@ -106,7 +111,8 @@ impl NodeStack {
     }
 
     pub fn counters(&self) -> StackCounters {
-        match &self.layer {
+        let corrupt_dropped = self.cache.stats().corrupt_dropped;
+        let counters = match &self.layer {
             Layer::Dart(d) => {
                 let c = d.counters();
                 StackCounters {
@@ -115,6 +121,7 @@ impl NodeStack {
                     origin_fetches: c.origin_fetches,
                     bytes_verified: c.bytes_verified,
                     peer_served: c.peer_served,
+                    ..StackCounters::default()
                 }
             }
             Layer::Direct(c) => {
@@ -126,6 +133,10 @@ impl NodeStack {
                     ..StackCounters::default()
                 }
             }
+        };
+        StackCounters {
+            corrupt_dropped,
+            ..counters
         }
     }
 }
