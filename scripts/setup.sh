@@ -4,11 +4,12 @@
 # second run checks and does nothing (a few hundred milliseconds). See docs/setup.md.
 #
 #   scripts/setup.sh            # everything
-#   scripts/setup.sh --force    # reinstall the private parts (.deps/criu, .deps/registry, .deps/venv)
+#   scripts/setup.sh --force    # reinstall the private parts (.deps/criu, .deps/registry, .deps/s3s-fs, .deps/venv)
 #
 # Steps: Debian packages (apt-get only for missing ones) -> docker-registry binary unpacked into
-# .deps/registry (no system service) -> CRIU >= 4.2 (scripts/install-criu.sh) -> Python venv
-# .deps/venv (opensandbox SDK + pytest) -> sysctls. At the end it prints the paths the tests use
+# .deps/registry (no system service) -> CRIU >= 4.2 (scripts/install-criu.sh) -> the s3s-fs S3
+# test server built into .deps/s3s-fs (cargo install; about two minutes) -> Python venv
+# .deps/venv (opensandbox SDK, pytest, moto's S3 test server) -> sysctls. At the end it prints the paths the tests use
 # and writes them to .deps/env (`source .deps/env`); it exports nothing itself.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
@@ -48,11 +49,19 @@ PACKAGES=(
     ca-certificates
 )
 REGISTRY_PKG=docker-registry
-VENV_REQUIREMENTS=("opensandbox==1.1.1" "opensandbox-code-interpreter==1.1.1" "opensandbox-cli==1.1.1" "pytest")
+# moto[server]: an in-memory S3 server for the fastbox-s3 tests (started by the tests, never a
+# service).
+VENV_REQUIREMENTS=("opensandbox==1.1.1" "opensandbox-code-interpreter==1.1.1" "opensandbox-cli==1.1.1" "pytest" "moto[server]==5.2.5")
+# s3s-fs: an S3 server keeping objects as files, with SigV4 auth, for the fastbox-s3 tests. Pinned:
+# newer releases need a newer rustc than the workspace's.
+S3S_FS_VERSION=0.14.1
 
 REGISTRY_DIR=$FASTBOX_DEPS/registry
 REGISTRY_BIN=$REGISTRY_DIR/bin/docker-registry
 VENV=$FASTBOX_DEPS/venv
+MOTO_SERVER=$VENV/bin/moto_server
+S3S_FS_DIR=$FASTBOX_DEPS/s3s-fs
+S3S_FS_BIN=$S3S_FS_DIR/bin/s3s-fs
 CRIU=$FASTBOX_DEPS/criu/bin/criu
 
 fb_require_root
@@ -98,6 +107,27 @@ step_criu() {
     "$FASTBOX_ROOT/scripts/install-criu.sh" "${args[@]}"
 }
 
+# s3s-fs, built from the Rust registry into .deps/s3s-fs (a private target directory, then moved
+# into place, so an interrupted build leaves nothing half-installed). Skipped when the pinned
+# version is present.
+step_s3s_fs() {
+    local stamp=$S3S_FS_DIR/VERSION tmp
+    if ((FORCE == 0)) && [[ -x "$S3S_FS_BIN" && -f "$stamp" && "$(cat "$stamp")" == "$S3S_FS_VERSION" ]]; then
+        fb_log "s3s-fs present: $S3S_FS_BIN ($S3S_FS_VERSION)"
+        return 0
+    fi
+    command -v cargo >/dev/null || fb_die "cargo is needed to build s3s-fs (install the Rust toolchain first)"
+    tmp=$(mktemp -d "$FASTBOX_DEPS/.s3s-fs-build.XXXXXX")
+    cargo install "s3s-fs@$S3S_FS_VERSION" --features binary --locked --quiet \
+        --root "$tmp/root" --target-dir "$tmp/target"
+    printf '%s\n' "$S3S_FS_VERSION" >"$tmp/root/VERSION"
+    rm -rf "$S3S_FS_DIR"
+    mv "$tmp/root" "$S3S_FS_DIR"
+    rm -rf "$tmp"
+    "$S3S_FS_BIN" --help >/dev/null
+    fb_log "s3s-fs $S3S_FS_VERSION installed: $S3S_FS_BIN"
+}
+
 step_venv() {
     local stamp=$VENV/.fastbox-requirements want py
     want=$(printf '%s\n' "${VENV_REQUIREMENTS[@]}")
@@ -118,7 +148,7 @@ step_venv() {
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${VENV_REQUIREMENTS[@]}"
     "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as m, sys
-print("venv python", sys.version.split()[0], "| opensandbox", m.version("opensandbox"), "| pytest", m.version("pytest"))
+print("venv python", sys.version.split()[0], "| opensandbox", m.version("opensandbox"), "| pytest", m.version("pytest"), "| moto", m.version("moto"))
 EOF
     printf '%s\n' "$want" >"$stamp"
 }
@@ -135,6 +165,7 @@ step_sysctl() {
 fb_step packages step_packages
 fb_step registry step_registry
 fb_step criu step_criu
+fb_step s3s-fs step_s3s_fs
 fb_step venv step_venv
 fb_step sysctl step_sysctl
 
@@ -145,6 +176,8 @@ fb_step sysctl step_sysctl
     echo "export FASTBOX_REGISTRY_BIN='$REGISTRY_BIN'"
     echo "export FASTBOX_VENV='$VENV'"
     echo "export FASTBOX_PYTHON='$VENV/bin/python'"
+    echo "export FASTBOX_S3S_FS_BIN='$S3S_FS_BIN'"
+    echo "export FASTBOX_MOTO_SERVER='$MOTO_SERVER'"
 } >"$FASTBOX_DEPS/env.new"
 mv "$FASTBOX_DEPS/env.new" "$FASTBOX_DEPS/env"
 

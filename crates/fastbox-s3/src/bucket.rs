@@ -143,11 +143,13 @@ async fn send(
     target: &Target,
     request: &RawRequest,
 ) -> Result<RawResponse, BucketError> {
-    raw.send(request).await.map_err(|source| BucketError::Unreachable {
-        endpoint: target.endpoint.clone(),
-        bucket: target.bucket.clone(),
-        source: Box::new(source),
-    })
+    raw.send(request)
+        .await
+        .map_err(|source| BucketError::Unreachable {
+            endpoint: target.endpoint.clone(),
+            bucket: target.bucket.clone(),
+            source: Box::new(source),
+        })
 }
 
 /// The error an unsuccessful bucket answer means.
@@ -230,16 +232,35 @@ mod tests {
             BucketError::Unexpected { .. } => "unexpected",
             BucketError::Unreachable { .. } => "unreachable",
         };
-        assert_eq!(kind(StatusCode::FORBIDDEN, "SignatureDoesNotMatch"), "credentials");
-        assert_eq!(kind(StatusCode::FORBIDDEN, "InvalidAccessKeyId"), "credentials");
+        assert_eq!(
+            kind(StatusCode::FORBIDDEN, "SignatureDoesNotMatch"),
+            "credentials"
+        );
+        assert_eq!(
+            kind(StatusCode::FORBIDDEN, "InvalidAccessKeyId"),
+            "credentials"
+        );
         assert_eq!(kind(StatusCode::FORBIDDEN, "AccessDenied"), "denied");
         assert_eq!(kind(StatusCode::NOT_FOUND, "NoSuchBucket"), "bucket");
-        assert_eq!(kind(StatusCode::MOVED_PERMANENTLY, "PermanentRedirect"), "region");
-        assert_eq!(kind(StatusCode::BAD_REQUEST, "AuthorizationHeaderMalformed"), "region");
-        assert_eq!(kind(StatusCode::BAD_REQUEST, "InvalidArgument"), "unexpected");
+        assert_eq!(
+            kind(StatusCode::MOVED_PERMANENTLY, "PermanentRedirect"),
+            "region"
+        );
+        assert_eq!(
+            kind(StatusCode::BAD_REQUEST, "AuthorizationHeaderMalformed"),
+            "region"
+        );
+        assert_eq!(
+            kind(StatusCode::BAD_REQUEST, "InvalidArgument"),
+            "unexpected"
+        );
 
-        let message = classify(&target, "list", &answer(StatusCode::NOT_FOUND, "NoSuchBucket"))
-            .to_string();
+        let message = classify(
+            &target,
+            "list",
+            &answer(StatusCode::NOT_FOUND, "NoSuchBucket"),
+        )
+        .to_string();
         assert!(
             message.contains("bkt") && message.contains("http://127.0.0.1:9"),
             "{message}"

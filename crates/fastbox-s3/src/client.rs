@@ -8,11 +8,13 @@
 //! index and its fallback), `multipart.rs`, `probe.rs`.
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::aws::AmazonS3;
+use object_store::client::HttpErrorKind;
 use object_store::path::Path;
 use object_store::{GetResult, ObjectMeta, ObjectStore, ObjectStoreExt};
 
@@ -53,7 +55,11 @@ impl ClientError {
                 object_store::Error::PermissionDenied { .. }
                 | object_store::Error::Unauthenticated { .. },
             ) => ErrorKind::PermissionDenied,
-            ClientError::Raw(RawError::Transport { .. }) => ErrorKind::ConnectionRefused,
+            ClientError::Raw(RawError::Transport { error, .. }) => match error.kind() {
+                HttpErrorKind::Connect => ErrorKind::ConnectionRefused,
+                HttpErrorKind::Timeout => ErrorKind::TimedOut,
+                _ => ErrorKind::Other,
+            },
             ClientError::BadKey { .. } => ErrorKind::InvalidInput,
             _ => ErrorKind::Other,
         }
@@ -66,7 +72,7 @@ pub struct Client {
     /// object_store's client.
     pub s3: AmazonS3,
     /// Signed requests object_store does not make.
-    pub raw: RawClient,
+    pub raw: Arc<RawClient>,
     /// Object keys.
     pub layout: Layout,
     /// Whether `If-None-Match: *` is relied on (false: the fallback).

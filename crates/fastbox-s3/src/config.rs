@@ -42,7 +42,9 @@ pub enum ConfigError {
     #[error("{url:?} is not an s3://bucket/prefix URL: {reason}")]
     BadUrl { url: String, reason: String },
     /// A query parameter this crate does not know (probably a typo).
-    #[error("unknown parameter {name:?} in {url:?} (known: endpoint, region, allow_http, conditional_writes)")]
+    #[error(
+        "unknown parameter {name:?} in {url:?} (known: endpoint, region, allow_http, conditional_writes)"
+    )]
     UnknownParameter { url: String, name: String },
     /// A query parameter with a value it cannot take.
     #[error("parameter {name}={value:?}: {reason}")]
@@ -248,9 +250,10 @@ impl S3Config {
                 "endpoint" => config.endpoint = Some(value.trim_end_matches('/').to_string()),
                 "region" => config.region = Some(value.to_string()),
                 "allow_http" => {
-                    allow_http = Some(parse_bool(&value).ok_or_else(|| {
-                        parameter_error("expected true or false")
-                    })?)
+                    allow_http = Some(
+                        parse_bool(&value)
+                            .ok_or_else(|| parameter_error("expected true or false"))?,
+                    )
                 }
                 "conditional_writes" => {
                     config.conditional_writes = ConditionalWrites::parse(&value)
@@ -457,7 +460,10 @@ mod tests {
             ("s3://Bucket", ConfigError::BadBucket("Bucket".into())),
             ("s3://ab", ConfigError::BadBucket("ab".into())),
             ("s3://bucket/a//b", ConfigError::BadPrefix("a//b".into())),
-            ("s3://bucket/a/../b", ConfigError::BadPrefix("a/../b".into())),
+            (
+                "s3://bucket/a/../b",
+                ConfigError::BadPrefix("a/../b".into()),
+            ),
             (
                 "s3://bucket?endpoint=ftp://h",
                 ConfigError::BadEndpoint("ftp://h".into()),
@@ -495,7 +501,9 @@ mod tests {
         assert_eq!(explicit.region(), "r1");
         assert!(!explicit.allow_http);
 
-        let missing = S3Config::from_url("s3://bucket").unwrap().with_env(|_| None);
+        let missing = S3Config::from_url("s3://bucket")
+            .unwrap()
+            .with_env(|_| None);
         assert_eq!(
             missing.validate(),
             Err(ConfigError::MissingCredentials {
@@ -509,7 +517,10 @@ mod tests {
         let mut config = with_creds(S3Config::new("bucket"));
         config.secret_access_key = Some("s3cr3t-value".into());
         let printed = format!("{config:?}");
-        assert!(printed.contains("\"id\"") && printed.contains("******"), "{printed}");
+        assert!(
+            printed.contains("\"id\"") && printed.contains("******"),
+            "{printed}"
+        );
         assert!(!printed.contains("s3cr3t-value"), "{printed}");
     }
 

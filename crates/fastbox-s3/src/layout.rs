@@ -109,15 +109,25 @@ mod tests {
         for prefix in ["", "a", "a/b/", "/a/b"] {
             let layout = Layout::new(prefix);
             assert_eq!(layout.parse_block(&layout.block(&digest)), Some(digest));
-            assert_eq!(layout.parse_manifest(&layout.manifest(&digest)), Some(digest));
+            assert_eq!(
+                layout.parse_manifest(&layout.manifest(&digest)),
+                Some(digest)
+            );
             assert_eq!(layout.parse_index(&layout.index(&key)), Some(key.clone()));
             assert!(layout.block(&digest).starts_with(&layout.blocks_dir()));
-            assert!(layout.manifest(&digest).starts_with(&layout.manifests_dir()));
+            assert!(
+                layout
+                    .manifest(&digest)
+                    .starts_with(&layout.manifests_dir())
+            );
             assert!(layout.index(&key).starts_with(&layout.index_dir()));
         }
         let layout = Layout::new("p");
         let hex = digest.to_hex();
-        assert_eq!(layout.block(&digest), format!("p/blocks/{}/{hex}", &hex[..2]));
+        assert_eq!(
+            layout.block(&digest),
+            format!("p/blocks/{}/{hex}", &hex[..2])
+        );
         assert_eq!(layout.manifest(&digest), format!("p/manifests/{hex}.json"));
         assert_eq!(layout.index(&key), "p/index/python%3A3.12");
     }

@@ -27,8 +27,8 @@
 //!   `spawn_blocking` alike (`bridge.rs`);
 //! - reads are verified (`stream_block` hashes chunks as they arrive), puts are verified and
 //!   create-if-absent, present objects are refreshed for garbage collection's grace period,
-//!   the index create is conditional, with a probed, documented fallback for servers that
-//!   ignore the condition.
+//!   the index create is conditional and reads its entry back, with a probed, documented
+//!   fallback for servers that ignore the condition.
 //!
 //! Architecture invariant: like `fastbox-artifact`, this crate reads no environment variable
 //! by itself ([`S3Config::with_env`] takes the lookup) and knows nothing of sandboxes.

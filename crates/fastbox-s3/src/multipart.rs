@@ -109,8 +109,12 @@ mod tests {
     #[test]
     fn the_completion_lists_parts_from_one() {
         let parts = [
-            PartId { content_id: "\"a\"".into() },
-            PartId { content_id: "\"b\"".into() },
+            PartId {
+                content_id: "\"a\"".into(),
+            },
+            PartId {
+                content_id: "\"b\"".into(),
+            },
         ];
         assert_eq!(
             completion_body(&parts),

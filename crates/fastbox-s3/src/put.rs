@@ -13,8 +13,8 @@
 //! - **present, wrong size**: a damaged object; it is overwritten and the put reports
 //!   `AlreadyPresent` (it was referenced before; never report it as this writer's).
 //! - **absent**: written with `If-None-Match: *` when the server honours it (a `412` means a
-//!   concurrent writer got there first: `AlreadyPresent`), so `Added` goes to exactly one
-//!   writer; in the fallback mode written plainly, and `Added` may go to several concurrent
+//!   concurrent writer got there first: `AlreadyPresent`), so `Added` goes to one writer
+//!   where the server checks the condition atomically; in the fallback mode written plainly, and `Added` may go to several concurrent
 //!   writers of the same content (see `docs/s3.md` for why that is safe).
 //!
 //! Objects above the multipart threshold go through `multipart.rs`, with the same condition on
@@ -44,8 +44,12 @@ impl Client {
         match self.head(key).await? {
             Some(meta) if meta.size == bytes.len() as u64 => self.refresh(key, &meta, bytes).await,
             Some(meta) => {
-                tracing::warn!(key, size = meta.size, expected = bytes.len(),
-                    "stored object has the wrong size; replacing it");
+                tracing::warn!(
+                    key,
+                    size = meta.size,
+                    expected = bytes.len(),
+                    "stored object has the wrong size; replacing it"
+                );
                 self.write(key, bytes, false).await?;
                 Ok(Stored::AlreadyPresent)
             }
@@ -110,7 +114,10 @@ impl Client {
             return Ok(Stored::AlreadyPresent);
         }
         if response.status == StatusCode::NOT_FOUND {
-            tracing::debug!(key, "object removed while it was refreshed; writing it again");
+            tracing::debug!(
+                key,
+                "object removed while it was refreshed; writing it again"
+            );
             return self.create(key, bytes).await;
         }
         Err(ClientError::Answer {

@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use object_store::ClientOptions;
 use object_store::aws::{AwsAuthorizer, AwsCredential};
-use object_store::client::{HttpClient, HttpConnector, HttpError, HttpRequestBody, ReqwestConnector};
+use object_store::client::{
+    HttpClient, HttpConnector, HttpError, HttpRequestBody, ReqwestConnector,
+};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 use crate::config::{Retries, S3Config};
@@ -45,14 +47,17 @@ pub enum RawError {
         url: String,
         reason: String,
     },
-    /// No answer after every retry (connection refused, reset, timeout).
-    #[error("{method} {url}: no answer after {attempts} attempt(s): {source}")]
+    /// No answer after every retry (connection refused, reset, timeout). The message spells
+    /// out the whole chain of causes (the HTTP client's own message is vague).
+    #[error(
+        "{method} {url}: no answer after {attempts} attempt(s): {}",
+        causes(error)
+    )]
     Transport {
         method: Method,
         url: String,
         attempts: usize,
-        #[source]
-        source: HttpError,
+        error: HttpError,
     },
 }
 
@@ -223,11 +228,11 @@ impl RawClient {
                 backoff = next_backoff(backoff, self.retries.max_backoff);
                 continue;
             }
-            return outcome.map_err(|source| RawError::Transport {
+            return outcome.map_err(|error| RawError::Transport {
                 method: request.method.clone(),
                 url,
                 attempts: attempt,
-                source,
+                error,
             });
         }
     }
@@ -256,6 +261,21 @@ impl RawClient {
             .map_err(|e| failed(e.to_string()))?;
         Ok(signed)
     }
+}
+
+/// An error and its sources, `: `-separated, without repeats (wrappers often repeat their
+/// source's text).
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(error);
+    while let Some(error) = next {
+        let text = error.to_string();
+        if !parts.iter().any(|part| part.contains(&text)) {
+            parts.push(text);
+        }
+        next = error.source();
+    }
+    parts.join(": ")
 }
 
 /// The next backoff: double, at most `max`.
@@ -319,7 +339,10 @@ mod tests {
             client.url(&RawRequest::new(Method::PUT, None)),
             "http://127.0.0.1:9/bucket"
         );
-        assert_eq!(client.copy_source("p/blocks/ab/x y"), "bucket/p/blocks/ab/x%20y");
+        assert_eq!(
+            client.copy_source("p/blocks/ab/x y"),
+            "bucket/p/blocks/ab/x%20y"
+        );
     }
 
     #[test]
@@ -330,7 +353,10 @@ mod tests {
                 b"<?xml version=\"1.0\"?><Error><Code>SignatureDoesNotMatch</Code><Message>a &amp; b</Message></Error>",
             ),
         };
-        assert_eq!(response.error_code().as_deref(), Some("SignatureDoesNotMatch"));
+        assert_eq!(
+            response.error_code().as_deref(),
+            Some("SignatureDoesNotMatch")
+        );
         assert_eq!(response.error_message().as_deref(), Some("a & b"));
         assert_eq!(
             response.describe(),
@@ -343,7 +369,10 @@ mod tests {
     #[test]
     fn backoff_doubles_up_to_the_cap() {
         let max = Duration::from_millis(300);
-        assert_eq!(next_backoff(Duration::from_millis(100), max), Duration::from_millis(200));
+        assert_eq!(
+            next_backoff(Duration::from_millis(100), max),
+            Duration::from_millis(200)
+        );
         assert_eq!(next_backoff(Duration::from_millis(200), max), max);
     }
 }

@@ -96,9 +96,9 @@ pub struct S3Store {
 /// What both opening a store and creating a bucket need.
 struct Connection {
     bridge: Bridge,
-    raw: RawClient,
+    raw: Arc<RawClient>,
     options: ClientOptions,
-    target: Target,
+    target: Arc<Target>,
 }
 
 impl Connection {
@@ -123,49 +123,34 @@ impl Connection {
         };
         Ok(Connection {
             bridge,
-            raw,
+            raw: Arc::new(raw),
             options,
-            target,
+            target: Arc::new(target),
         })
     }
 
     /// Run a bucket operation on the runtime.
-    fn bucket_call<F, Fut>(self, config: &S3Config, call: F) -> Result<Self, OpenError>
+    fn bucket_call<F, Fut>(&self, config: &S3Config, call: F) -> Result<(), OpenError>
     where
-        F: FnOnce(RawClient, Target) -> Fut,
-        Fut: Future<Output = (RawClient, Target, Result<(), BucketError>)> + Send + 'static,
+        F: FnOnce(Arc<RawClient>, Arc<Target>) -> Fut,
+        Fut: Future<Output = Result<(), BucketError>> + Send + 'static,
     {
-        let Connection {
-            bridge,
-            raw,
-            options,
-            target,
-        } = self;
-        let (raw, target, result) =
-            bridge
-                .run(call(raw, target))
-                .map_err(|source| OpenError::Runtime {
-                    location: config.location(),
-                    source,
-                })?;
-        result?;
-        Ok(Connection {
-            bridge,
-            raw,
-            options,
-            target,
-        })
+        self.bridge
+            .run(call(self.raw.clone(), self.target.clone()))
+            .map_err(|source| OpenError::Runtime {
+                location: config.location(),
+                source,
+            })?
+            .map_err(OpenError::from)
     }
 }
 
 /// Create the configuration's bucket (tests and first-time set-up); a bucket these
-/// credentials already own is fine.
+/// credentials can already list is fine.
 pub fn create_bucket(config: &S3Config) -> Result<(), OpenError> {
     Connection::new(config)?.bucket_call(config, |raw, target| async move {
-        let result = bucket::create(&raw, &target).await;
-        (raw, target, result)
-    })?;
-    Ok(())
+        bucket::create(&raw, &target).await
+    })
 }
 
 impl S3Store {
@@ -174,17 +159,15 @@ impl S3Store {
     /// [`ConditionalWrites::Auto`]).
     pub fn open(config: S3Config) -> Result<Self, OpenError> {
         let prefix = config.prefix.clone();
-        let connection =
-            Connection::new(&config)?.bucket_call(&config, |raw, target| async move {
-                let result = bucket::check(&raw, &target, &prefix).await;
-                (raw, target, result)
-            })?;
-        let s3 = build_s3(&config, connection.options.clone()).map_err(|source| {
-            OpenError::Client {
+        let connection = Connection::new(&config)?;
+        connection.bucket_call(&config, |raw, target| async move {
+            bucket::check(&raw, &target, &prefix).await
+        })?;
+        let s3 =
+            build_s3(&config, connection.options.clone()).map_err(|source| OpenError::Client {
                 location: config.location(),
                 source,
-            }
-        })?;
+            })?;
         let client = Client {
             s3,
             raw: connection.raw,
@@ -223,7 +206,11 @@ impl S3Store {
     /// Bytes `range` of a block, read with a ranged `GET`. Not verified: a range cannot be
     /// checked against the block's digest (read the whole block for that). A range past the
     /// end of the block is an error.
-    pub fn get_block_range(&self, digest: &Digest, range: Range<u64>) -> Result<Vec<u8>, StoreError> {
+    pub fn get_block_range(
+        &self,
+        digest: &Digest,
+        range: Range<u64>,
+    ) -> Result<Vec<u8>, StoreError> {
         let key = self.client.layout.block(digest);
         if range.start > range.end {
             return Err(io_failure(
@@ -275,7 +262,12 @@ impl S3Store {
         format!("s3://{}/{key}", self.config.bucket)
     }
 
-    fn get_object(&self, kind: ObjectKind, digest: &Digest, key: String) -> Result<Vec<u8>, StoreError> {
+    fn get_object(
+        &self,
+        kind: ObjectKind,
+        digest: &Digest,
+        key: String,
+    ) -> Result<Vec<u8>, StoreError> {
         match self.call("read", key, |c, k| async move { c.get(&k).await })? {
             Some(bytes) => verify_read(kind, digest, Vec::from(bytes)),
             None => Err(not_found(kind, digest)),
@@ -284,7 +276,11 @@ impl S3Store {
 
     fn put_object(&self, key: String, bytes: &[u8]) -> Result<Stored, StoreError> {
         let bytes = Bytes::copy_from_slice(bytes);
-        self.call("write", key, |c, k| async move { c.put_object(&k, bytes).await })
+        self.call(
+            "write",
+            key,
+            |c, k| async move { c.put_object(&k, bytes).await },
+        )
     }
 
     fn exists(&self, key: String) -> Result<bool, StoreError> {
@@ -372,7 +368,10 @@ fn probe(bridge: &Bridge, config: &S3Config, mut client: Client) -> Result<Clien
     Ok(client)
 }
 
-fn stored_object(meta: &ObjectMeta, parse: &impl Fn(&str) -> Option<Digest>) -> Option<StoredObject> {
+fn stored_object(
+    meta: &ObjectMeta,
+    parse: &impl Fn(&str) -> Option<Digest>,
+) -> Option<StoredObject> {
     let digest = parse(meta.location.as_ref());
     if digest.is_none() {
         tracing::debug!(key = %meta.location, "not an artifact object, skipped");
@@ -450,7 +449,8 @@ impl ArtifactStore for S3Store {
                     match sink(&bytes) {
                         Ok(()) => true,
                         Err(source) => {
-                            failure = Some(io_failure("pass on", &format!("block {digest}"), source));
+                            failure =
+                                Some(io_failure("pass on", &format!("block {digest}"), source));
                             false
                         }
                     }
@@ -468,7 +468,9 @@ impl ArtifactStore for S3Store {
         match started {
             Err(error) => return Err(io_failure("read", &location, io::Error::other(error))),
             Ok(Err(StreamStart::Absent)) => return Err(not_found(ObjectKind::Block, digest)),
-            Ok(Err(StreamStart::Failed(error))) => return Err(client_failure("read", &location, error)),
+            Ok(Err(StreamStart::Failed(error))) => {
+                return Err(client_failure("read", &location, error));
+            }
             Ok(Ok(())) => {}
         }
         if let Some(failure) = failure {
@@ -505,7 +507,11 @@ impl ArtifactStore for S3Store {
     }
 
     fn get_manifest(&self, digest: &Digest) -> Result<Vec<u8>, StoreError> {
-        self.get_object(ObjectKind::Manifest, digest, self.client.layout.manifest(digest))
+        self.get_object(
+            ObjectKind::Manifest,
+            digest,
+            self.client.layout.manifest(digest),
+        )
     }
 
     fn has_manifest(&self, digest: &Digest) -> Result<bool, StoreError> {
@@ -527,9 +533,11 @@ impl ArtifactStore for S3Store {
         digest: &Digest,
     ) -> Result<IndexCreate, StoreError> {
         let content = Bytes::from(format!("{digest}\n"));
-        let claim = self.call("create index entry", self.client.layout.index(key), |c, k| async move {
-            c.create_if_absent(&k, content).await
-        })?;
+        let claim = self.call(
+            "create index entry",
+            self.client.layout.index(key),
+            |c, k| async move { c.create_if_absent(&k, content).await },
+        )?;
         match claim {
             Claim::Created => Ok(IndexCreate::Created),
             Claim::Exists(content) => Ok(IndexCreate::Exists(self.parse_entry(key, &content)?)),
@@ -550,25 +558,29 @@ impl ArtifactStore for S3Store {
     }
 
     fn list_index(&self) -> Result<Vec<(IndexKey, Digest)>, StoreError> {
-        let entries = self.call("list", self.client.layout.index_dir(), |c, dir| async move {
-            let keys: Vec<(IndexKey, String)> = c
-                .list(&dir)
-                .await?
-                .into_iter()
-                .filter_map(|meta| {
-                    let object = meta.location.to_string();
-                    c.layout.parse_index(&object).map(|key| (key, object))
-                })
-                .collect();
-            futures::stream::iter(keys)
-                .map(|(key, object)| {
-                    let c = c.clone();
-                    async move { Ok::<_, ClientError>((key, c.get(&object).await?)) }
-                })
-                .buffered(INDEX_READS_IN_FLIGHT)
-                .try_collect::<Vec<_>>()
-                .await
-        })?;
+        let entries = self.call(
+            "list",
+            self.client.layout.index_dir(),
+            |c, dir| async move {
+                let keys: Vec<(IndexKey, String)> = c
+                    .list(&dir)
+                    .await?
+                    .into_iter()
+                    .filter_map(|meta| {
+                        let object = meta.location.to_string();
+                        c.layout.parse_index(&object).map(|key| (key, object))
+                    })
+                    .collect();
+                futures::stream::iter(keys)
+                    .map(|(key, object)| {
+                        let c = c.clone();
+                        async move { Ok::<_, ClientError>((key, c.get(&object).await?)) }
+                    })
+                    .buffered(INDEX_READS_IN_FLIGHT)
+                    .try_collect::<Vec<_>>()
+                    .await
+            },
+        )?;
         let mut index = Vec::with_capacity(entries.len());
         for (key, content) in entries {
             // An entry deleted since the listing is simply not listed.

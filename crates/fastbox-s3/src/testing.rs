@@ -29,7 +29,9 @@ fn store(kind: S3ServerKind) -> Option<(S3Server, S3Store)> {
 }
 
 fn conditional_multipart_completion_refuses_an_existing_object(kind: S3ServerKind) {
-    let Some((_server, store)) = store(kind) else { return };
+    let Some((_server, store)) = store(kind) else {
+        return;
+    };
     let client = store.client();
     let big = Bytes::from(vec![7u8; 2 * MIN_PART_SIZE + 10]);
     let other = Bytes::from(vec![8u8; 2 * MIN_PART_SIZE + 10]);
@@ -43,13 +45,25 @@ fn conditional_multipart_completion_refuses_an_existing_object(kind: S3ServerKin
             .unwrap()
     };
     assert_eq!(run(big.clone(), true), Written::Created);
-    assert_eq!(run(other.clone(), true), Written::Exists, "If-None-Match on completion");
+    assert_eq!(
+        run(other.clone(), true),
+        Written::Exists,
+        "If-None-Match on completion"
+    );
     let read = {
         let (client, key) = (client.clone(), key.clone());
-        store.bridge().run(async move { client.get(&key).await }).unwrap().unwrap()
+        store
+            .bridge()
+            .run(async move { client.get(&key).await })
+            .unwrap()
+            .unwrap()
     };
     assert!(read == Some(big), "the refused upload changed nothing");
-    assert_eq!(run(other.clone(), false), Written::Created, "a plain completion overwrites");
+    assert_eq!(
+        run(other.clone(), false),
+        Written::Created,
+        "a plain completion overwrites"
+    );
 }
 
 #[test]

@@ -8,8 +8,8 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, SystemTime};
 
 use fastbox_artifact::{
-    ArtifactStore, BLOCK_SIZE, Digest, IndexCreate, IndexKey, IndexOutcome, NoProgress,
-    ObjectKind, StoreError, Stored, materialize, publish_index,
+    ArtifactStore, BLOCK_SIZE, Digest, IndexCreate, IndexKey, IndexOutcome, NoProgress, ObjectKind,
+    StoreError, Stored, materialize, publish_index,
 };
 use fastbox_testkit::s3::S3ServerKind;
 
@@ -48,7 +48,10 @@ fn blocks_round_trip(kind: S3ServerKind) {
         })
     ));
     assert_eq!(store.put_block(&digest, &bytes).unwrap(), Stored::Added);
-    assert_eq!(store.put_block(&digest, &bytes).unwrap(), Stored::AlreadyPresent);
+    assert_eq!(
+        store.put_block(&digest, &bytes).unwrap(),
+        Stored::AlreadyPresent
+    );
     assert!(store.has_block(&digest).unwrap());
     assert_eq!(store.get_block(&digest).unwrap(), bytes);
 
@@ -84,7 +87,10 @@ fn manifests_round_trip(kind: S3ServerKind) {
     let (digest, stored) = store.put_manifest(manifest).unwrap();
     assert_eq!(digest, Digest::of(manifest));
     assert_eq!(stored, Stored::Added);
-    assert_eq!(store.put_manifest(manifest).unwrap(), (digest, Stored::AlreadyPresent));
+    assert_eq!(
+        store.put_manifest(manifest).unwrap(),
+        (digest, Stored::AlreadyPresent)
+    );
     assert!(store.has_manifest(&digest).unwrap());
     assert_eq!(store.get_manifest(&digest).unwrap(), manifest);
     store.delete_manifest(&digest).unwrap();
@@ -127,7 +133,10 @@ fn corruption_is_detected_never_returned(kind: S3ServerKind) {
 
     let manifest = br#"{"manifest":true}"#;
     let (manifest_digest, _) = store.put_manifest(manifest).unwrap();
-    objects.put(&store.layout().manifest(&manifest_digest), br#"{"manifest":false}"#);
+    objects.put(
+        &store.layout().manifest(&manifest_digest),
+        br#"{"manifest":false}"#,
+    );
     assert!(matches!(
         store.get_manifest(&manifest_digest),
         Err(StoreError::Corrupt {
@@ -149,9 +158,13 @@ fn a_damaged_object_is_replaced_by_a_put(kind: S3ServerKind) {
     let store = env.store();
     let (digest, bytes) = block("truncated", 2000);
     store.put_block(&digest, &bytes).unwrap();
-    env.objects().put(&store.layout().block(&digest), &bytes[..1000]);
+    env.objects()
+        .put(&store.layout().block(&digest), &bytes[..1000]);
     // The wrong size gives it away: replaced, and never reported as this put's addition.
-    assert_eq!(store.put_block(&digest, &bytes).unwrap(), Stored::AlreadyPresent);
+    assert_eq!(
+        store.put_block(&digest, &bytes).unwrap(),
+        Stored::AlreadyPresent
+    );
     assert_eq!(store.get_block(&digest).unwrap(), bytes);
 }
 
@@ -210,14 +223,26 @@ fn index_entries_round_trip(kind: S3ServerKind) {
     let key = IndexKey::try_new("docker.io/library/python:3.12").unwrap();
     let (a, b) = (Digest::of(b"a"), Digest::of(b"b"));
     assert_eq!(store.index_get(&key).unwrap(), None);
-    assert_eq!(store.index_create_if_absent(&key, &a).unwrap(), IndexCreate::Created);
-    assert_eq!(store.index_create_if_absent(&key, &b).unwrap(), IndexCreate::Exists(a));
-    assert_eq!(store.index_create_if_absent(&key, &a).unwrap(), IndexCreate::Exists(a));
+    assert_eq!(
+        store.index_create_if_absent(&key, &a).unwrap(),
+        IndexCreate::Created
+    );
+    assert_eq!(
+        store.index_create_if_absent(&key, &b).unwrap(),
+        IndexCreate::Exists(a)
+    );
+    assert_eq!(
+        store.index_create_if_absent(&key, &a).unwrap(),
+        IndexCreate::Exists(a)
+    );
     assert_eq!(store.index_get(&key).unwrap(), Some(a));
     store.index_delete(&key).unwrap();
     assert_eq!(store.index_get(&key).unwrap(), None);
     store.index_delete(&key).unwrap();
-    assert_eq!(store.index_create_if_absent(&key, &b).unwrap(), IndexCreate::Created);
+    assert_eq!(
+        store.index_create_if_absent(&key, &b).unwrap(),
+        IndexCreate::Created
+    );
 }
 
 fn listings_return_every_object_and_skip_strays(kind: S3ServerKind) {
@@ -237,7 +262,10 @@ fn listings_return_every_object_and_skip_strays(kind: S3ServerKind) {
         manifests.insert((digest, text.len() as u64));
     }
     let mut index = BTreeSet::new();
-    for (i, name) in ["python:3.12", "template/ab12", ".hidden", "ünïcode"].iter().enumerate() {
+    for (i, name) in ["python:3.12", "template/ab12", ".hidden", "ünïcode"]
+        .iter()
+        .enumerate()
+    {
         let key = IndexKey::try_new(*name).unwrap();
         let digest = Digest::of(format!("m{i}").as_bytes());
         store.index_create_if_absent(&key, &digest).unwrap();
@@ -250,7 +278,10 @@ fn listings_return_every_object_and_skip_strays(kind: S3ServerKind) {
     objects.put(&format!("{root}/blocks/{}", Digest::of(b"x")), b"x");
     objects.put(&format!("{root}/manifests/readme.txt"), b"x");
     objects.put(&format!("{root}/index/%61"), b"x");
-    objects.put(&format!("{root}-other/blocks/ab/{}", Digest::of(b"y")), b"y");
+    objects.put(
+        &format!("{root}-other/blocks/ab/{}", Digest::of(b"y")),
+        b"y",
+    );
 
     let listed: BTreeSet<_> = store
         .list_blocks()
@@ -350,7 +381,10 @@ fn stream_block_passes_bytes_on_and_verifies_them(kind: S3ServerKind) {
 
     // A sink that fails stops the stream with an I/O error.
     let failed = store.stream_block(&digest, &mut |_| Err(std::io::Error::other("full")));
-    assert!(matches!(failed, Err(StoreError::Io { op: "pass on", .. })), "{failed:?}");
+    assert!(
+        matches!(failed, Err(StoreError::Io { op: "pass on", .. })),
+        "{failed:?}"
+    );
 
     let (absent, _) = block("absent", 10);
     assert!(matches!(
@@ -416,12 +450,22 @@ fn a_reput_refreshes_old_objects_only(kind: S3ServerKind) {
     let first = modified(&lazy);
     // S3 times have whole seconds.
     std::thread::sleep(Duration::from_millis(2100));
-    assert_eq!(lazy.put_block(&digest, &bytes).unwrap(), Stored::AlreadyPresent);
+    assert_eq!(
+        lazy.put_block(&digest, &bytes).unwrap(),
+        Stored::AlreadyPresent
+    );
     assert_eq!(modified(&lazy), first, "a young object is left alone");
-    assert_eq!(eager.put_block(&digest, &bytes).unwrap(), Stored::AlreadyPresent);
+    assert_eq!(
+        eager.put_block(&digest, &bytes).unwrap(),
+        Stored::AlreadyPresent
+    );
     let refreshed = modified(&eager);
     assert!(refreshed > first, "{refreshed:?} after {first:?}");
-    assert_eq!(eager.get_block(&digest).unwrap(), bytes, "the copy keeps the bytes");
+    assert_eq!(
+        eager.get_block(&digest).unwrap(),
+        bytes,
+        "the copy keeps the bytes"
+    );
 }
 
 fn racing_puts_report_added_once(kind: S3ServerKind) {
@@ -452,7 +496,10 @@ fn racing_puts_report_added_once(kind: S3ServerKind) {
             assert_eq!(added, 1, "round {round}");
         } else {
             assert!(added >= 1, "round {round}");
-            eprintln!("note: {} told {added} of {WRITERS} writers Added", kind.name());
+            eprintln!(
+                "note: {} told {added} of {WRITERS} writers Added",
+                kind.name()
+            );
         }
     }
 }

@@ -24,11 +24,20 @@ fn fallback_puts_and_index_work_sequentially(kind: S3ServerKind) {
     assert!(!store.uses_conditional_writes());
     let (digest, bytes) = common::block("fallback", 4096);
     assert_eq!(store.put_block(&digest, &bytes).unwrap(), Stored::Added);
-    assert_eq!(store.put_block(&digest, &bytes).unwrap(), Stored::AlreadyPresent);
+    assert_eq!(
+        store.put_block(&digest, &bytes).unwrap(),
+        Stored::AlreadyPresent
+    );
     let key = IndexKey::try_new("fallback").unwrap();
     let (a, b) = (Digest::of(b"a"), Digest::of(b"b"));
-    assert_eq!(store.index_create_if_absent(&key, &a).unwrap(), IndexCreate::Created);
-    assert_eq!(store.index_create_if_absent(&key, &b).unwrap(), IndexCreate::Exists(a));
+    assert_eq!(
+        store.index_create_if_absent(&key, &a).unwrap(),
+        IndexCreate::Created
+    );
+    assert_eq!(
+        store.index_create_if_absent(&key, &b).unwrap(),
+        IndexCreate::Exists(a)
+    );
     assert_eq!(store.index_get(&key).unwrap(), Some(a));
 }
 
@@ -53,7 +62,10 @@ fn fallback_index_races_never_have_two_losers(kind: S3ServerKind) {
             .collect();
         let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         let last = store.index_get(&key).unwrap().unwrap();
-        assert!(results.iter().any(|(digest, _)| *digest == last), "{results:?}");
+        assert!(
+            results.iter().any(|(digest, _)| *digest == last),
+            "{results:?}"
+        );
         let losers: Vec<_> = results
             .iter()
             .filter_map(|(_, outcome)| match outcome {
@@ -92,7 +104,10 @@ fn fallback_publish_races_leave_a_complete_winner(kind: S3ServerKind) {
     let named = store.index_get(&key).unwrap().unwrap();
     let manifest = read_manifest(&*store, &named).unwrap();
     for block in manifest.blocks() {
-        assert!(store.has_block(&block).unwrap(), "block {block} of the winner is gone");
+        assert!(
+            store.has_block(&block).unwrap(),
+            "block {block} of the winner is gone"
+        );
     }
     let dest = dir.path().join("dest");
     materialize(&*store, &named, &dest).unwrap();
@@ -101,11 +116,17 @@ fn fallback_publish_races_leave_a_complete_winner(kind: S3ServerKind) {
     } else {
         "right"
     };
-    assert_eq!(common::contents(&dest), common::contents(&dir.path().join(source)));
+    assert_eq!(
+        common::contents(&dest),
+        common::contents(&dir.path().join(source))
+    );
     for result in &results {
         if let IndexOutcome::Lost { ours, .. } = result.outcome {
             assert_eq!(result.manifest, named, "a loser was shown the final entry");
-            assert!(!store.has_manifest(&ours).unwrap(), "the loser removed its manifest");
+            assert!(
+                !store.has_manifest(&ours).unwrap(),
+                "the loser removed its manifest"
+            );
         }
     }
 }

@@ -11,7 +11,10 @@ use fastbox_artifact::{
 use fastbox_s3::{MIN_PART_SIZE, S3Store};
 use fastbox_testkit::s3::S3ServerKind;
 
-for_each_server!(a_large_manifest_round_trips_through_parts, racing_multipart_puts_add_once);
+for_each_server!(
+    a_large_manifest_round_trips_through_parts,
+    racing_multipart_puts_add_once
+);
 
 /// A valid manifest of more than 12 MiB: one sparse file of 190 000 zero blocks (725 GiB).
 fn large_manifest() -> Vec<u8> {
@@ -47,14 +50,24 @@ fn a_large_manifest_round_trips_through_parts(kind: S3ServerKind) {
     assert_eq!(stored, Stored::Added);
     // A multipart object's ETag ends with the number of parts.
     let parts = bytes.len().div_ceil(MIN_PART_SIZE);
-    let etag = env.objects().head(&store.layout().manifest(&digest)).e_tag.unwrap();
-    assert!(etag.trim_matches('"').ends_with(&format!("-{parts}")), "{etag}");
+    let etag = env
+        .objects()
+        .head(&store.layout().manifest(&digest))
+        .e_tag
+        .unwrap();
+    assert!(
+        etag.trim_matches('"').ends_with(&format!("-{parts}")),
+        "{etag}"
+    );
 
     let read = store.get_manifest(&digest).unwrap();
     assert_eq!(read.len(), bytes.len());
     assert!(read == bytes);
     Manifest::from_slice(&read).unwrap();
-    assert_eq!(store.put_manifest(&bytes).unwrap(), (digest, Stored::AlreadyPresent));
+    assert_eq!(
+        store.put_manifest(&bytes).unwrap(),
+        (digest, Stored::AlreadyPresent)
+    );
 }
 
 fn racing_multipart_puts_add_once(kind: S3ServerKind) {
@@ -79,7 +92,10 @@ fn racing_multipart_puts_add_once(kind: S3ServerKind) {
     // Neither test server checks the completion's If-None-Match atomically (see
     // `common::atomic_conditional_put`): at least one writer added it, and it is whole.
     assert!(added >= 1);
-    eprintln!("note: {} told {added} of 3 multipart writers Added", kind.name());
+    eprintln!(
+        "note: {} told {added} of 3 multipart writers Added",
+        kind.name()
+    );
     let digest = fastbox_artifact::Digest::of(&bytes);
     assert!(store.get_manifest(&digest).unwrap() == *bytes);
 }

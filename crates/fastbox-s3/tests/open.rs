@@ -39,8 +39,11 @@ fn an_unreachable_endpoint_is_named() {
         "{error:?}"
     );
     let message = error.to_string();
+    eprintln!("{message}");
     assert!(
-        message.contains(&endpoint) && message.contains("some-bucket") && message.contains("unreachable"),
+        message.contains(&endpoint)
+            && message.contains("some-bucket")
+            && message.contains("unreachable"),
         "{message}"
     );
 }
@@ -48,7 +51,9 @@ fn an_unreachable_endpoint_is_named() {
 #[test]
 fn bad_credentials_are_named() {
     // moto accepts any credentials; s3s-fs checks SigV4 signatures.
-    let Some(env) = common::env(S3ServerKind::S3sFs) else { return };
+    let Some(env) = common::env(S3ServerKind::S3sFs) else {
+        return;
+    };
     let mut config = env.config.clone();
     config.secret_access_key = Some("wrong-secret".into());
     let error = S3Store::open(config).unwrap_err();
@@ -57,6 +62,7 @@ fn bad_credentials_are_named() {
         "{error:?}"
     );
     let message = error.to_string();
+    eprintln!("{message}");
     assert!(
         message.contains(&env.server.endpoint())
             && message.contains(env.server.bucket())
@@ -88,6 +94,7 @@ fn a_missing_bucket_is_named(kind: S3ServerKind) {
         "{error:?}"
     );
     let message = error.to_string();
+    eprintln!("{message}");
     assert!(
         message.contains(&server.endpoint())
             && message.contains(server.bucket())
@@ -108,29 +115,46 @@ fn a_missing_bucket_is_named_by_moto() {
 
 #[test]
 fn creating_an_existing_bucket_is_fine() {
-    let Some(env) = common::env(S3ServerKind::S3sFs) else { return };
+    let Some(env) = common::env(S3ServerKind::S3sFs) else {
+        return;
+    };
     fastbox_s3::create_bucket(&env.config).unwrap();
     S3Store::open(env.config.clone()).unwrap();
 }
 
 #[test]
 fn a_store_opens_from_a_url_and_the_environment() {
-    let Some(env) = common::env(S3ServerKind::S3sFs) else { return };
+    let Some(env) = common::env(S3ServerKind::S3sFs) else {
+        return;
+    };
     let url = format!(
         "s3://{}/from/url?endpoint={}&region=us-east-1&conditional_writes=auto",
         env.server.bucket(),
         env.server.endpoint()
     );
-    let (id, secret) = (env.server.access_key().to_string(), env.server.secret_key().to_string());
-    let config = S3Config::from_url(&url).unwrap().with_env(|name| match name {
-        "AWS_ACCESS_KEY_ID" => Some(id.clone()),
-        "AWS_SECRET_ACCESS_KEY" => Some(secret.clone()),
-        _ => None,
-    });
+    let (id, secret) = (
+        env.server.access_key().to_string(),
+        env.server.secret_key().to_string(),
+    );
+    let config = S3Config::from_url(&url)
+        .unwrap()
+        .with_env(|name| match name {
+            "AWS_ACCESS_KEY_ID" => Some(id.clone()),
+            "AWS_SECRET_ACCESS_KEY" => Some(secret.clone()),
+            _ => None,
+        });
     let store = S3Store::open(config).unwrap();
     let bytes = b"through the url";
-    assert_eq!(store.put_block(&Digest::of(bytes), bytes).unwrap(), Stored::Added);
-    assert!(store.layout().block(&Digest::of(bytes)).starts_with("from/url/blocks/"));
+    assert_eq!(
+        store.put_block(&Digest::of(bytes), bytes).unwrap(),
+        Stored::Added
+    );
+    assert!(
+        store
+            .layout()
+            .block(&Digest::of(bytes))
+            .starts_with("from/url/blocks/")
+    );
 
     // Without credentials the configuration is refused before any request.
     let error = S3Store::open(S3Config::from_url(&url).unwrap().with_env(|_| None)).unwrap_err();

@@ -7,7 +7,9 @@ use fastbox_testkit::s3::S3ServerKind;
 
 #[test]
 fn an_s3s_fs_restart_keeps_the_data() {
-    let Some(mut env) = common::env(S3ServerKind::S3sFs) else { return };
+    let Some(mut env) = common::env(S3ServerKind::S3sFs) else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src");
     common::tree(&src, "persisted");

@@ -4,6 +4,8 @@
 //! report `skipped: <reason>` on stderr and return, never pass silently: `skip_unless!` prints
 //! the reason in a form the test log shows.
 
+pub mod s3;
+
 use std::path::PathBuf;
 
 /// Why a privileged test cannot run here, or None when it can.

@@ -179,7 +179,11 @@ pub fn tree(root: &Path, seed: &str) {
     fs::create_dir_all(root.join("checkpoint")).unwrap();
     let big = bytes(seed, 2 * fastbox_artifact::BLOCK_SIZE + 1234);
     fs::write(root.join("checkpoint/pages-1.img"), big).unwrap();
-    fs::write(root.join("checkpoint/small.img"), bytes(&format!("{seed}-small"), 100)).unwrap();
+    fs::write(
+        root.join("checkpoint/small.img"),
+        bytes(&format!("{seed}-small"), 100),
+    )
+    .unwrap();
     fs::write(root.join("empty"), b"").unwrap();
     fs::set_permissions(root.join("empty"), fs::Permissions::from_mode(0o600)).unwrap();
     std::os::unix::fs::symlink("checkpoint", root.join("current")).unwrap();
@@ -196,10 +200,20 @@ pub fn contents(root: &Path) -> Vec<(String, Vec<u8>)> {
 fn collect(root: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
     for entry in fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
-        let name = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+        let name = path
+            .strip_prefix(root)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
         let meta = fs::symlink_metadata(&path).unwrap();
         if meta.file_type().is_symlink() {
-            out.push((name, fs::read_link(&path).unwrap().into_os_string().into_encoded_bytes()));
+            out.push((
+                name,
+                fs::read_link(&path)
+                    .unwrap()
+                    .into_os_string()
+                    .into_encoded_bytes(),
+            ));
         } else if meta.is_dir() {
             out.push((name, b"<dir>".to_vec()));
             collect(root, &path, out);
