@@ -1,5 +1,6 @@
 //! The `fastbox` command line as a library, so integration tests drive the same code.
 
+pub mod artifacts;
 pub mod bench;
 pub mod bench_create;
 pub mod bench_memory;

@@ -4,7 +4,7 @@
 
 use clap::{Parser, Subcommand};
 use fastbox_cli::{
-    bench, bench_create, bench_memory, bench_snapshot, client, paths, sandbox_run, up,
+    artifacts, bench, bench_create, bench_memory, bench_snapshot, client, paths, sandbox_run, up,
 };
 
 mod bench_restore;
@@ -19,7 +19,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the whole service on this machine: lifecycle API, node agent, proxies.
-    Up(up::UpArgs),
+    Up(Box<up::UpArgs>),
     /// Remove everything a stopped instance left on the host (sandboxes, network, cgroups).
     Purge(up::PurgeArgs),
     /// List host-wide state carrying a prefix (exit status 1 if any): a leak check.
@@ -42,6 +42,18 @@ enum Command {
         #[command(subcommand)]
         command: VerifyCommand,
     },
+    /// The artifact store: templates, snapshots and checkpoints as blocks and manifests.
+    Artifacts {
+        #[command(subcommand)]
+        command: ArtifactsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ArtifactsCommand {
+    /// Delete the blocks and manifests no index entry reaches, older than the grace period;
+    /// prints what was kept, spared and deleted.
+    Gc(artifacts::GcArgs),
 }
 
 #[derive(Subcommand)]
@@ -147,7 +159,10 @@ fn main() {
         Command::Verify {
             command: VerifyCommand::P2pNode(args),
         } => fastbox_cli::verify_p2p::run_node(args),
-        Command::Up(args) => up::up(args),
+        Command::Artifacts {
+            command: ArtifactsCommand::Gc(args),
+        } => artifacts::gc(args),
+        Command::Up(args) => up::up(*args),
         Command::Purge(args) => up::purge(args),
         Command::Leftovers(args) => up::leftovers(args),
     };

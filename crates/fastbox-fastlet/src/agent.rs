@@ -27,7 +27,7 @@ use crate::template::{self, BuildClock, BuildLocks, Template};
 use fastbox_egress::{EgressPolicy, SlotRef};
 
 /// What a fastlet needs to run.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct FastletConfig {
     /// Prefix of every host-wide name of this instance (at most 8 of `[a-z0-9]`).
     pub prefix: String,
@@ -54,6 +54,30 @@ pub struct FastletConfig {
     /// Where the DNS forwarder sends the names a policy allows (`None`: the host's
     /// resolvers from `/etc/resolv.conf`).
     pub dns_upstreams: Option<Vec<std::net::SocketAddr>>,
+    /// The node's artifact store: templates, snapshots and pause checkpoints are published
+    /// into it ([`crate::node_store`] opens one: a local directory, by default
+    /// `DATA_DIR/artifacts` ([`crate::node_store::open_local`]), or an S3 origin behind the
+    /// node block cache and DART).
+    pub artifact_store: std::sync::Arc<dyn fastbox_artifact::ArtifactStore>,
+}
+
+impl std::fmt::Debug for FastletConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FastletConfig")
+            .field("prefix", &self.prefix)
+            .field("data_dir", &self.data_dir)
+            .field("helper", &self.helper)
+            .field("pool", &self.pool)
+            .field("images", &self.images)
+            .field("execd_bin", &self.execd_bin)
+            .field("criu", &self.criu)
+            .field("pool_min", &self.pool_min)
+            .field("pool_max", &self.pool_max)
+            .field("spare_slots", &self.spare_slots)
+            .field("dns_upstreams", &self.dns_upstreams)
+            .field("artifact_store", &"<dyn ArtifactStore>")
+            .finish()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -588,9 +612,10 @@ impl Fastlet {
         }
     }
 
-    /// Publishes `template` into this node's artifact store (`DATA_DIR/artifacts`): packed
-    /// rootfs and checkpoint as content-addressed blocks, the manifest, and the index entry
-    /// `index_key` (an image reference or a template id), created only if absent.
+    /// Publishes `template` into this node's artifact store
+    /// ([`FastletConfig::artifact_store`]): packed rootfs and checkpoint as content-addressed
+    /// blocks, the manifest, and the index entry `index_key` (an image reference or a
+    /// template id), created only if absent.
     pub fn publish_template(
         &self,
         template: &Template,
@@ -616,7 +641,7 @@ impl Fastlet {
         index_key: &str,
         kind: fastbox_artifact::ArtifactKind,
     ) -> Result<crate::artifact::PublishedTemplate, String> {
-        let store = self.artifact_store()?;
+        let store = self.artifact_store();
         let work_dir = self.cfg.data_dir.join("artifacts-work");
         std::fs::create_dir_all(&work_dir).map_err(|e| format!("{}: {e}", work_dir.display()))?;
         let mut opts = crate::artifact::PublishOptions::new(index_key, &work_dir);
@@ -624,11 +649,11 @@ impl Fastlet {
         if kind != fastbox_artifact::ArtifactKind::Template {
             opts.parent = fastbox_artifact::IndexKey::try_new(&template.image_reference)
                 .ok()
-                .and_then(|key| fastbox_artifact::ArtifactStore::index_get(&store, &key).ok())
+                .and_then(|key| store.index_get(&key).ok())
                 .flatten();
         }
         let published = crate::artifact::publish_template(
-            &store,
+            store.as_ref(),
             template,
             &opts,
             &fastbox_artifact::NoProgress,
@@ -638,10 +663,10 @@ impl Fastlet {
         Ok(published)
     }
 
-    /// This node's artifact store (`DATA_DIR/artifacts`).
-    pub(crate) fn artifact_store(&self) -> Result<fastbox_artifact::LocalStore, String> {
-        fastbox_artifact::LocalStore::open(self.cfg.data_dir.join("artifacts"))
-            .map_err(|e| format!("artifact store: {e}"))
+    /// This node's artifact store ([`FastletConfig::artifact_store`], opened before the
+    /// fastlet started).
+    pub(crate) fn artifact_store(&self) -> &std::sync::Arc<dyn fastbox_artifact::ArtifactStore> {
+        &self.cfg.artifact_store
     }
 
     /// Keeps a warm pool of `template` from now on (no-op without a pool size).

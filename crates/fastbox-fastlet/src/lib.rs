@@ -10,6 +10,7 @@ pub mod from_artifact;
 pub mod host;
 pub mod memory;
 pub mod node_proxy;
+pub mod node_store;
 pub mod phases;
 pub mod pool;
 pub mod reaper;

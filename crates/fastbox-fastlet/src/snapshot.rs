@@ -17,7 +17,7 @@
 
 use std::path::{Path, PathBuf};
 
-use fastbox_artifact::{ArtifactKind, ArtifactStore as _, IndexKey};
+use fastbox_artifact::{ArtifactKind, IndexKey};
 use fastbox_runtime::checkpoint::{self, CheckpointOptions, CheckpointReport};
 use fastbox_runtime::criu_stats::DumpStats;
 use fastbox_runtime::sandbox;
@@ -273,8 +273,10 @@ impl Fastlet {
     /// store (its blocks go with the store's garbage collection). Idempotent.
     pub fn remove_snapshot(&self, key: &str) -> std::io::Result<()> {
         let _ = std::fs::remove_dir_all(self.staging.dir(key));
-        if let (Ok(store), Ok(index)) = (self.artifact_store(), IndexKey::try_new(key)) {
-            store.index_delete(&index).map_err(std::io::Error::other)?;
+        if let Ok(index) = IndexKey::try_new(key) {
+            self.artifact_store()
+                .index_delete(&index)
+                .map_err(std::io::Error::other)?;
         }
         match std::fs::remove_dir_all(snapshot_dir(&self.config().data_dir, key)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),

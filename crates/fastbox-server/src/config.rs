@@ -1,10 +1,15 @@
 //! `fastbox up`'s configuration: built-in defaults, then an optional TOML file, then
 //! environment and flags (the command line turns those into a [`Settings`] layer).
+//!
+//! The node's artifact store ([`ArtifactConfig`]) is checked here as far as it can be without
+//! the network: the store's URL, the DART member list and secret. Reaching the store (its
+//! endpoint, credentials and bucket) is `fastbox up`'s first act after the state store.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use fastbox_fastlet::node_store::{DartSettings, NodeStoreConfig, StoreLocation};
 use fastbox_runtime::net::Ipv4Pool;
 use serde::Deserialize;
 
@@ -47,6 +52,24 @@ pub struct Settings {
     pub spare_slots: Option<usize>,
     /// DNS servers (`address:port`) the forwarder asks for names a sandbox's policy allows.
     pub dns_upstreams: Option<Vec<std::net::SocketAddr>>,
+    /// The node's artifact store: an absolute directory (`file://` optional) or
+    /// `s3://bucket/prefix?endpoint=URL`.
+    pub artifact_store: Option<String>,
+    /// Byte budget of the node block cache in front of a remote store, MiB.
+    pub block_cache_mib: Option<u64>,
+    /// This node's id in its DART delivery group.
+    pub node_id: Option<String>,
+    /// Where this node's DART peer server listens.
+    pub dart_listen: Option<SocketAddr>,
+    /// The DART delivery group, `id=host:port` entries, this node included.
+    pub dart_peers: Option<Vec<String>>,
+    /// The DART group secret: environment (`FASTBOX_DART_KEY`) or flag only, never the file.
+    #[serde(skip)]
+    pub dart_key: Option<String>,
+    /// How often the server collects the artifact store's garbage (`24h`, `30m`, `off`).
+    pub artifact_gc_interval: Option<String>,
+    /// How recently written objects a collection never deletes (`24h`).
+    pub artifact_gc_grace: Option<String>,
 }
 
 impl Settings {
@@ -71,6 +94,14 @@ impl Settings {
             pool_max: self.pool_max.or(lower.pool_max),
             spare_slots: self.spare_slots.or(lower.spare_slots),
             dns_upstreams: self.dns_upstreams.or(lower.dns_upstreams),
+            artifact_store: self.artifact_store.or(lower.artifact_store),
+            block_cache_mib: self.block_cache_mib.or(lower.block_cache_mib),
+            node_id: self.node_id.or(lower.node_id),
+            dart_listen: self.dart_listen.or(lower.dart_listen),
+            dart_peers: self.dart_peers.or(lower.dart_peers),
+            dart_key: self.dart_key.or(lower.dart_key),
+            artifact_gc_interval: self.artifact_gc_interval.or(lower.artifact_gc_interval),
+            artifact_gc_grace: self.artifact_gc_grace.or(lower.artifact_gc_grace),
         }
     }
 
@@ -120,6 +151,123 @@ pub const DEFAULT_POOL_MAX: usize = 10;
 /// with the pool off) on a small machine; each costs a network namespace, a veth pair and a
 /// loop-mounted sparse layer (a few MiB of disk).
 pub const DEFAULT_SPARE_SLOTS: usize = 8;
+/// The node block cache's budget by default: 4 GiB, room for a handful of templates and
+/// checkpoints of a few hundred MiB each (the cache is only used with a remote store).
+pub const DEFAULT_BLOCK_CACHE_MIB: u64 = 4096;
+/// How often a server collects a local store's garbage by default: daily. A remote store is
+/// shared by the nodes of a cluster, each of which knows only its own pins, so its
+/// collection is off by default and is turned on for one node (or run with
+/// `fastbox artifacts gc`).
+pub const DEFAULT_LOCAL_GC_INTERVAL: Duration = Duration::from_secs(24 * 3600);
+
+/// The node's artifact store and its garbage collection.
+#[derive(Debug, Clone)]
+pub struct ArtifactConfig {
+    /// The origin, the block cache's budget, DART.
+    pub store: NodeStoreConfig,
+    /// How often the server collects garbage (`None`: never).
+    pub gc_interval: Option<Duration>,
+    /// Objects written more recently than this are never collected.
+    pub gc_grace: Duration,
+}
+
+impl ArtifactConfig {
+    /// Resolves the artifact settings of `settings`; `data_dir` is where the default local
+    /// store lives.
+    fn resolve(settings: &Settings, data_dir: &Path) -> Result<Self, ConfigError> {
+        let invalid = |field, message: String| ConfigError::Invalid { field, message };
+        let location = match &settings.artifact_store {
+            Some(text) => {
+                StoreLocation::parse(text).map_err(|e| invalid("artifact_store", e.to_string()))?
+            }
+            None => StoreLocation::local_default(data_dir),
+        };
+        let dart = DartSettings::from_parts(
+            settings.node_id.as_deref(),
+            settings.dart_listen,
+            settings.dart_peers.as_deref().unwrap_or_default(),
+            settings.dart_key.as_deref(),
+        )
+        .map_err(|e| invalid("dart", e.to_string()))?;
+        if dart.is_some() && !location.is_remote() {
+            return Err(invalid(
+                "dart",
+                "DART peers share a remote origin: set artifact_store to s3://bucket/prefix".into(),
+            ));
+        }
+        let cache_mib = settings.block_cache_mib.unwrap_or(DEFAULT_BLOCK_CACHE_MIB);
+        if cache_mib == 0 {
+            return Err(invalid(
+                "block_cache_mib",
+                "must be at least 1 (MiB)".into(),
+            ));
+        }
+        let gc_interval = match &settings.artifact_gc_interval {
+            Some(text) => parse_interval(text).map_err(|e| invalid("artifact_gc_interval", e))?,
+            None => (!location.is_remote()).then_some(DEFAULT_LOCAL_GC_INTERVAL),
+        };
+        let gc_grace = match &settings.artifact_gc_grace {
+            Some(text) => parse_duration(text).map_err(|e| invalid("artifact_gc_grace", e))?,
+            None => fastbox_artifact::DEFAULT_GRACE,
+        };
+        Ok(ArtifactConfig {
+            store: NodeStoreConfig {
+                location,
+                cache_budget: cache_mib << 20,
+                dart,
+            },
+            gc_interval,
+            gc_grace,
+        })
+    }
+}
+
+/// Parses a duration: a whole number with a unit, `s`, `m`, `h` or `d` (`90s`, `30m`, `24h`,
+/// `7d`); a bare number is seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let seconds_per = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => {
+            return Err(format!(
+                "{text:?}: use a number and s, m, h or d (e.g. 24h)"
+            ));
+        }
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(seconds_per))
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{text:?}: use a number and s, m, h or d (e.g. 24h)"))
+}
+
+/// Parses an interval: a duration as [`parse_duration`], or `off` (also `0`) for never.
+pub fn parse_interval(text: &str) -> Result<Option<Duration>, String> {
+    if text.trim() == "off" {
+        return Ok(None);
+    }
+    parse_duration(text).map(|d| (!d.is_zero()).then_some(d))
+}
+
+/// A duration in the largest unit up to hours that divides it (`24h`, `30m`, `90s`), as
+/// [`parse_duration`] reads it back.
+pub fn format_duration(duration: Duration) -> String {
+    let seconds = duration.as_secs();
+    match seconds {
+        0 => "0s".into(),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
 
 /// The configuration in force, every default applied.
 #[derive(Debug, Clone)]
@@ -152,12 +300,19 @@ pub struct ServerConfig {
     pub create_wait: Duration,
     /// How often expiry, deletion and garbage collection are reconciled.
     pub reconcile_every: Duration,
+    /// The node's artifact store (origin, block cache, DART) and its garbage collection.
+    pub artifacts: ArtifactConfig,
 }
 
 impl ServerConfig {
     /// Applies the defaults under `settings`.
     pub fn resolve(settings: Settings) -> Result<Self, ConfigError> {
         let invalid = |field, message: String| ConfigError::Invalid { field, message };
+        let data_dir = settings
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        let artifacts = ArtifactConfig::resolve(&settings, &data_dir)?;
         let pool_text = settings.pool.unwrap_or_else(|| DEFAULT_POOL.to_string());
         let pool = pool_text
             .parse::<Ipv4Pool>()
@@ -183,6 +338,7 @@ impl ServerConfig {
         }
         let data_dir = settings
             .data_dir
+            .clone()
             .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
         Ok(Self {
             listen: settings
@@ -218,6 +374,7 @@ impl ServerConfig {
             image_wait: Duration::from_millis(settings.create_image_wait_ms.unwrap_or(1500)),
             create_wait: Duration::from_secs(20),
             reconcile_every: Duration::from_secs(2),
+            artifacts,
         })
     }
 }
@@ -259,5 +416,133 @@ mod tests {
             .starts_with("pool:")
         );
         assert!(toml::from_str::<Settings>("lisen = 1").is_err());
+    }
+
+    const KEY: &str = "0123456789abcdef-group";
+
+    #[test]
+    fn the_artifact_store_defaults_to_the_data_directory_with_a_daily_collection() {
+        let cfg = ServerConfig::resolve(Settings {
+            data_dir: Some("/srv/fb".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        let artifacts = &cfg.artifacts;
+        assert_eq!(
+            artifacts.store.location,
+            StoreLocation::Local("/srv/fb/artifacts".into())
+        );
+        assert_eq!(artifacts.store.cache_budget, DEFAULT_BLOCK_CACHE_MIB << 20);
+        assert!(artifacts.store.dart.is_none());
+        assert_eq!(artifacts.gc_interval, Some(DEFAULT_LOCAL_GC_INTERVAL));
+        assert_eq!(artifacts.gc_grace, fastbox_artifact::DEFAULT_GRACE);
+    }
+
+    #[test]
+    fn an_s3_store_with_dart_comes_from_the_file_and_the_key_from_the_environment_layer() {
+        let file: Settings = toml::from_str(
+            r#"
+            artifact_store = "s3://artifacts/fb?endpoint=http://10.0.0.9:9000"
+            block_cache_mib = 512
+            node_id = "n1"
+            dart_listen = "0.0.0.0:7443"
+            dart_peers = ["n1=10.0.0.1:7443", "n2=10.0.0.2:7443"]
+            artifact_gc_grace = "2h"
+            "#,
+        )
+        .unwrap();
+        let env = Settings {
+            dart_key: Some(KEY.into()),
+            ..Default::default()
+        };
+        let cfg = ServerConfig::resolve(env.over(file)).unwrap();
+        let artifacts = &cfg.artifacts;
+        assert!(artifacts.store.location.is_remote());
+        assert_eq!(artifacts.store.cache_budget, 512 << 20);
+        let dart = artifacts.store.dart.as_ref().unwrap();
+        assert_eq!(dart.node.as_str(), "n1");
+        assert_eq!(dart.members.members().len(), 2);
+        assert_eq!(
+            artifacts.gc_interval, None,
+            "a shared origin is not collected by default"
+        );
+        assert_eq!(artifacts.gc_grace, Duration::from_secs(7200));
+        assert!(
+            toml::from_str::<Settings>(&format!("dart_key = \"{KEY}\"")).is_err(),
+            "the secret never comes from the file"
+        );
+    }
+
+    #[test]
+    fn bad_artifact_settings_are_named() {
+        let bad = |s: Settings| ServerConfig::resolve(s).unwrap_err().to_string();
+        let s3 = || Some("s3://artifacts?endpoint=http://127.0.0.1:9000".to_string());
+        assert!(
+            bad(Settings {
+                artifact_store: Some("relative/dir".into()),
+                ..Default::default()
+            })
+            .starts_with("artifact_store:")
+        );
+        let missing_key = bad(Settings {
+            artifact_store: s3(),
+            node_id: Some("n1".into()),
+            dart_listen: Some("127.0.0.1:7443".parse().unwrap()),
+            dart_peers: Some(vec!["n1=127.0.0.1:7443".into()]),
+            ..Default::default()
+        });
+        assert!(
+            missing_key.starts_with("dart:") && missing_key.contains("FASTBOX_DART_KEY"),
+            "{missing_key}"
+        );
+        let local_dart = bad(Settings {
+            node_id: Some("n1".into()),
+            dart_listen: Some("127.0.0.1:7443".parse().unwrap()),
+            dart_peers: Some(vec!["n1=127.0.0.1:7443".into()]),
+            dart_key: Some(KEY.into()),
+            ..Default::default()
+        });
+        assert!(local_dart.contains("s3://"), "{local_dart}");
+        assert!(
+            bad(Settings {
+                artifact_gc_interval: Some("daily".into()),
+                ..Default::default()
+            })
+            .starts_with("artifact_gc_interval:")
+        );
+        assert!(
+            bad(Settings {
+                artifact_store: s3(),
+                block_cache_mib: Some(0),
+                ..Default::default()
+            })
+            .starts_with("block_cache_mib:")
+        );
+    }
+
+    #[test]
+    fn durations_and_intervals_read_and_print_back() {
+        for (text, seconds) in [
+            ("90s", 90),
+            ("30m", 1800),
+            ("24h", 86_400),
+            ("168h", 604_800),
+        ] {
+            let d = parse_duration(text).unwrap();
+            assert_eq!(d, Duration::from_secs(seconds), "{text}");
+            assert_eq!(format_duration(d), text);
+        }
+        assert_eq!(parse_duration("7d").unwrap(), Duration::from_secs(604_800));
+        assert_eq!(parse_duration("45").unwrap(), Duration::from_secs(45));
+        assert_eq!(parse_duration("0s").unwrap(), Duration::ZERO);
+        for bad in ["", "h", "1.5h", "-3s", "3w", "99999999999999999999d"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(parse_interval("off").unwrap(), None);
+        assert_eq!(parse_interval("0").unwrap(), None);
+        assert_eq!(
+            parse_interval("6h").unwrap(),
+            Some(Duration::from_secs(21_600))
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! fastbox-server: the OpenSandbox lifecycle API, the sandbox state machine and its
 //! reconcilers, the embedded state store, and `fastbox up` (everything on one machine).
 
+pub mod artifact_gc;
 pub mod config;
 pub mod error;
 pub mod http;

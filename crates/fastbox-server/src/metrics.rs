@@ -1,13 +1,35 @@
 //! `GET /metrics`: the phases of every sandbox start (pool claims and restores) as Prometheus
 //! histograms, so the timings that logs and sandbox events show one by one can be watched in
-//! aggregate.
+//! aggregate; and the node's artifact store ([`NodeMetrics`]): the node block cache, what
+//! was fetched from where (the DART counters with peers), and the artifact garbage
+//! collections. `fastbox up` appends the latter to the route's answer with
+//! [`append_node_metrics`], a middleware around the lifecycle router.
+//!
+//! | metric | kind | when |
+//! |---|---|---|
+//! | `fastbox_start_phase_seconds{source,phase}` | histogram | always |
+//! | `fastbox_block_cache_{hits,misses,inserts,evictions,corrupt_dropped}_total` | counter | remote store |
+//! | `fastbox_block_cache_{bytes,blocks,probation_bytes,protected_bytes,pinned_bytes,budget_bytes,over_budget}` | gauge | remote store |
+//! | `fastbox_artifact_reads_{block_hits,block_fetches,fetched_bytes,manifest_hits,manifest_fetches,cache_errors}_total` | counter | remote store without peers |
+//! | `fastbox_dart_<counter>_total{node}` (`docs/dart.md`) | counter | DART peers |
+//! | `fastbox_artifact_gc_{runs,failures,deleted_manifests,deleted_blocks,deleted_bytes}_total` | counter | always |
+//! | `fastbox_artifact_gc_pinned_manifests`, `fastbox_artifact_gc_last_success_timestamp_seconds` | gauge | always |
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use fastbox_artifact::{CacheStats, CachedStoreStats};
 use fastbox_fastlet::StartReport;
+use fastbox_fastlet::node_store::NodeStore;
+
+use crate::artifact_gc::{ArtifactCollector, GcStats};
 
 /// Upper bounds of the histogram buckets, in seconds.
 const BUCKETS: [f64; 11] = [
@@ -75,6 +97,149 @@ impl StartMetrics {
     }
 }
 
+/// The routes whose answer [`append_node_metrics`] extends.
+const METRICS_PATHS: [&str; 2] = ["/metrics", "/v1/metrics"];
+/// The largest answer of the metrics route the middleware reads.
+const MAX_METRICS_BYTES: usize = 4 << 20;
+
+/// What `/metrics` shows of the node's artifact store and its garbage collection.
+pub struct NodeMetrics {
+    store: Arc<NodeStore>,
+    collector: Arc<ArtifactCollector>,
+}
+
+impl NodeMetrics {
+    pub fn new(store: Arc<NodeStore>, collector: Arc<ArtifactCollector>) -> Self {
+        NodeMetrics { store, collector }
+    }
+
+    /// The Prometheus text of the store's layers and the collections.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if let Some(stats) = self.store.cache_stats() {
+            render_cache(&mut out, &stats);
+        }
+        if let Some(stats) = self.store.fetch_stats() {
+            render_reads(&mut out, &stats);
+        }
+        if let Some((node, counters)) = self.store.dart_counters() {
+            out.push_str(&counters.to_prometheus(node));
+        }
+        render_gc(&mut out, &self.collector.stats());
+        out
+    }
+}
+
+/// One sample of a metric, after its `# TYPE` line.
+fn sample(out: &mut String, name: &str, kind: &str, value: u64) {
+    // Writing to a String cannot fail.
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    let _ = writeln!(out, "{name} {value}");
+}
+
+fn render_cache(out: &mut String, s: &CacheStats) {
+    for (name, value) in [
+        ("hits", s.hits),
+        ("misses", s.misses),
+        ("inserts", s.inserts),
+        ("evictions", s.evictions),
+        ("corrupt_dropped", s.corrupt_dropped),
+    ] {
+        sample(
+            out,
+            &format!("fastbox_block_cache_{name}_total"),
+            "counter",
+            value,
+        );
+    }
+    for (name, value) in [
+        ("bytes", s.bytes),
+        ("blocks", s.blocks),
+        ("probation_bytes", s.probation_bytes),
+        ("protected_bytes", s.protected_bytes),
+        ("pinned_bytes", s.pinned_bytes),
+        ("budget_bytes", s.budget),
+        ("over_budget", u64::from(s.over_budget)),
+    ] {
+        sample(out, &format!("fastbox_block_cache_{name}"), "gauge", value);
+    }
+}
+
+fn render_reads(out: &mut String, s: &CachedStoreStats) {
+    for (name, value) in [
+        ("block_hits", s.block_hits),
+        ("block_fetches", s.block_fetches),
+        ("fetched_bytes", s.fetched_bytes),
+        ("manifest_hits", s.manifest_hits),
+        ("manifest_fetches", s.manifest_fetches),
+        ("cache_errors", s.cache_errors),
+    ] {
+        sample(
+            out,
+            &format!("fastbox_artifact_reads_{name}_total"),
+            "counter",
+            value,
+        );
+    }
+}
+
+fn render_gc(out: &mut String, s: &GcStats) {
+    for (name, value) in [
+        ("runs", s.runs),
+        ("failures", s.failures),
+        ("deleted_manifests", s.deleted_manifests),
+        ("deleted_blocks", s.deleted_blocks),
+        ("deleted_bytes", s.deleted_bytes),
+    ] {
+        sample(
+            out,
+            &format!("fastbox_artifact_gc_{name}_total"),
+            "counter",
+            value,
+        );
+    }
+    sample(
+        out,
+        "fastbox_artifact_gc_pinned_manifests",
+        "gauge",
+        s.pinned,
+    );
+    sample(
+        out,
+        "fastbox_artifact_gc_last_success_timestamp_seconds",
+        "gauge",
+        s.last_success_unix,
+    );
+}
+
+/// Middleware around the lifecycle router: a successful `GET /metrics` (or `/v1/metrics`)
+/// gets [`NodeMetrics::render`] appended; every other request passes untouched (an
+/// unauthenticated one is refused inside, before this adds anything).
+pub async fn append_node_metrics(
+    State(node): State<Arc<NodeMetrics>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let is_metrics =
+        request.method() == Method::GET && METRICS_PATHS.contains(&request.uri().path());
+    let response = next.run(request).await;
+    if !is_metrics || response.status() != StatusCode::OK {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let Ok(start) = axum::body::to_bytes(body, MAX_METRICS_BYTES).await else {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "metrics: the answer was unreadable\n",
+        )
+            .into_response();
+    };
+    let mut text = start.to_vec();
+    text.extend_from_slice(node.render().as_bytes());
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(text))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,5 +271,102 @@ mod tests {
         assert!(text.contains(
             "fastbox_start_phase_seconds_bucket{source=\"pool\",phase=\"acquire\",le=\"+Inf\"} 2"
         ));
+    }
+    #[test]
+    fn cache_reads_and_gc_render_as_typed_samples() {
+        let mut out = String::new();
+        render_cache(
+            &mut out,
+            &CacheStats {
+                hits: 7,
+                budget: 64 << 20,
+                over_budget: true,
+                ..CacheStats::default()
+            },
+        );
+        render_reads(
+            &mut out,
+            &CachedStoreStats {
+                block_fetches: 3,
+                ..CachedStoreStats::default()
+            },
+        );
+        render_gc(
+            &mut out,
+            &GcStats {
+                runs: 2,
+                deleted_blocks: 5,
+                ..GcStats::default()
+            },
+        );
+        for line in [
+            "# TYPE fastbox_block_cache_hits_total counter\nfastbox_block_cache_hits_total 7",
+            "# TYPE fastbox_block_cache_budget_bytes gauge\nfastbox_block_cache_budget_bytes 67108864",
+            "fastbox_block_cache_over_budget 1",
+            "fastbox_artifact_reads_block_fetches_total 3",
+            "fastbox_artifact_gc_runs_total 2",
+            "fastbox_artifact_gc_deleted_blocks_total 5",
+            "fastbox_artifact_gc_last_success_timestamp_seconds 0",
+        ] {
+            assert!(out.contains(line), "{line:?} not in:\n{out}");
+        }
+    }
+
+    /// A real server on loopback: the router's own `/metrics` answer, then the node's lines;
+    /// other routes and failed answers untouched.
+    #[tokio::test]
+    async fn the_middleware_extends_only_a_successful_metrics_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(
+            NodeStore::open(
+                &fastbox_fastlet::node_store::NodeStoreConfig {
+                    location: fastbox_fastlet::node_store::StoreLocation::local_default(dir.path()),
+                    cache_budget: 1 << 20,
+                    dart: None,
+                },
+                dir.path(),
+                &|_| None,
+            )
+            .unwrap(),
+        );
+        let collector = Arc::new(ArtifactCollector::new(
+            store.origin().clone(),
+            Duration::ZERO,
+        ));
+        let node = Arc::new(NodeMetrics::new(store, collector));
+        let router = axum::Router::new()
+            .route("/metrics", axum::routing::get(|| async { "start 1\n" }))
+            .route(
+                "/v1/metrics",
+                axum::routing::get(|| async { StatusCode::UNAUTHORIZED }),
+            )
+            .route("/health", axum::routing::get(|| async { "ok" }))
+            .layer(axum::middleware::from_fn_with_state(
+                node,
+                append_node_metrics,
+            ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        let get = |path: &str| {
+            let url = format!("http://{addr}{path}");
+            async move {
+                let r = reqwest::get(url).await.unwrap();
+                (r.status().as_u16(), r.text().await.unwrap())
+            }
+        };
+        let (status, text) = get("/metrics").await;
+        assert_eq!(status, 200);
+        assert!(
+            text.starts_with("start 1\n# TYPE fastbox_artifact_gc_"),
+            "{text}"
+        );
+        assert!(text.contains("fastbox_artifact_gc_runs_total 0"), "{text}");
+        assert!(
+            !text.contains("fastbox_block_cache"),
+            "a local store has no cache: {text}"
+        );
+        assert_eq!(get("/v1/metrics").await, (401, String::new()));
+        assert_eq!(get("/health").await, (200, "ok".to_string()));
     }
 }

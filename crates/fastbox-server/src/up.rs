@@ -1,6 +1,13 @@
 //! `fastbox up`: the lifecycle server, the node agent and both proxies in one process, with
 //! the state store in the data directory. Sandboxes outlive the process: SIGTERM stops
 //! serving and leaves them running; the next start re-adopts them.
+//!
+//! The node's artifact store (`fastbox_fastlet::node_store`: a local directory, or an S3
+//! origin behind the node block cache and, with peers, DART) is opened right after the state
+//! store and before anything touches the host, so an unreachable origin, bad credentials or
+//! a missing bucket stop the start with the store's own message. The DART peer server runs
+//! until the process stops; the artifact garbage collection runs on its schedule
+//! (`crate::artifact_gc`); both report in `/metrics` (`crate::metrics::NodeMetrics`).
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -9,13 +16,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use fastbox_fastlet::node_proxy::{self, NodeProxy};
+use fastbox_fastlet::node_store::{NodeStore, NodeStoreError};
 use fastbox_fastlet::{Fastlet, FastletConfig, blocking};
 use fastbox_image::{ImageConfig, StderrProgress};
 use fastbox_proxy::{Forwarder, ForwarderConfig, RouteSigner};
 use tokio::net::TcpListener;
 
-use crate::config::ServerConfig;
+use crate::artifact_gc::{self, ArtifactCollector};
+use crate::config::{ServerConfig, format_duration};
 use crate::http::{self, AppState};
+use crate::metrics::{self, NodeMetrics};
 use crate::service::{Health, Lifecycle};
 use crate::store::Store;
 
@@ -35,6 +45,9 @@ pub enum UpError {
     Signer(#[from] fastbox_proxy::RouteError),
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    /// Not a `source`: the store's messages carry their causes already.
+    #[error("artifact store: {0}")]
+    Artifacts(NodeStoreError),
     #[error(transparent)]
     Node(#[from] fastbox_fastlet::FastletError),
     #[error("{0}")]
@@ -63,6 +76,7 @@ pub async fn run(
     let api_key = api_key(&cfg, &data_dir)?;
     let signer = RouteSigner::load_or_create(&data_dir.join("route-signing.key"))?;
     let store = Store::open(&data_dir.join("state.redb"))?;
+    let node_store = open_node_store(&cfg).await?;
     let fastlet_cfg = FastletConfig {
         prefix: cfg.prefix.clone(),
         data_dir: data_dir.clone(),
@@ -78,6 +92,7 @@ pub async fn run(
         pool_max: cfg.pool_max,
         spare_slots: cfg.spare_slots,
         dns_upstreams: cfg.dns_upstreams.clone(),
+        artifact_store: node_store.store(),
     };
     let fastlet =
         Arc::new(blocking::run("fastbox-node", move || Fastlet::start(fastlet_cfg)).await?);
@@ -129,8 +144,25 @@ pub async fn run(
         api_key: api_key.into(),
         node_proxy: node_proxy.clone(),
     };
+    let collector = Arc::new(ArtifactCollector::new(
+        node_store.origin().clone(),
+        cfg.artifacts.gc_grace,
+    ));
+    let node_metrics = Arc::new(NodeMetrics::new(node_store.clone(), collector.clone()));
+    let router = http::router(state).layer(axum::middleware::from_fn_with_state(
+        node_metrics,
+        metrics::append_node_metrics,
+    ));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let api = serve(api_listener, http::router(state), stop_rx.clone());
+    if let Some(interval) = cfg.artifacts.gc_interval {
+        tokio::spawn(artifact_gc::collect_periodically(
+            collector,
+            lifecycle.clone(),
+            interval,
+            stop_rx.clone(),
+        ));
+    }
+    let api = serve(api_listener, router, stop_rx.clone());
     let node = serve(node_listener, node_proxy::router(node_proxy), stop_rx);
     println!(
         "fastbox: lifecycle API on http://{} (also /v1), node proxy on {}, data in {}",
@@ -160,9 +192,34 @@ pub async fn run(
         if let Ok(fastlet) = Arc::try_unwrap(fastlet) {
             fastlet.shutdown();
         }
+        node_store.shutdown();
     })
     .await;
     Ok(())
+}
+
+/// Opens the node's artifact store (on a plain thread: an S3 origin is checked over the
+/// network) and says what it is and when its garbage is collected.
+async fn open_node_store(cfg: &ServerConfig) -> Result<Arc<NodeStore>, UpError> {
+    let (store_cfg, data_dir) = (cfg.artifacts.store.clone(), cfg.data_dir.clone());
+    let node_store = blocking::run("fastbox-artifacts", move || {
+        NodeStore::open(&store_cfg, &data_dir, &|name| std::env::var(name).ok())
+    })
+    .await
+    .map_err(UpError::Artifacts)?;
+    let collection = match cfg.artifacts.gc_interval {
+        Some(interval) => format!(
+            "every {} (grace {})",
+            format_duration(interval),
+            format_duration(cfg.artifacts.gc_grace)
+        ),
+        None => "off".into(),
+    };
+    println!(
+        "fastbox: artifact store: {}; garbage collection {collection}",
+        node_store.describe()
+    );
+    Ok(Arc::new(node_store))
 }
 
 /// The API key: configured, or kept in the data dir, or generated now (and printed once).

@@ -52,6 +52,7 @@ pub fn series(run: &Run, image: &ResolvedImage) -> anyhow::Result<Series> {
         pool_max: 0,
         spare_slots: run.spare_slots,
         dns_upstreams: None,
+        artifact_store: fastbox_fastlet::node_store::open_local(&run.dir.join("fastlet"))?,
     })?);
     fastlet.start_spares();
     let measured = measure(&fastlet, run, image);

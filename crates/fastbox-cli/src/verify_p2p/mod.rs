@@ -307,6 +307,7 @@ fn build_and_publish(
         pool_max: 0,
         spare_slots: 0,
         dns_upstreams: None,
+        artifact_store: fastbox_fastlet::node_store::open_local(&data_dir)?,
     })?;
     let built = (|| -> anyhow::Result<(Digest, String)> {
         eprintln!(

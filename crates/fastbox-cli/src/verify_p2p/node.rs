@@ -21,12 +21,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use fastbox_artifact::{ArtifactStore, Digest, read_manifest};
 use fastbox_fastlet::execd_client::ExecdClient;
+use fastbox_fastlet::node_store::NodeStore;
 use fastbox_fastlet::{Fastlet, FastletConfig, PlaceRequest};
 use fastbox_image::ImageConfig;
 use fastbox_runtime::net::Ipv4Pool;
 use serde::{Deserialize, Serialize};
 
-use super::stack::{NodeStack, StackConfig};
+use super::stack::StackConfig;
 use crate::paths::HostArgs;
 
 /// Blocks fetched at once by one node.
@@ -83,7 +84,7 @@ pub struct NodeDone {
 pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
     crate::paths::require_root()?;
     let manifest = Digest::from_hex(&args.manifest).context("--manifest")?;
-    let stack = NodeStack::open(&args.stack, &args.host.data_dir)?;
+    let stack = args.stack.open(&args.host.data_dir)?;
     let fastlet = Arc::new(Fastlet::start(FastletConfig {
         prefix: args.prefix.clone(),
         data_dir: args.host.data_dir.join("fastlet"),
@@ -99,6 +100,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         pool_max: 0,
         spare_slots: 0,
         dns_upstreams: None,
+        artifact_store: stack.store(),
     })?);
     emit(&serde_json::json!({"event": "ready"}));
 
@@ -131,12 +133,13 @@ type Placed = (String, fastbox_fastlet::Placement, String);
 
 fn restore(
     args: &NodeArgs,
-    stack: &NodeStack,
+    stack: &NodeStore,
     fastlet: &Fastlet,
     manifest: &Digest,
 ) -> anyhow::Result<(NodeDone, Placed)> {
     let go = Instant::now();
-    let store: &dyn ArtifactStore = stack.store();
+    let store = stack.store();
+    let store: &dyn ArtifactStore = store.as_ref();
     let m = read_manifest(store, manifest).context("read the manifest")?;
     let blocks: Vec<Digest> = m.blocks().into_iter().collect();
     let bytes = fetch_all(store, &blocks)?;

@@ -1,15 +1,13 @@
-//! A node's artifact stack: its block cache (`DATA_DIR/block-cache`, a byte budget) in front
-//! of either DART delivery (peers, then the S3 origin; the node also serves its peers) or, with
-//! no peers, the S3 origin alone. Counters come from whichever layer fetched.
+//! A node's artifact stack, from the flags of `fastbox verify p2p-node`: the node block cache
+//! (`DATA_DIR/block-cache`, a byte budget) in front of either DART delivery (peers, then the
+//! S3 origin; the node also serves its peers) or, with no peers, the S3 origin alone. The
+//! stack itself is `fastbox_fastlet::node_store`, which `fastbox up` opens too.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 
 use anyhow::{Context, ensure};
-use fastbox_artifact::{ArtifactStore, BlockCache, CachedStore};
-use fastbox_dart::{DartConfig, Delivery, GroupSecret, Membership, NodeId, PeerServer};
-use fastbox_s3::{S3Config, S3Store};
+use fastbox_fastlet::node_store::{DartSettings, NodeStore, NodeStoreConfig, StoreLocation};
 
 /// How a node reaches its blocks (flags of `fastbox verify p2p-node`).
 #[derive(clap::Args, Debug, Clone)]
@@ -36,115 +34,31 @@ pub struct StackConfig {
     pub dart_key: Option<String>,
 }
 
-/// What a node fetched, from where.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct StackCounters {
-    pub cache_hits: u64,
-    pub peer_fetches: u64,
-    pub origin_fetches: u64,
-    pub bytes_verified: u64,
-    pub peer_served: u64,
-    /// Cached blocks found corrupt (dropped and fetched again).
-    pub corrupt_dropped: u64,
-}
-
-enum Layer {
-    Dart(Arc<Delivery>),
-    Direct(Arc<CachedStore>),
-}
-
-/// The open stack of one node.
-pub struct NodeStack {
-    layer: Layer,
-    server: Option<PeerServer>,
-    cache: Arc<BlockCache>,
-}
-
-impl NodeStack {
-    /// Opens the origin and the cache under `data_dir`, and starts the peer server.
-    pub fn open(cfg: &StackConfig, data_dir: &Path) -> anyhow::Result<Self> {
-        let origin_cfg = S3Config::from_url(&cfg.origin)
-            .context("--origin")?
-            .with_env(|name| std::env::var(name).ok());
-        let origin: Arc<dyn ArtifactStore> =
-            Arc::new(S3Store::open(origin_cfg).context("open the origin")?);
-        let cache = Arc::new(
-            BlockCache::open(&data_dir.join("block-cache"), cfg.cache_mib << 20)
-                .context("open the block cache")?,
+impl StackConfig {
+    /// The node store these flags describe (the origin must be remote: nodes share it).
+    pub fn node_store_config(&self) -> anyhow::Result<NodeStoreConfig> {
+        let location = StoreLocation::parse(&self.origin).context("--origin")?;
+        ensure!(
+            location.is_remote(),
+            "--origin must be an s3:// URL that every node reaches"
         );
-        let Some(listen) = cfg.listen else {
-            return Ok(Self {
-                layer: Layer::Direct(Arc::new(CachedStore::new(cache.clone(), origin))),
-                server: None,
-                cache,
-            });
-        };
-        let key = cfg
-            .dart_key
-            .clone()
-            .context("peers need a group secret: FASTBOX_DART_KEY")?;
-        ensure!(!cfg.peers.is_empty(), "--listen needs --peers");
-        let node = NodeId::try_new(cfg.node.clone()).context("--node")?;
-        let members = Membership::parse(&cfg.peers).context("--peers")?;
-        let secret = GroupSecret::try_new(key.into_bytes()).context("FASTBOX_DART_KEY")?;
-        let delivery = Arc::new(Delivery::new(
-            DartConfig::new(node, members, secret),
-            cache.clone(),
-            origin,
-        ));
-        let listener = TcpListener::bind(listen).with_context(|| format!("listen on {listen}"))?;
-        let server =
-            PeerServer::serve(listener, delivery.peer_state()).context("start the peer server")?;
-        Ok(Self {
-            layer: Layer::Dart(delivery),
-            server: Some(server),
-            cache,
+        let dart = DartSettings::from_parts(
+            Some(&self.node),
+            self.listen,
+            &self.peers,
+            self.dart_key.as_deref(),
+        )?;
+        Ok(NodeStoreConfig {
+            location,
+            cache_budget: self.cache_mib << 20,
+            dart,
         })
     }
 
-    /// The store restores read through.
-    pub fn store(&self) -> &dyn ArtifactStore {
-        match &self.layer {
-            Layer::Dart(d) => d.as_ref(),
-            Layer::Direct(c) => c.as_ref(),
-        }
-    }
-
-    pub fn counters(&self) -> StackCounters {
-        let corrupt_dropped = self.cache.stats().corrupt_dropped;
-        let counters = match &self.layer {
-            Layer::Dart(d) => {
-                let c = d.counters();
-                StackCounters {
-                    cache_hits: c.cache_hits,
-                    peer_fetches: c.peer_fetches,
-                    origin_fetches: c.origin_fetches,
-                    bytes_verified: c.bytes_verified,
-                    peer_served: c.peer_served,
-                    ..StackCounters::default()
-                }
-            }
-            Layer::Direct(c) => {
-                let s = c.stats();
-                StackCounters {
-                    cache_hits: s.block_hits,
-                    origin_fetches: s.block_fetches,
-                    bytes_verified: s.fetched_bytes,
-                    ..StackCounters::default()
-                }
-            }
-        };
-        StackCounters {
-            corrupt_dropped,
-            ..counters
-        }
-    }
-}
-
-impl Drop for NodeStack {
-    fn drop(&mut self) {
-        if let Some(server) = self.server.take() {
-            server.shutdown();
-        }
+    /// Open the stack under `data_dir` and start its peer server.
+    pub fn open(&self, data_dir: &Path) -> anyhow::Result<NodeStore> {
+        let config = self.node_store_config()?;
+        NodeStore::open(&config, data_dir, &|name| std::env::var(name).ok())
+            .context("open the node's artifact stack")
     }
 }
