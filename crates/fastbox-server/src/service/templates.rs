@@ -32,7 +32,7 @@ impl Lifecycle {
         }
         if !PUBLISH_TARGETS.iter().any(|p| req.publish.starts_with(p)) {
             return Err(ApiError::NotSupported(format!(
-                "publish {:?}: this server publishes to its own artifact store only (\"local\"); S3 targets arrive with the DART milestone",
+                "publish {:?}: this server publishes to its node's artifact store only (\"local\": the directory or S3 origin of --artifact-store)",
                 req.publish
             )));
         }
