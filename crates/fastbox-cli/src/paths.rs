@@ -74,6 +74,59 @@ impl HostArgs {
     }
 }
 
+/// The prefix of a one-off run's host-wide names (a benchmark, a scenario): `given`, or
+/// `stem` and 4 random hex digits; 1 to `max` of `[a-z0-9]`.
+pub fn run_prefix(given: Option<&str>, stem: &str, max: usize) -> anyhow::Result<String> {
+    let prefix = given
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("{stem}{:04x}", rand::random::<u16>()));
+    if prefix.is_empty()
+        || prefix.len() > max
+        || !prefix
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    {
+        bail!("--prefix must be 1 to {max} of [a-z0-9], not {prefix:?}");
+    }
+    Ok(prefix)
+}
+
+/// What a one-off run's fastlet differs in: everything else is this host's (CRIU, execd, the
+/// image cache) or off (warm pools, DNS upstreams).
+pub struct RunFastlet<'a> {
+    pub prefix: &'a str,
+    pub data_dir: PathBuf,
+    pub pool: fastbox_runtime::net::Ipv4Pool,
+    pub spare_slots: usize,
+    pub artifact_store: std::sync::Arc<dyn fastbox_artifact::ArtifactStore>,
+}
+
+impl HostArgs {
+    /// The configuration of a one-off run's fastlet.
+    pub fn fastlet_config(
+        &self,
+        run: RunFastlet<'_>,
+    ) -> anyhow::Result<fastbox_fastlet::FastletConfig> {
+        Ok(fastbox_fastlet::FastletConfig {
+            prefix: run.prefix.to_string(),
+            data_dir: run.data_dir,
+            helper: std::env::current_exe().context("locate the fastbox executable")?,
+            pool: run.pool,
+            images: fastbox_image::ImageConfig {
+                cache_dir: self.cache_dir.clone(),
+                ..fastbox_image::ImageConfig::default()
+            },
+            execd_bin: self.execd()?,
+            criu: self.criu()?,
+            pool_min: 0,
+            pool_max: 0,
+            spare_slots: run.spare_slots,
+            dns_upstreams: None,
+            artifact_store: run.artifact_store,
+        })
+    }
+}
+
 /// Fail with a clear message unless running as root.
 pub fn require_root() -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {

@@ -62,18 +62,7 @@ pub struct Run {
 pub fn restore(args: RestoreBenchArgs) -> anyhow::Result<i32> {
     require_root()?;
     ensure!(args.n > 0, "--n must be at least 1");
-    let prefix = args
-        .prefix
-        .clone()
-        .unwrap_or_else(|| format!("fbr{:04x}", rand::random::<u16>()));
-    ensure!(
-        !prefix.is_empty()
-            && prefix.len() <= 8
-            && prefix
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()),
-        "--prefix must be 1 to 8 of [a-z0-9], not {prefix:?}"
-    );
+    let prefix = fastbox_cli::paths::run_prefix(args.prefix.as_deref(), "fbr", 8)?;
     let image = fastbox_image::ImageCache::try_new(fastbox_image::ImageConfig {
         cache_dir: args.host.cache_dir.clone(),
         ..Default::default()

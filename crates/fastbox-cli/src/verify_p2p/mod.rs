@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use fastbox_artifact::{ArtifactStore, Digest};
-use fastbox_fastlet::{Fastlet, FastletConfig};
+use fastbox_fastlet::Fastlet;
 use fastbox_image::ImageConfig;
 use serde::Serialize;
 
@@ -161,18 +161,7 @@ pub fn run(args: P2pArgs) -> anyhow::Result<i32> {
             "--kill-node must name one of at least 2 nodes"
         );
     }
-    let prefix = args
-        .prefix
-        .clone()
-        .unwrap_or_else(|| format!("fbp{:04x}", rand::random::<u16>()));
-    ensure!(
-        !prefix.is_empty()
-            && prefix.len() <= 7
-            && prefix
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()),
-        "--prefix must be 1 to 7 of [a-z0-9], not {prefix:?}"
-    );
+    let prefix = crate::paths::run_prefix(args.prefix.as_deref(), "fbp", 7)?;
     let base = parse_base(&args.net_base)?;
     let s3s_fs = origin::s3s_fs_bin(args.s3s_fs.clone())?;
     let dir = args.host.data_dir.join(format!("verify-p2p-{prefix}"));
@@ -286,29 +275,13 @@ fn build_and_publish(
     let image = images.resolve(&args.image, None, &fastbox_image::StderrProgress::new())?;
     let builder_prefix = format!("{prefix}b");
     let data_dir = dir.join("builder");
-    let fastlet = Fastlet::start(FastletConfig {
-        prefix: builder_prefix.clone(),
+    let fastlet = Fastlet::start(args.host.fastlet_config(crate::paths::RunFastlet {
+        prefix: &builder_prefix,
         data_dir: data_dir.clone(),
-        helper: std::env::current_exe().context("locate the fastbox executable")?,
-        pool: format!(
-            "{}.{}.99.0/24",
-            net.origin_ip().octets()[0],
-            net.origin_ip().octets()[1]
-        )
-        .parse()
-        .context("builder pool")?,
-        images: ImageConfig {
-            cache_dir: args.host.cache_dir.clone(),
-            ..ImageConfig::default()
-        },
-        execd_bin: args.host.execd()?,
-        criu: args.host.criu()?,
-        pool_min: 0,
-        pool_max: 0,
+        pool: net.builder_pool().parse().context("builder pool")?,
         spare_slots: 0,
-        dns_upstreams: None,
         artifact_store: fastbox_fastlet::node_store::open_local(&data_dir)?,
-    })?;
+    })?)?;
     let built = (|| -> anyhow::Result<(Digest, String)> {
         eprintln!(
             "verify p2p: building the golden checkpoint of {}",

@@ -84,6 +84,11 @@ impl ScenarioNet {
         format!("{}.{}.{}.0/24", self.base[0], self.base[1], 1 + i)
     }
 
+    /// The sandbox address pool of the run's template build.
+    pub fn builder_pool(&self) -> String {
+        format!("{}.{}.99.0/24", self.base[0], self.base[1])
+    }
+
     /// Node `i`'s network namespace.
     pub fn netns(&self, i: usize) -> String {
         format!("{}-n{i}", self.prefix)

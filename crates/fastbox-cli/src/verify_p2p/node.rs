@@ -22,8 +22,7 @@ use anyhow::{Context, bail};
 use fastbox_artifact::{ArtifactStore, Digest, read_manifest};
 use fastbox_fastlet::execd_client::ExecdClient;
 use fastbox_fastlet::node_store::NodeStore;
-use fastbox_fastlet::{Fastlet, FastletConfig, PlaceRequest};
-use fastbox_image::ImageConfig;
+use fastbox_fastlet::{Fastlet, PlaceRequest};
 use fastbox_runtime::net::Ipv4Pool;
 use serde::{Deserialize, Serialize};
 
@@ -85,23 +84,15 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
     crate::paths::require_root()?;
     let manifest = Digest::from_hex(&args.manifest).context("--manifest")?;
     let stack = args.stack.open(&args.host.data_dir)?;
-    let fastlet = Arc::new(Fastlet::start(FastletConfig {
-        prefix: args.prefix.clone(),
-        data_dir: args.host.data_dir.join("fastlet"),
-        helper: std::env::current_exe().context("locate the fastbox executable")?,
-        pool: args.pool,
-        images: ImageConfig {
-            cache_dir: args.host.cache_dir.clone(),
-            ..ImageConfig::default()
+    let fastlet = Arc::new(Fastlet::start(args.host.fastlet_config(
+        crate::paths::RunFastlet {
+            prefix: &args.prefix,
+            data_dir: args.host.data_dir.join("fastlet"),
+            pool: args.pool,
+            spare_slots: 0,
+            artifact_store: stack.store(),
         },
-        execd_bin: args.host.execd()?,
-        criu: args.host.criu()?,
-        pool_min: 0,
-        pool_max: 0,
-        spare_slots: 0,
-        dns_upstreams: None,
-        artifact_store: stack.store(),
-    })?);
+    )?)?);
     emit(&serde_json::json!({"event": "ready"}));
 
     let mut lines = std::io::stdin().lock().lines();
