@@ -133,6 +133,8 @@ fn restore(
     let store: &dyn ArtifactStore = store.as_ref();
     let m = read_manifest(store, manifest).context("read the manifest")?;
     let blocks: Vec<Digest> = m.blocks().into_iter().collect();
+    // The node serves these blocks to its peers for the whole run: none may be evicted.
+    stack.pin(&manifest.to_hex(), blocks.iter().copied());
     let bytes = fetch_all(store, &blocks)?;
     let fetch_seconds = go.elapsed().as_secs_f64();
     let template = fastlet

@@ -190,6 +190,22 @@ impl NodeStore {
         &self.location
     }
 
+    /// Keeps `blocks` in the block cache (never evicted) until [`NodeStore::unpin`] of the
+    /// same `holder`: the blocks of an artifact this node uses or serves its peers. A no-op
+    /// without a cache (a local origin).
+    pub fn pin(&self, holder: &str, blocks: impl IntoIterator<Item = fastbox_artifact::Digest>) {
+        if let Some(cache) = &self.cache {
+            cache.pin(holder, blocks);
+        }
+    }
+
+    /// Releases what `holder` pinned.
+    pub fn unpin(&self, holder: &str) {
+        if let Some(cache) = &self.cache {
+            cache.unpin(holder);
+        }
+    }
+
     /// The node block cache (a remote origin only).
     pub fn cache_stats(&self) -> Option<CacheStats> {
         self.cache.as_ref().map(|cache| cache.stats())
