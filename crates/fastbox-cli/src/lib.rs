@@ -3,6 +3,7 @@
 pub mod artifacts;
 pub mod bench;
 pub mod bench_create;
+pub mod bench_lazy;
 pub mod bench_memory;
 pub mod bench_runc;
 pub mod bench_snapshot;

@@ -82,6 +82,13 @@ enum BenchCommand {
     /// Live snapshots, pause/resume, creates from a snapshot and forks of a sandbox holding
     /// M MiB, through a running server, next to runc checkpoint/restore of the same workload.
     Snapshot(bench_snapshot::SnapshotBenchArgs),
+    /// Restores of a checkpoint of a sandbox holding M MiB from artifact blocks with a
+    /// simulated per-block latency: pulled whole first, next to lazy restores whose memory
+    /// arrives while the sandbox runs.
+    Lazy(fastbox_cli::bench_lazy::LazyBenchArgs),
+    /// The memory holder of `bench lazy` (run inside its sandbox).
+    #[command(hide = true)]
+    LazyHolder(fastbox_cli::bench_lazy::HolderArgs),
 }
 
 #[derive(Subcommand)]
@@ -152,6 +159,12 @@ fn main() {
         Command::Bench {
             command: BenchCommand::Snapshot(args),
         } => bench_snapshot::snapshot(args),
+        Command::Bench {
+            command: BenchCommand::Lazy(args),
+        } => fastbox_cli::bench_lazy::lazy(args),
+        Command::Bench {
+            command: BenchCommand::LazyHolder(args),
+        } => fastbox_cli::bench_lazy::holder_main(args),
         Command::Check(args) => paths::check(&args),
         Command::Verify {
             command: VerifyCommand::P2p(args),

@@ -1,6 +1,7 @@
 //! Checkpoint a sandbox (CRIU images + its writable layer) and restore one into a new slot,
 //! root and cgroup. The checkpoint directory is self-describing (`checkpoint.json`), so a
 //! restore needs only the directory, the image rootfs and the execd of the recorded digest.
+//! [`restore_lazy`] restores one whose memory is not local yet (see [`crate::lazy`]).
 
 use std::fs;
 use std::io;
@@ -14,6 +15,7 @@ use crate::cgroup::{Cgroup, CgroupError, CgroupLimits, CgroupRoot};
 use crate::criu::{Criu, CriuError, DumpRequest, RestoreRequest};
 use crate::criu_stats::DumpStats;
 use crate::execd_binary::ExecdBinary;
+use crate::lazy::restore::{Fetched, LazyError, LazyPages, LazySession, LazyTransfer};
 use crate::rootfs::{Rootfs, RootfsError};
 use crate::sandbox::{SandboxHandle, process_start_ticks};
 
@@ -36,6 +38,8 @@ pub enum CheckpointError {
     BadMetadata(PathBuf),
     #[error("checkpoint needs execd {digest}, which is not in the store")]
     MissingExecd { digest: String },
+    #[error("lazy restore of {id}: {source}")]
+    Lazy { id: String, source: LazyError },
 }
 
 /// What `checkpoint.json` records.
@@ -54,6 +58,9 @@ pub struct CheckpointMeta {
 
 /// A restore's CRIU log, pidfile and statistics, in the new sandbox's directory.
 const RESTORE_WORK_DIR: &str = "criu-work";
+/// The log of a lazy restore's `criu lazy-pages`, in the new sandbox's directory (the work
+/// directory goes when the restore returns; the daemon runs on).
+const LAZY_PAGES_LOG: &str = "criu-lazy-pages.log";
 
 /// Paths inside a checkpoint directory.
 pub fn images_dir(checkpoint: &Path) -> PathBuf {
@@ -305,6 +312,79 @@ pub fn restore(
     target: &RestoreTarget<'_>,
     prepared: Option<PreparedRestore>,
 ) -> Result<(SandboxHandle, RestoreTimings), CheckpointError> {
+    restore_with(criu, cgroups, checkpoint, target, prepared, None)
+        .map(|restored| (restored.handle, restored.timings))
+}
+
+/// A sandbox restored by [`restore_lazy`]: it runs, its memory arrives in the background.
+#[derive(Debug)]
+pub struct LazyRestored {
+    pub handle: SandboxHandle,
+    pub timings: RestoreTimings,
+    /// Before `criu restore`: the pages images made, the blocks the restore reads itself
+    /// fetched, the background fetch and the `criu lazy-pages` daemon started.
+    pub prepare: Duration,
+    /// What had been fetched from the block source when `criu restore` started.
+    pub fetched_before_restore: Fetched,
+    /// The rest of the memory. Anything that dumps the sandbox (pause, snapshot, fork) must
+    /// wait for it; when it fails, its watcher has killed the sandbox (every process of its
+    /// cgroup), whose memory was no longer whole.
+    pub transfer: LazyTransfer,
+}
+
+/// [`restore`] of a checkpoint whose pages images are not local: `pages` fetches them while
+/// the sandbox already runs (`criu restore --lazy-pages`, see [`crate::lazy`] for the steps
+/// and the contract on the images directory). Everything else of the checkpoint must be in
+/// `checkpoint`.
+pub fn restore_lazy(
+    criu: &Criu,
+    cgroups: &CgroupRoot,
+    checkpoint: &Path,
+    target: &RestoreTarget<'_>,
+    prepared: Option<PreparedRestore>,
+    pages: &LazyPages,
+) -> Result<LazyRestored, CheckpointError> {
+    let restored = restore_with(criu, cgroups, checkpoint, target, prepared, Some(pages))?;
+    match restored.lazy {
+        Some(lazy) => Ok(LazyRestored {
+            handle: restored.handle,
+            timings: restored.timings,
+            prepare: lazy.prepare,
+            fetched_before_restore: lazy.fetched_before_restore,
+            transfer: lazy.transfer,
+        }),
+        // Not reached: `restore_with` watches every lazy restore it makes.
+        None => Err(CheckpointError::Lazy {
+            id: target.id.to_string(),
+            source: LazyError::WatcherPanicked,
+        }),
+    }
+}
+
+/// What [`restore_with`] made.
+struct Restored {
+    handle: SandboxHandle,
+    timings: RestoreTimings,
+    lazy: Option<LazyParts>,
+}
+
+/// The lazy part of a restore (see [`LazyRestored`]).
+struct LazyParts {
+    prepare: Duration,
+    fetched_before_restore: Fetched,
+    transfer: LazyTransfer,
+}
+
+/// [`restore`], and with `lazy`, [`restore_lazy`]: the lazy session starts right before
+/// `criu restore` and is watched once it succeeded.
+fn restore_with(
+    criu: &Criu,
+    cgroups: &CgroupRoot,
+    checkpoint: &Path,
+    target: &RestoreTarget<'_>,
+    prepared: Option<PreparedRestore>,
+    lazy: Option<&LazyPages>,
+) -> Result<Restored, CheckpointError> {
     let id = target.id.to_string();
     let meta = read_meta(checkpoint)?;
     let execd = ExecdBinary::lookup(target.execd_store, &meta.execd_digest).ok_or_else(|| {
@@ -356,6 +436,25 @@ pub fn restore(
                 ),
             };
             timings.cgroup = clock.elapsed();
+            let session = match lazy {
+                None => None,
+                Some(pages) => {
+                    let clock = Instant::now();
+                    let log = target.dir.join(LAZY_PAGES_LOG);
+                    match LazySession::start(criu, &images, &work_dir, &log, pages) {
+                        Ok(session) => Some((session, clock.elapsed())),
+                        Err(source) => {
+                            drop(launcher);
+                            let _ = cgroup.kill_all();
+                            let _ = cgroup.remove();
+                            return Err(CheckpointError::Lazy {
+                                id: id.clone(),
+                                source,
+                            });
+                        }
+                    }
+                }
+            };
             let clock = Instant::now();
             let restored = criu
                 .restore(
@@ -367,6 +466,8 @@ pub fn restore(
                         execd_host: &execd.path,
                         cgroup_procs: cgroup.procs_files(),
                         tcp_close: target.tcp_close,
+                        lazy_pages: session.is_some(),
+                        deadline: session.as_ref().map(|(s, _)| s.restore_deadline()),
                     },
                     launcher,
                 )
@@ -379,10 +480,23 @@ pub fn restore(
                     }
                 });
             timings.criu = clock.elapsed();
-            restored
+            let init_pid = restored?;
+            // Restored: from now on a failed transfer kills the sandbox.
+            let lazy = session.map(|(session, prepare)| {
+                let fetched_before_restore = session.fetched_before_restore();
+                let victim = cgroup.clone();
+                LazyParts {
+                    prepare,
+                    fetched_before_restore,
+                    transfer: session.watch(move || {
+                        let _ = victim.kill_all();
+                    }),
+                }
+            });
+            Ok((init_pid, lazy))
         });
     match result {
-        Ok(init_pid) => {
+        Ok((init_pid, lazy)) => {
             timings.criu_stats = crate::criu_stats::read_restore_stats(&work_dir).ok();
             let _ = fs::remove_dir_all(&work_dir);
             let handle = SandboxHandle {
@@ -394,7 +508,11 @@ pub fn restore(
                 execd_digest: meta.execd_digest,
                 netns: target.netns.to_path_buf(),
             };
-            Ok((handle, timings))
+            Ok(Restored {
+                handle,
+                timings,
+                lazy,
+            })
         }
         Err(e) => {
             let _ = rootfs.destroy();

@@ -17,6 +17,8 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Instant;
 
 use crate::spec::EXECD_SANDBOX_PATH;
 
@@ -53,6 +55,8 @@ pub enum CriuError {
     },
     #[error("criu restore wrote no pidfile {0}")]
     NoPid(PathBuf),
+    #[error("criu {action} did not finish by its deadline and was killed; log {log}")]
+    DeadlineExceeded { action: &'static str, log: PathBuf },
 }
 
 /// A CRIU binary known to be new enough.
@@ -95,6 +99,12 @@ pub struct RestoreRequest<'a> {
     pub cgroup_procs: Vec<PathBuf>,
     /// Close established TCP connections instead of restoring them (clones).
     pub tcp_close: bool,
+    /// Restore lazily (`--lazy-pages`): a `criu lazy-pages` daemon listening in `work_dir`
+    /// ([`crate::lazy::daemon::LazyDaemon`]) supplies the tasks' private memory on demand.
+    pub lazy_pages: bool,
+    /// Kill the CRIU run if it has not ended by then (`None`: no limit). A lazy restore
+    /// whose pages never come waits forever otherwise.
+    pub deadline: Option<Instant>,
 }
 
 impl Criu {
@@ -142,6 +152,14 @@ impl Criu {
         cmd
     }
 
+    /// A `criu` command for `criu lazy-pages`, the daemon of a lazy restore
+    /// ([`crate::lazy::daemon::LazyDaemon::start`] adds its arguments): like every run, in
+    /// CRIU's private `/run` where one is needed, so the daemon finds the kernel-feature cache
+    /// instead of probing the kernel (130-490 ms here).
+    pub fn lazy_pages_command(&self) -> Command {
+        self.command()
+    }
+
     /// Dump the tree rooted at the sandbox init into `images`.
     pub fn dump(&self, req: &DumpRequest<'_>) -> Result<(), CriuError> {
         fs::create_dir_all(req.images).map_err(|source| CriuError::Io {
@@ -174,13 +192,14 @@ impl Criu {
         if let Some(script) = req.post_dump {
             cmd.arg("--action-script").arg(script);
         }
-        let output = run_recorded(cmd, req.images)?;
-        check(output, "dump", &req.images.join("dump.log"))
+        let finished = run_recorded(cmd, req.images, None)?;
+        check(finished.output, "dump", &req.images.join("dump.log"))
     }
 
     /// Restore `images` into the given root, network namespace and cgroups; returns the host
     /// pid of the restored init. With a `launcher` (made ahead for the same namespace and
-    /// cgroups), CRIU starts in it and the cgroup join and fork are already done.
+    /// cgroups), CRIU starts in it and the cgroup join and fork are already done. A run still
+    /// going at `req.deadline` is killed ([`CriuError::DeadlineExceeded`]).
     pub fn restore(
         &self,
         req: &RestoreRequest<'_>,
@@ -189,19 +208,26 @@ impl Criu {
         let pidfile = req.work_dir.join("restore.pid");
         let _ = fs::remove_file(&pidfile);
         let args = restore_args(req, &pidfile);
-        let output = match launcher {
-            Some(launcher) => launcher.launch(&self.path, &args, req.work_dir)?,
+        let finished = match launcher {
+            Some(launcher) => launcher.launch(&self.path, &args, req.work_dir, req.deadline)?,
             None => {
                 let joined = JoinedFds::open(req.netns, &req.cgroup_procs)?;
                 let mut cmd = self.command();
                 cmd.args(&args);
                 joined.install(&mut cmd);
-                let output = run_recorded(cmd, req.work_dir)?;
+                let finished = run_recorded(cmd, req.work_dir, req.deadline)?;
                 drop(joined);
-                output
+                finished
             }
         };
-        check(output, "restore", &req.work_dir.join("restore.log"))?;
+        let log = req.work_dir.join("restore.log");
+        if finished.killed_at_deadline {
+            return Err(CriuError::DeadlineExceeded {
+                action: "restore",
+                log,
+            });
+        }
+        check(finished.output, "restore", &log)?;
         let pid = fs::read_to_string(&pidfile)
             .ok()
             .and_then(|s| s.trim().parse().ok())
@@ -259,27 +285,40 @@ impl RestoreLauncher {
         criu: &Path,
         args: &[std::ffi::OsString],
         pid_dir: &Path,
-    ) -> Result<std::process::Output, CriuError> {
-        let mut child = self.child.take().expect("a launcher is launched once");
-        record_pid(pid_dir, child.id());
-        let mut line = criu.as_os_str().as_bytes().to_vec();
-        for arg in args {
-            line.push(0);
-            line.extend_from_slice(arg.as_bytes());
-        }
+        deadline: Option<Instant>,
+    ) -> Result<Finished, CriuError> {
         let io_err = |source| CriuError::Io {
             what: "start",
             path: PathBuf::from("criu launcher"),
             source,
         };
-        let mut stdin = child.stdin.take().expect("piped stdin");
-        if let Err(e) = stdin.write_all(&line) {
+        let mut child = self
+            .child
+            .take()
+            .ok_or_else(|| io_err(io::Error::other("the launcher was already used")))?;
+        record_pid(pid_dir, child.id());
+        let watchdog = match deadline.map(|d| Watchdog::arm(&child, d)).transpose() {
+            Ok(watchdog) => watchdog,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(io_err(e));
+            }
+        };
+        let mut line = criu.as_os_str().as_bytes().to_vec();
+        for arg in args {
+            line.push(0);
+            line.extend_from_slice(arg.as_bytes());
+        }
+        if let Some(mut stdin) = child.stdin.take()
+            && let Err(e) = stdin.write_all(&line)
+        {
             let _ = child.kill();
             let _ = child.wait();
             return Err(io_err(e));
         }
-        drop(stdin);
-        child.wait_with_output().map_err(io_err)
+        let output = child.wait_with_output().map_err(io_err)?;
+        Ok(Finished::new(output, watchdog))
     }
 }
 
@@ -299,7 +338,12 @@ const PID_FILE: &str = "criu.pid";
 
 /// Runs `cmd` (CRIU) to its end, its pid recorded in `pid_dir` first: a CRIU run outlives a
 /// crash of its caller, and the pid tells a later run to wait for it ([`wait_for_criu`]).
-fn run_recorded(mut cmd: Command, pid_dir: &Path) -> Result<std::process::Output, CriuError> {
+/// A run still going at `deadline` is killed.
+fn run_recorded(
+    mut cmd: Command,
+    pid_dir: &Path,
+    deadline: Option<Instant>,
+) -> Result<Finished, CriuError> {
     let io_err = |what| {
         move |source| CriuError::Io {
             what,
@@ -307,14 +351,75 @@ fn run_recorded(mut cmd: Command, pid_dir: &Path) -> Result<std::process::Output
             source,
         }
     };
-    let child = cmd
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(io_err("run"))?;
     record_pid(pid_dir, child.id());
-    child.wait_with_output().map_err(io_err("wait for"))
+    let watchdog = match deadline.map(|d| Watchdog::arm(&child, d)).transpose() {
+        Ok(watchdog) => watchdog,
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(io_err("watch")(e));
+        }
+    };
+    let output = child.wait_with_output().map_err(io_err("wait for"))?;
+    Ok(Finished::new(output, watchdog))
+}
+
+/// A CRIU run that ended: its output, and whether its deadline ended it.
+struct Finished {
+    output: std::process::Output,
+    /// Killed by its [`Watchdog`] (a run that succeeded as the deadline passed is not).
+    killed_at_deadline: bool,
+}
+
+impl Finished {
+    fn new(output: std::process::Output, watchdog: Option<Watchdog>) -> Self {
+        let fired = watchdog.is_some_and(Watchdog::disarm);
+        Self {
+            killed_at_deadline: fired && !output.status.success(),
+            output,
+        }
+    }
+}
+
+/// Kills a child process at a deadline unless disarmed first. It signals through a pidfd
+/// ([`crate::lazy::pidfd`]), so a child that was reaped in the meantime is never confused
+/// with a later process of the same pid.
+struct Watchdog {
+    disarm: mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<bool>,
+}
+
+impl Watchdog {
+    /// Arms the watchdog on `child`, which must not be reaped yet.
+    fn arm(child: &std::process::Child, deadline: Instant) -> io::Result<Self> {
+        let pidfd = crate::lazy::pidfd::PidFd::open(child.id())?;
+        let (disarm, disarmed) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("criu-deadline".into())
+            .spawn(move || {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match disarmed.recv_timeout(left) {
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        let _ = pidfd.kill();
+                        true
+                    }
+                    _ => false,
+                }
+            })?;
+        Ok(Self { disarm, thread })
+    }
+
+    /// Stops the watchdog; true when it fired.
+    fn disarm(self) -> bool {
+        drop(self.disarm);
+        self.thread.join().unwrap_or(false)
+    }
 }
 
 fn record_pid(dir: &Path, pid: u32) {
@@ -414,6 +519,9 @@ fn restore_args(req: &RestoreRequest<'_>, pidfile: &Path) -> Vec<std::ffi::OsStr
     if req.tcp_close {
         args.push("--tcp-close".into());
     }
+    if req.lazy_pages {
+        args.push("--lazy-pages".into());
+    }
     args
 }
 
@@ -503,13 +611,23 @@ fn check(output: std::process::Output, action: &'static str, log: &Path) -> Resu
     if output.status.success() {
         return Ok(());
     }
-    let text = fs::read_to_string(log)
-        .unwrap_or_else(|_| String::from_utf8_lossy(&output.stderr).to_string());
+    Err(CriuError::Failed {
+        action,
+        status: output.status.to_string(),
+        log: log.to_path_buf(),
+        tail: log_tail(log, &String::from_utf8_lossy(&output.stderr)),
+    })
+}
+
+/// What a CRIU log says about a failure: its error lines, else its last 15 lines (`fallback`,
+/// e.g. the run's stderr, stands in for a log that cannot be read).
+pub(crate) fn log_tail(log: &Path, fallback: &str) -> String {
+    let text = fs::read_to_string(log).unwrap_or_else(|_| fallback.to_string());
     let tail: Vec<&str> = text
         .lines()
         .filter(|l| l.contains("Error") || l.contains("rror ("))
         .collect();
-    let tail = if tail.is_empty() {
+    if tail.is_empty() {
         text.lines()
             .rev()
             .take(15)
@@ -520,13 +638,7 @@ fn check(output: std::process::Output, action: &'static str, log: &Path) -> Resu
             .join("\n")
     } else {
         tail.join("\n")
-    };
-    Err(CriuError::Failed {
-        action,
-        status: output.status.to_string(),
-        log: log.to_path_buf(),
-        tail,
-    })
+    }
 }
 
 /// CRIU probes the kernel at every start (about 35 ms here: the compat vDSO alone forks a
@@ -635,6 +747,58 @@ mod tests {
         let mut buf = [0u8; 12];
         assert_eq!(format_pid(1, &mut buf), b"1");
         assert_eq!(format_pid(4194304, &mut buf), b"4194304");
+    }
+
+    #[test]
+    fn a_run_past_its_deadline_is_killed_and_others_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sleeper = Command::new("sleep");
+        sleeper.arg("30");
+        let clock = Instant::now();
+        let deadline = clock + std::time::Duration::from_millis(100);
+        let finished = run_recorded(sleeper, dir.path(), Some(deadline)).unwrap();
+        assert!(finished.killed_at_deadline);
+        assert!(clock.elapsed() < std::time::Duration::from_secs(10));
+        assert!(
+            dir.path().join(PID_FILE).is_file(),
+            "the run recorded its pid"
+        );
+
+        let far = Instant::now() + std::time::Duration::from_secs(30);
+        let finished = run_recorded(Command::new("true"), dir.path(), Some(far)).unwrap();
+        assert!(!finished.killed_at_deadline && finished.output.status.success());
+        let finished = run_recorded(Command::new("false"), dir.path(), None).unwrap();
+        assert!(!finished.killed_at_deadline && !finished.output.status.success());
+    }
+
+    #[test]
+    fn lazy_restores_add_lazy_pages_and_nothing_else() {
+        let path = Path::new("/x");
+        let req = RestoreRequest {
+            images: path,
+            work_dir: path,
+            root: path,
+            netns: path,
+            execd_host: path,
+            cgroup_procs: Vec::new(),
+            tcp_close: true,
+            lazy_pages: false,
+            deadline: None,
+        };
+        let eager = restore_args(&req, path);
+        assert!(!eager.iter().any(|a| a == "--lazy-pages"));
+        let lazy = restore_args(
+            &RestoreRequest {
+                lazy_pages: true,
+                ..req
+            },
+            path,
+        );
+        assert_eq!(lazy.len(), eager.len() + 1);
+        assert_eq!(
+            lazy.last().map(|a| a.as_os_str()),
+            Some("--lazy-pages".as_ref())
+        );
     }
 
     #[test]

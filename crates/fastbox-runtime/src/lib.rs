@@ -11,6 +11,7 @@ pub mod criu;
 pub mod criu_stats;
 pub mod execd_binary;
 pub mod init;
+pub mod lazy;
 pub mod net;
 pub mod rootfs;
 pub mod sandbox;

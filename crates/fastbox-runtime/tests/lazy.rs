@@ -1,0 +1,613 @@
+//! Lazy restores with the real CRIU (root, CRIU >= 4.2 with non-cooperative userfaultfd;
+//! skipped with the reason otherwise). A process holding 32 MiB of pseudo-random memory (this
+//! test binary itself, re-run as [`memory_holder`] in its own pid namespace) is dumped; its
+//! pages image is then taken away and served lazily from blocks in memory, and the process is
+//! restored with `criu restore --lazy-pages`:
+//!
+//! - through the daemon and page server alone ([`LazyDaemon`]): memory intact;
+//! - through a [`LazySession`]: memory intact, the pages image complete afterwards;
+//! - with a block source that fails after the restore's own blocks: the transfer fails, its
+//!   watcher kills the restored process, and the incomplete pages image is removed;
+//! - with a transfer slower than its timeout: the watcher kills the restored process;
+//! - with the restored process killed mid-transfer: the transfer ends at once (failed: its
+//!   pages image is not complete, and removed), without fetching the rest.
+//!
+//! The restored sandbox of fastbox (netns, cgroups, execd) is restored lazily end to end by
+//! `fastbox bench lazy` (`crates/fastbox-cli/tests/bench_lazy.rs`).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use fastbox_runtime::criu::Criu;
+use fastbox_runtime::lazy::blocks::{BlockSource, LazyFile, SourceError};
+use fastbox_runtime::lazy::daemon::LazyDaemon;
+use fastbox_runtime::lazy::pagemap::{PAGE_SIZE, Pagemap, task_pagemaps};
+use fastbox_runtime::lazy::restore::{LazyError, LazyPages, LazySession, RemoteFile};
+use fastbox_runtime::lazy::server::PageServer;
+
+const HOLDER_PORT: &str = "FASTBOX_LAZY_TEST_HOLDER_PORT";
+/// The blocks the tests cut pages images into (small, so there are many).
+const BLOCK: usize = 256 << 10;
+
+/// CRIU as the test suite finds it, or why the test cannot run.
+fn criu() -> Result<PathBuf, String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err("needs root (CRIU)".into());
+    }
+    let path = std::env::var_os("FASTBOX_CRIU").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.deps/criu/bin/criu"),
+        PathBuf::from,
+    );
+    let check = Command::new(&path)
+        .args(["check", "--feature", "uffd-noncoop"])
+        .output()
+        .map_err(|e| format!("no CRIU at {} ({e}): run scripts/setup.sh", path.display()))?;
+    if !check.status.success() {
+        return Err(format!(
+            "{} has no non-cooperative userfaultfd",
+            path.display()
+        ));
+    }
+    Ok(path)
+}
+
+/// CRIU, and the host-wide lock that makes these tests run one at a time: the processes
+/// they dump and restore share the host's mount namespace, where CRIU's parasite makes a
+/// directory named after the task's pid (1 in each holder's pid namespace), so concurrent
+/// runs collide (nextest runs each test in a process of its own).
+macro_rules! criu_or_skip {
+    () => {
+        match criu() {
+            Ok(path) => (path, lock_host("fastbox-lazy-tests.lock")),
+            Err(reason) => {
+                eprintln!("skipped: {reason}");
+                return;
+            }
+        }
+    };
+}
+
+/// 32 MiB of xorshift words and their checksum.
+fn memory() -> (Vec<u64>, u64) {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let words: Vec<u64> = (0..(32 << 20) / 8)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        })
+        .collect();
+    let sum = checksum(&words);
+    (words, sum)
+}
+
+fn checksum(words: &[u64]) -> u64 {
+    words
+        .iter()
+        .fold(0u64, |s, w| s.wrapping_mul(31).wrapping_add(*w))
+}
+
+/// Not a test: the process the tests dump (run with `HOLDER_PORT` set). Each connection
+/// gets "<checksum now> <checksum at start>".
+#[test]
+#[ignore = "helper process of the lazy restore tests"]
+fn memory_holder() {
+    let Some(port) = std::env::var_os(HOLDER_PORT) else {
+        return;
+    };
+    let (words, at_start) = memory();
+    let listener =
+        std::net::TcpListener::bind(("127.0.0.1", port.to_str().unwrap().parse().unwrap()))
+            .unwrap();
+    for conn in listener.incoming() {
+        let Ok(mut conn) = conn else { continue };
+        let _ = writeln!(conn, "{} {at_start}", checksum(&words));
+    }
+}
+
+/// The `unshare` parent of a memory holder; killed and reaped when dropped.
+struct Holder {
+    unshare: Child,
+    pid: i32,
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.unshare.kill();
+        let _ = self.unshare.wait();
+    }
+}
+
+/// Starts the holder, session leader in its own pid namespace, and waits until it answers.
+fn start_holder(port: u16) -> Holder {
+    let exe = std::env::current_exe().unwrap();
+    let unshare = Command::new("unshare")
+        .args(["--fork", "--pid", "setsid"])
+        .arg(exe)
+        .args(["--exact", "memory_holder"])
+        .args(["--ignored", "--nocapture", "--test-threads", "1"])
+        .env(HOLDER_PORT, port.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut holder = Holder { unshare, pid: 0 };
+    let children = format!("/proc/{0}/task/{0}/children", holder.unshare.id());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let pid = std::fs::read_to_string(&children)
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok());
+        if let Some(pid) = pid
+            && ask(port).is_some()
+        {
+            holder.pid = pid;
+            return holder;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the memory holder does not answer"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The holder's answer: (checksum now, checksum at start).
+fn ask(port: u16) -> Option<(u64, u64)> {
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text).ok()?;
+    let mut parts = text.split_whitespace().map(|p| p.parse::<u64>().ok());
+    Some((parts.next()??, parts.next()??))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `criu ARGS --images-dir DIR/images --work-dir DIR/work`, started.
+fn spawn(criu: &Path, args: &[&str], dir: &Path) -> Child {
+    Command::new(criu)
+        .args(args)
+        .arg("--images-dir")
+        .arg(dir.join("images"))
+        .arg("--work-dir")
+        .arg(dir.join("work"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// An exclusive lock on a file shared by every process running these tests (nextest runs
+/// each test in a process of its own), held until the returned file is dropped.
+fn lock_host(name: &str) -> std::fs::File {
+    let file = std::fs::File::create(std::env::temp_dir().join(name)).unwrap();
+    // SAFETY: flock on a descriptor this function owns.
+    let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX) };
+    assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
+    file
+}
+
+/// Dumps a fresh holder into `dir/images`; returns its port.
+fn dump_holder(criu: &Path, dir: &Path) -> u16 {
+    for sub in ["images", "work"] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+    }
+    let port = free_port();
+    let holder = start_holder(port);
+    let pid = holder.pid.to_string();
+    let dumped = spawn(criu, &["dump", "-t", &pid, "-o", "dump.log", "-v2"], dir)
+        .wait()
+        .is_ok_and(|s| s.success());
+    drop(holder);
+    if !dumped {
+        let log = std::fs::read_to_string(dir.join("work/dump.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(30).collect();
+        panic!("criu dump failed:\n{}", tail.join("\n"));
+    }
+    port
+}
+
+/// `criu restore --lazy-pages`, started; its pidfile is `DIR/restored.pid`.
+fn start_restore(criu: &Path, dir: &Path) -> Child {
+    let pidfile = dir.join("restored.pid");
+    let pidfile = pidfile.to_str().unwrap();
+    spawn(
+        criu,
+        &[
+            "restore",
+            "--lazy-pages",
+            "--restore-detached",
+            "-o",
+            "restore.log",
+            "-v2",
+            "--pidfile",
+            pidfile,
+        ],
+        dir,
+    )
+}
+
+fn restored_pid(dir: &Path) -> Option<i32> {
+    std::fs::read_to_string(dir.join("restored.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn kill(pid: i32) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+fn is_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
+/// Whether `pid` ends within a few seconds (a killed process takes a moment to exit).
+fn ends(pid: i32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while is_alive(pid) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+/// Blocks in memory, each fetch taking `delay`; with `only`, the fetch of any other block
+/// fails.
+struct MemorySource {
+    blocks: HashMap<String, Vec<u8>>,
+    delay: Duration,
+    fetches: AtomicUsize,
+    only: Option<HashSet<String>>,
+}
+
+impl MemorySource {
+    /// The source of `data` cut into [`BLOCK`]s, and the digests in order.
+    fn of(data: &[u8], delay: Duration) -> (Self, Vec<String>) {
+        let mut blocks = HashMap::new();
+        let digests = data
+            .chunks(BLOCK)
+            .map(|chunk| {
+                let digest = blake3::hash(chunk).to_hex().to_string();
+                blocks.insert(digest.clone(), chunk.to_vec());
+                digest
+            })
+            .collect();
+        let source = Self {
+            blocks,
+            delay,
+            fetches: AtomicUsize::new(0),
+            only: None,
+        };
+        (source, digests)
+    }
+}
+
+impl BlockSource for MemorySource {
+    fn get_block(&self, digest: &str) -> Result<Vec<u8>, SourceError> {
+        std::thread::sleep(self.delay);
+        self.fetches.fetch_add(1, Ordering::SeqCst);
+        if self
+            .only
+            .as_ref()
+            .is_some_and(|only| !only.contains(digest))
+        {
+            return Err(format!("origin unreachable for {digest}").into());
+        }
+        self.blocks
+            .get(digest)
+            .cloned()
+            .ok_or_else(|| format!("no block {digest}").into())
+    }
+}
+
+/// The dumped holder's one task pages image, taken out of `images`: its name and bytes, and
+/// its pagemap.
+fn take_pages(images: &Path) -> (String, Vec<u8>, Pagemap) {
+    let mut tasks = task_pagemaps(images).unwrap();
+    assert_eq!(tasks.len(), 1, "one task");
+    let (_, pagemap) = tasks.remove(0);
+    let name = pagemap.pages_file_name();
+    let path = images.join(&name);
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let lazy = pagemap.lazy_pages();
+    assert!(
+        lazy >= (32 << 20) / PAGE_SIZE,
+        "the memory is lazy: {lazy} pages"
+    );
+    (name, bytes, pagemap)
+}
+
+/// How the blocks of a test checkpoint come.
+#[derive(Clone, Copy)]
+enum Blocks {
+    /// Every block, each after this delay.
+    Delayed(Duration),
+    /// The blocks of the restore's own (eager) pages; every other fetch fails.
+    OnlyEager,
+}
+
+/// The holder dumped into a fresh directory, its pages image served from a [`MemorySource`]:
+/// the directory, its port, the source and the session's settings.
+fn lazy_checkpoint(
+    criu: &Path,
+    how: Blocks,
+) -> (tempfile::TempDir, u16, Arc<MemorySource>, LazyPages) {
+    let dir = tempfile::tempdir().unwrap();
+    let port = dump_holder(criu, dir.path());
+    let (name, bytes, pagemap) = take_pages(&dir.path().join("images"));
+    let delay = match how {
+        Blocks::Delayed(delay) => delay,
+        Blocks::OnlyEager => Duration::ZERO,
+    };
+    let (mut source, blocks) = MemorySource::of(&bytes, delay);
+    if let Blocks::OnlyEager = how {
+        let eager = pagemap.eager_ranges().into_iter().flat_map(|range| {
+            let first = range.start as usize / BLOCK;
+            first..=(range.end as usize - 1) / BLOCK
+        });
+        source.only = Some(eager.map(|i| blocks[i].clone()).collect());
+    }
+    let source = Arc::new(source);
+    let pages = LazyPages {
+        source: source.clone(),
+        block_size: BLOCK as u64,
+        files: BTreeMap::from([(
+            name,
+            RemoteFile {
+                size: bytes.len() as u64,
+                blocks,
+            },
+        )]),
+        fetch_workers: 2,
+        restore_timeout: Duration::from_secs(60),
+        transfer_timeout: None,
+    };
+    (dir, port, source, pages)
+}
+
+fn start_session(criu: &Path, dir: &Path, pages: &LazyPages) -> LazySession {
+    LazySession::start(
+        &Criu::at(criu).unwrap(),
+        &dir.join("images"),
+        &dir.join("work"),
+        &dir.join("lazy.log"),
+        pages,
+    )
+    .unwrap()
+}
+
+/// A kill action for [`LazySession::watch`] that kills the restored process of `dir` and
+/// records that it ran.
+fn killer(dir: &Path) -> (impl FnOnce() + Send + 'static, Arc<AtomicBool>) {
+    let (dir, killed) = (dir.to_path_buf(), Arc::new(AtomicBool::new(false)));
+    let flag = killed.clone();
+    let kill_restored = move || {
+        flag.store(true, Ordering::SeqCst);
+        if let Some(pid) = restored_pid(&dir) {
+            kill(pid);
+        }
+    };
+    (kill_restored, killed)
+}
+
+/// Ends the `criu restore` (a restore whose pages never came still waits) and reaps it.
+fn end(mut restore: Child) {
+    let _ = restore.kill();
+    let _ = restore.wait();
+}
+
+#[test]
+fn the_daemon_and_page_server_restore_memory_intact() {
+    let (criu, _one_at_a_time) = criu_or_skip!();
+    let dir = tempfile::tempdir().unwrap();
+    let port = dump_holder(&criu, dir.path());
+    let images = dir.path().join("images");
+    let mut tasks = task_pagemaps(&images).unwrap();
+    let (pid, pagemap) = tasks.remove(0);
+    let (name, bytes, taken) = take_pages(&images);
+    let lazy = taken.lazy_pages();
+    let (source, digests) = MemorySource::of(&bytes, Duration::from_millis(2));
+    let file = Arc::new(
+        LazyFile::create(
+            &images.join(name),
+            bytes.len() as u64,
+            BLOCK as u64,
+            digests,
+            Arc::new(source),
+        )
+        .unwrap(),
+    );
+    for range in pagemap.eager_ranges() {
+        file.ensure(range).unwrap();
+    }
+    let mut server = PageServer::new();
+    server.add_task(pid, Arc::new(pagemap), file.clone());
+    let prefetch = file.prefetch(2);
+    let daemon = LazyDaemon::start(
+        Command::new(&criu),
+        &images,
+        &dir.path().join("work"),
+        &dir.path().join("lazy.log"),
+        server,
+    )
+    .unwrap();
+    let restored = start_restore(&criu, dir.path()).wait().unwrap();
+    assert!(
+        restored.success(),
+        "lazy restore; logs in {}",
+        dir.path().display()
+    );
+    let pid = restored_pid(dir.path()).expect("restored pid");
+    let answer = ask(port);
+    let report = daemon.wait();
+    kill(pid);
+    let (now, at_start) = answer.expect("the restored process answers");
+    assert_eq!(now, at_start, "memory restored lazily is intact");
+    let report = report.unwrap();
+    assert!(report.served.closed);
+    assert!(report.served.pages >= lazy, "{report:?}");
+    prefetch.wait().unwrap();
+    assert!(file.is_complete());
+}
+
+#[test]
+fn a_session_restores_memory_intact_and_completes_the_pages_image() {
+    let (criu, _one_at_a_time) = criu_or_skip!();
+    let (dir, port, source, pages) =
+        lazy_checkpoint(&criu, Blocks::Delayed(Duration::from_millis(2)));
+    let session = start_session(&criu, dir.path(), &pages);
+    let before = session.fetched_before_restore();
+    let blocks = pages.files.values().map(|f| f.blocks.len() as u64).sum();
+    assert!(
+        before.blocks >= 1 && before.blocks < blocks,
+        "only the restore's own blocks come first: {before:?} of {blocks}"
+    );
+    let mut restore = start_restore(&criu, dir.path());
+    let (kill_restored, killed) = killer(dir.path());
+    assert!(
+        restore.wait().unwrap().success(),
+        "lazy restore; logs in {}",
+        dir.path().display()
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let answer = loop {
+        if let Some(answer) = ask(port) {
+            break answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restored process never answered"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let report = session.watch(kill_restored).wait();
+    if let Some(pid) = restored_pid(dir.path()) {
+        kill(pid);
+    }
+    assert_eq!(answer.0, answer.1, "memory restored lazily is intact");
+    let report = report.unwrap();
+    assert!(!killed.load(Ordering::SeqCst));
+    assert!(report.served.closed);
+    assert_eq!(report.fetched.blocks, blocks, "each block fetched once");
+    assert_eq!(source.fetches.load(Ordering::SeqCst) as u64, blocks);
+    assert_eq!(report.before_restore, before);
+    let (name, file) = pages.files.iter().next().unwrap();
+    let on_disk = std::fs::metadata(dir.path().join("images").join(name)).unwrap();
+    assert_eq!(on_disk.len(), file.size, "the pages image stays, complete");
+}
+
+#[test]
+fn a_failing_block_source_kills_the_restored_process() {
+    let (criu, _one_at_a_time) = criu_or_skip!();
+    let (dir, _port, _source, pages) = lazy_checkpoint(&criu, Blocks::OnlyEager);
+    let session = start_session(&criu, dir.path(), &pages);
+    let restore = start_restore(&criu, dir.path());
+    let (kill_restored, killed) = killer(dir.path());
+    let err = session
+        .watch(kill_restored)
+        .wait()
+        .expect_err("the transfer fails");
+    end(restore);
+    assert!(matches!(err, LazyError::Daemon(_)), "{err}");
+    assert!(
+        killed.load(Ordering::SeqCst),
+        "the watcher ran the kill action"
+    );
+    if let Some(pid) = restored_pid(dir.path()) {
+        assert!(ends(pid), "the restored process is gone");
+    }
+    let name = pages.files.keys().next().unwrap();
+    assert!(
+        !dir.path().join("images").join(name).exists(),
+        "an incomplete pages image does not stay"
+    );
+}
+
+#[test]
+fn a_transfer_past_its_timeout_kills_the_restored_process() {
+    let (criu, _one_at_a_time) = criu_or_skip!();
+    // 128 blocks at 300 ms each over 2 workers: about 20 s, against a 2 s timeout.
+    let (dir, port, _source, mut pages) =
+        lazy_checkpoint(&criu, Blocks::Delayed(Duration::from_millis(300)));
+    pages.transfer_timeout = Some(Duration::from_secs(2));
+    let session = start_session(&criu, dir.path(), &pages);
+    let mut restore = start_restore(&criu, dir.path());
+    assert!(
+        restore.wait().unwrap().success(),
+        "lazy restore; logs in {}",
+        dir.path().display()
+    );
+    let (kill_restored, killed) = killer(dir.path());
+    let clock = Instant::now();
+    let err = session
+        .watch(kill_restored)
+        .wait()
+        .expect_err("the transfer is too slow");
+    assert!(
+        clock.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        clock.elapsed()
+    );
+    assert!(err.to_string().contains("did not finish within"), "{err}");
+    assert!(killed.load(Ordering::SeqCst));
+    let pid = restored_pid(dir.path()).expect("the restore finished before the timeout");
+    assert!(ends(pid), "the restored process is gone");
+    assert!(ask(port).is_none());
+}
+
+#[test]
+fn a_restored_process_that_dies_mid_transfer_ends_the_transfer() {
+    let (criu, _one_at_a_time) = criu_or_skip!();
+    // 128 blocks at 100 ms each over 2 workers: about 6 s of transfer.
+    let (dir, _port, _source, pages) =
+        lazy_checkpoint(&criu, Blocks::Delayed(Duration::from_millis(100)));
+    let session = start_session(&criu, dir.path(), &pages);
+    let mut restore = start_restore(&criu, dir.path());
+    assert!(restore.wait().unwrap().success());
+    let pid = restored_pid(dir.path()).expect("restored pid");
+    let clock = Instant::now();
+    kill(pid);
+    let (kill_restored, _) = killer(dir.path());
+    let err = session
+        .watch(kill_restored)
+        .wait()
+        .expect_err("its pages never all came");
+    assert!(matches!(err, LazyError::Incomplete(_)), "{err}");
+    assert!(
+        clock.elapsed() < Duration::from_secs(3),
+        "the transfer ended with the process, not with the background fetch: {:?}",
+        clock.elapsed()
+    );
+    let name = pages.files.keys().next().unwrap();
+    assert!(!dir.path().join("images").join(name).exists());
+}
