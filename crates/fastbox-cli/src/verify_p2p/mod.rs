@@ -575,15 +575,12 @@ impl PhaseContext<'_> {
                 })?;
             match event {
                 Event::Line(i, v) if v["event"] == "progress" => {
-                    if kill == Some(i) && killed.is_none() {
-                        let total = done_total(&v);
-                        if total >= 1 {
-                            eprintln!("verify p2p: killing node n{i} (SIGKILL) mid-transfer");
-                            if let Some(p) = procs.iter_mut().find(|p| p.index == i) {
-                                let _ = p.child.kill();
-                            }
-                            killed = Some(i);
+                    if kill == Some(i) && killed.is_none() && past_a_third(&v) {
+                        eprintln!("verify p2p: killing node n{i} (SIGKILL) mid-transfer");
+                        if let Some(p) = procs.iter_mut().find(|p| p.index == i) {
+                            let _ = p.child.kill();
                         }
+                        killed = Some(i);
                     }
                 }
                 Event::Line(i, v) if v["event"] == "done" => {
@@ -609,11 +606,11 @@ impl PhaseContext<'_> {
     }
 }
 
-/// Whether a progress line says a third of the blocks are in (the kill point): 1 when so.
-fn done_total(progress: &serde_json::Value) -> usize {
+/// Whether a progress line says a third of the blocks are in (the kill point).
+fn past_a_third(progress: &serde_json::Value) -> bool {
     let blocks = progress["blocks"].as_u64().unwrap_or(0);
     let of = progress["of"].as_u64().unwrap_or(u64::MAX);
-    usize::from(blocks * 3 >= of)
+    blocks.saturating_mul(3) >= of
 }
 
 /// Tells every node to clean up and exit, waits (killing one that hangs), and purges what a
