@@ -81,11 +81,7 @@ impl Percentiles {
 pub fn cold_start(args: ColdStartArgs) -> anyhow::Result<i32> {
     crate::paths::require_root()?;
     anyhow::ensure!(args.n > 0, "--n must be at least 1");
-    let cache = fastbox_image::ImageCache::try_new(fastbox_image::ImageConfig {
-        cache_dir: args.host.cache_dir.clone(),
-        ..Default::default()
-    })?;
-    let image = cache.resolve(&args.image, None, &fastbox_image::StderrProgress::new())?;
+    let image = args.host.resolve_image(&args.image)?;
     let execd_path = args.host.execd()?;
     let execd = ExecdBinary::import(&execd_path, &args.host.data_dir)?;
     let prefix = format!("fbb{:04x}", rand::random::<u16>());

@@ -102,6 +102,18 @@ pub struct RunFastlet<'a> {
 }
 
 impl HostArgs {
+    /// `reference` resolved through this host's image cache (pulled or built when missing,
+    /// with progress on stderr).
+    pub fn resolve_image(&self, reference: &str) -> anyhow::Result<fastbox_image::ResolvedImage> {
+        let cache = fastbox_image::ImageCache::try_new(fastbox_image::ImageConfig {
+            cache_dir: self.cache_dir.clone(),
+            ..Default::default()
+        })?;
+        cache
+            .resolve(reference, None, &fastbox_image::StderrProgress::new())
+            .with_context(|| format!("resolve image {reference}"))
+    }
+
     /// The configuration of a one-off run's fastlet.
     pub fn fastlet_config(
         &self,

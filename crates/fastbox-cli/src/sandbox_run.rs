@@ -85,13 +85,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         anyhow::ensure!(kv.contains('='), "--env {kv:?}: expected KEY=VALUE");
     }
 
-    let cache = fastbox_image::ImageCache::try_new(fastbox_image::ImageConfig {
-        cache_dir: args.host.cache_dir.clone(),
-        ..Default::default()
-    })?;
-    let image = cache
-        .resolve(&args.image, None, &fastbox_image::StderrProgress::new())
-        .with_context(|| format!("resolve image {}", args.image))?;
+    let image = args.host.resolve_image(&args.image)?;
     if let Some(served_by) = &image.served_by {
         eprintln!(
             "fastbox: {} served by the offline recipe {served_by}",

@@ -112,25 +112,14 @@ pub fn lazy(args: LazyBenchArgs) -> anyhow::Result<i32> {
     ensure!(args.n > 0, "--n must be at least 1");
     ensure!(args.memory_mib > 0, "--memory-mib must be at least 1");
     ensure!(args.fetch_workers > 0, "--fetch-workers must be at least 1");
-    let prefix = args
-        .prefix
-        .clone()
-        .unwrap_or_else(|| format!("fbl{:04x}", rand::random::<u16>()));
-    ensure!(
-        valid_prefix(&prefix),
-        "--prefix must be 1 to {MAX_PREFIX_LEN} of [a-z0-9], not {prefix:?}"
-    );
+    let prefix = crate::paths::run_prefix(args.prefix.as_deref(), "fbl", MAX_PREFIX_LEN)?;
     let dir = args.host.data_dir.join(format!("bench-lazy-{prefix}"));
     ensure!(!dir.exists(), "{} already exists", dir.display());
     let origin = match &args.origin {
         Some(url) => StoreLocation::parse(url)?,
         None => StoreLocation::Local(dir.join("store")),
     };
-    let image = fastbox_image::ImageCache::try_new(fastbox_image::ImageConfig {
-        cache_dir: args.host.cache_dir.clone(),
-        ..Default::default()
-    })?
-    .resolve(&args.image, None, &fastbox_image::StderrProgress::new())?;
+    let image = args.host.resolve_image(&args.image)?;
     let run = Run {
         args: &args,
         prefix,
@@ -164,14 +153,6 @@ pub fn lazy(args: LazyBenchArgs) -> anyhow::Result<i32> {
         print!("{}", report.human());
     }
     Ok(if report.passed() { 0 } else { 1 })
-}
-
-fn valid_prefix(prefix: &str) -> bool {
-    !prefix.is_empty()
-        && prefix.len() <= MAX_PREFIX_LEN
-        && prefix
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
 }
 
 /// The run's instance: set up, measured, torn down.

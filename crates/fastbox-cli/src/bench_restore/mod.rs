@@ -63,11 +63,7 @@ pub fn restore(args: RestoreBenchArgs) -> anyhow::Result<i32> {
     require_root()?;
     ensure!(args.n > 0, "--n must be at least 1");
     let prefix = fastbox_cli::paths::run_prefix(args.prefix.as_deref(), "fbr", 8)?;
-    let image = fastbox_image::ImageCache::try_new(fastbox_image::ImageConfig {
-        cache_dir: args.host.cache_dir.clone(),
-        ..Default::default()
-    })?
-    .resolve(&args.image, None, &fastbox_image::StderrProgress::new())?;
+    let image = args.host.resolve_image(&args.image)?;
     let run = Run {
         dir: args.host.data_dir.join(format!("bench-restore-{prefix}")),
         prefix,

@@ -195,19 +195,9 @@ fn baseline(args: &SnapshotBenchArgs, timeout: Duration) -> (Baseline, Vec<Strin
         Ok(criu) => criu,
         Err(e) => return (Baseline::Skipped(format!("{e:#}")), Vec::new()),
     };
-    let image = fastbox_image::ImageCache::try_new(fastbox_image::ImageConfig {
-        cache_dir: args.host.cache_dir.clone(),
-        ..Default::default()
-    })
-    .and_then(|cache| cache.resolve(&args.image, None, &fastbox_image::StderrProgress::new()));
-    let image = match image {
+    let image = match args.host.resolve_image(&args.image) {
         Ok(image) => image,
-        Err(e) => {
-            return (
-                Baseline::Failed(format!("resolve {}: {e}", args.image)),
-                Vec::new(),
-            );
-        }
+        Err(e) => return (Baseline::Failed(format!("{e:#}")), Vec::new()),
     };
     let prefix = format!("fbs{:04x}", rand::random::<u16>());
     let dir = args.host.data_dir.join(format!("bench-snapshot-{prefix}"));

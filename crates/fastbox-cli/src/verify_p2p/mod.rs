@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use fastbox_artifact::{ArtifactStore, Digest};
 use fastbox_fastlet::Fastlet;
-use fastbox_image::ImageConfig;
 use serde::Serialize;
 
 pub use node::{NodeArgs, run as run_node};
@@ -268,11 +267,7 @@ fn build_and_publish(
     net: &ScenarioNet,
     store: &dyn ArtifactStore,
 ) -> anyhow::Result<(Digest, String)> {
-    let images = fastbox_image::ImageCache::try_new(ImageConfig {
-        cache_dir: args.host.cache_dir.clone(),
-        ..Default::default()
-    })?;
-    let image = images.resolve(&args.image, None, &fastbox_image::StderrProgress::new())?;
+    let image = args.host.resolve_image(&args.image)?;
     let builder_prefix = format!("{prefix}b");
     let data_dir = dir.join("builder");
     let fastlet = Fastlet::start(args.host.fastlet_config(crate::paths::RunFastlet {
