@@ -570,6 +570,15 @@ impl PhaseContext<'_> {
                 })?;
             match event {
                 Event::Line(i, v) if v["event"] == "progress" => {
+                    if let Some(quarter) = quarter_reached(&v) {
+                        eprintln!(
+                            "verify p2p: n{i} holds {}/{} blocks ({}%, {:.1} s)",
+                            v["blocks"],
+                            v["of"],
+                            quarter * 25,
+                            go.elapsed().as_secs_f64()
+                        );
+                    }
                     if kill == Some(i) && killed.is_none() && past_a_third(&v) {
                         eprintln!("verify p2p: killing node n{i} (SIGKILL) mid-transfer");
                         if let Some(p) = procs.iter_mut().find(|p| p.index == i) {
@@ -599,6 +608,17 @@ impl PhaseContext<'_> {
         }
         Ok((done.into_values().collect(), last, killed))
     }
+}
+
+/// The quarter (1 to 4) of the blocks a progress line has just reached, if it is the first
+/// line past it (nodes report every few blocks).
+fn quarter_reached(progress: &serde_json::Value) -> Option<u64> {
+    let blocks = progress["blocks"].as_u64()?;
+    let of = progress["of"].as_u64().filter(|&of| of > 0)?;
+    let quarter = blocks * 4 / of;
+    let step = node::PROGRESS_EVERY as u64;
+    let previous = blocks.saturating_sub(step) * 4 / of;
+    (quarter > previous && quarter > 0).then_some(quarter.min(4))
 }
 
 /// Whether a progress line says a third of the blocks are in (the kill point).
@@ -715,4 +735,43 @@ fn human(r: &Report) -> String {
         out += &format!("  LEFT ON THE HOST: {:?}\n", r.leftovers);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress(blocks: u64, of: u64) -> serde_json::Value {
+        serde_json::json!({"event": "progress", "blocks": blocks, "of": of})
+    }
+
+    #[test]
+    fn each_quarter_is_reported_once_as_nodes_report_every_few_blocks() {
+        let of = 322;
+        let mut reported = Vec::new();
+        let mut lines: Vec<u64> = (1..=of / 4).map(|k| k * 4).collect();
+        lines.push(of);
+        for blocks in lines {
+            if let Some(q) = quarter_reached(&progress(blocks, of)) {
+                reported.push(q);
+            }
+        }
+        assert_eq!(reported, vec![1, 2, 3, 4]);
+        assert_eq!(quarter_reached(&progress(4, 0)), None);
+    }
+
+    #[test]
+    fn the_kill_point_is_a_third_of_the_blocks() {
+        assert!(!past_a_third(&progress(10, 43)));
+        assert!(past_a_third(&progress(15, 43)));
+        assert!(!past_a_third(&serde_json::json!({"blocks": 5})));
+    }
+
+    #[test]
+    fn the_net_base_is_two_octets() {
+        assert_eq!(parse_base("10.241").unwrap(), [10, 241]);
+        assert!(parse_base("10").is_err());
+        assert!(parse_base("10.300").is_err());
+        assert!(parse_base("10.1.2").is_err());
+    }
 }

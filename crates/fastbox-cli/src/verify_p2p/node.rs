@@ -32,7 +32,7 @@ use crate::paths::HostArgs;
 /// Blocks fetched at once by one node.
 const FETCH_THREADS: usize = 4;
 /// A progress line every this many blocks.
-const PROGRESS_EVERY: usize = 4;
+pub(super) const PROGRESS_EVERY: usize = 4;
 
 #[derive(clap::Args, Debug)]
 pub struct NodeArgs {
