@@ -57,25 +57,16 @@ fn assert_series(report: &Value, path: &[&str], n: u64) {
 #[test]
 fn bench_lazy_restores_both_ways_with_memory_intact_and_cleans_up() {
     fastbox_testkit::skip_unless!(unavailable());
-    let base = fastbox_testkit::run_prefix("");
-    let prefix = format!("{}y", &base[..6.min(base.len())]);
+    let prefix = common::short_run_prefix('y');
     let dir = tempfile::Builder::new()
         .prefix(&format!("{prefix}-"))
         .tempdir()
         .expect("tempdir");
-    let out = Command::new(env!("CARGO_BIN_EXE_fastbox"))
-        .args(["bench", "lazy", "--json", "--n", &N.to_string()])
+    let out = common::fastbox_run(&["bench", "lazy", "--json"], dir.path())
+        .args(["--n", &N.to_string()])
         .args(["--memory-mib", "64", "--block-delay-ms", "5"])
         .args(["--image", "fastbox/busybox", "--prefix", &prefix])
         .args(["--pool", "10.244.0.0/24"])
-        .arg("--data-dir")
-        .arg(dir.path())
-        .arg("--cache-dir")
-        .arg(common::server::test_cache_dir())
-        .arg("--execd")
-        .arg(fastbox_testkit::execd_path().unwrap())
-        .arg("--criu")
-        .arg(fastbox_testkit::criu_path().unwrap())
         .output()
         .expect("run fastbox bench lazy");
     let stdout = String::from_utf8_lossy(&out.stdout);

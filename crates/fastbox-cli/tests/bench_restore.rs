@@ -50,18 +50,10 @@ fn bench_restore_times_both_sides_and_cleans_up() {
         .prefix(&format!("{prefix}-"))
         .tempdir()
         .expect("tempdir");
-    let out = Command::new(env!("CARGO_BIN_EXE_fastbox"))
-        .args(["bench", "restore", "--n", &N.to_string(), "--json"])
+    let out = common::fastbox_run(&["bench", "restore", "--json"], dir.path())
+        .args(["--n", &N.to_string()])
         .args(["--image", "fastbox/busybox", "--prefix", &prefix])
         .args(["--pool", "10.217.50.0/24"])
-        .arg("--data-dir")
-        .arg(dir.path())
-        .arg("--cache-dir")
-        .arg(common::server::test_cache_dir())
-        .arg("--execd")
-        .arg(fastbox_testkit::execd_path().unwrap())
-        .arg("--criu")
-        .arg(fastbox_testkit::criu_path().unwrap())
         .output()
         .expect("run fastbox bench restore");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -19,7 +19,6 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use serde_json::Value;
 
@@ -54,22 +53,14 @@ fn verify(prefix: &str, extra: &[&str]) -> Value {
         .prefix(&format!("{prefix}-"))
         .tempdir()
         .expect("tempdir");
-    let out = Command::new(env!("CARGO_BIN_EXE_fastbox"))
-        .args(["verify", "p2p", "--json", "--image", "fastbox/busybox"])
+    let out = common::fastbox_run(&["verify", "p2p", "--json"], dir.path())
+        .args(["--image", "fastbox/busybox"])
         .args(["--size-mib", &SIZE_MIB.to_string()])
         .args(["--nodes", &NODES.to_string()])
         .args(["--prefix", prefix, "--net-base", "10.242"])
         .args(extra)
         .arg("--s3s-fs")
         .arg(s3s_fs().unwrap())
-        .arg("--data-dir")
-        .arg(dir.path())
-        .arg("--cache-dir")
-        .arg(common::server::test_cache_dir())
-        .arg("--execd")
-        .arg(fastbox_testkit::execd_path().unwrap())
-        .arg("--criu")
-        .arg(fastbox_testkit::criu_path().unwrap())
         .output()
         .expect("run fastbox verify p2p");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -113,8 +104,7 @@ fn assert_nodes_restored(phase: &Value, nodes: u64) {
 #[test]
 fn three_nodes_restore_one_template_through_peers_and_survive_a_killed_node() {
     fastbox_testkit::skip_unless!(unavailable());
-    let base = fastbox_testkit::run_prefix("");
-    let prefix = format!("{}z", &base[..base.len().min(6)]);
+    let prefix = common::short_run_prefix('z');
 
     let clean = verify(&prefix, &["--compare-direct", "--restart-check"]);
     let blocks = num(&clean, "blocks");

@@ -39,6 +39,34 @@ pub fn unavailable() -> Option<String> {
     None
 }
 
+/// `fastbox ARGS` as a user runs a one-off command (a benchmark, a scenario): with `data_dir`
+/// and the tests' image cache, static execd and CRIU appended.
+pub fn fastbox_run(args: &[&str], data_dir: &Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fastbox"));
+    cmd.args(args)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .arg("--cache-dir")
+        .arg(server::test_cache_dir())
+        .arg("--execd")
+        .arg(fastbox_testkit::execd_path().expect("static execd"))
+        .arg("--criu")
+        .arg(fastbox_testkit::criu_path().expect("CRIU"));
+    cmd
+}
+
+/// The prefix of a one-off run whose own parts add a character (at most 7): the run prefix's
+/// first six characters and `tag`, a letter that is not a hex digit, so no other suite's
+/// prefix (the run prefix and its own tag) starts with it.
+pub fn short_run_prefix(tag: char) -> String {
+    assert!(
+        !tag.is_ascii_hexdigit(),
+        "tag {tag:?} must not be a hex digit"
+    );
+    let base = fastbox_testkit::run_prefix("");
+    format!("{}{tag}", &base[..base.len().min(6)])
+}
+
 /// A fresh instance for one test. `pool` picks the test's own /24 (10.213.<pool>.0/24) so
 /// parallel tests never share addresses.
 pub fn fixture(tag: &str, pool: u8) -> Fixture {
