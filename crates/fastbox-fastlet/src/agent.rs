@@ -17,13 +17,14 @@ use fastbox_runtime::sandbox::{self, SandboxHandle};
 use serde::{Deserialize, Serialize};
 
 use crate::execd_client::ExecdClient;
-use crate::host::{HostError, LocalHost, SPARE_ID_PREFIX, SlotSource, StartOptions};
+use crate::host::{HostError, LocalHost, LocalSandbox, SPARE_ID_PREFIX, SlotSource, StartOptions};
 use crate::phases::{LapClock, Phases};
 use crate::pool::{POOL_ID_PREFIX, POOL_SLOT_FILE, Pooled, WarmPools};
 use crate::reaper::{ReapJob, Reaper};
 use crate::slots::SlotTable;
 use crate::spares::SparePool;
 use crate::template::{self, BuildClock, BuildLocks, Template};
+use crate::warmup::GoldenRecipe;
 use fastbox_egress::{EgressPolicy, SlotRef};
 
 /// What a fastlet needs to run.
@@ -343,16 +344,17 @@ impl Fastlet {
     /// The golden checkpoint of `image` on this node, built now if there is none: a cold
     /// start with execd only, readiness, then a CRIU dump.
     pub fn template(&self, image: &ResolvedImage) -> Result<Template, FastletError> {
-        self.template_for(&image.digest, image, &[])
+        self.template_for(&image.digest, image, &GoldenRecipe::default())
     }
 
-    /// The golden checkpoint named `key` of `image` with `env` baked in (a template of the
-    /// templates API), built now if this node has none.
+    /// The golden checkpoint named `key` of `image` built by `recipe` (a template of the
+    /// templates API: its environment baked in, its warm-up command running and its readiness
+    /// gate passed), built now if this node has none.
     pub fn template_for(
         &self,
         key: &str,
         image: &ResolvedImage,
-        env: &[String],
+        recipe: &GoldenRecipe,
     ) -> Result<Template, FastletError> {
         let dir = template::template_dir(&self.cfg.data_dir, key);
         if let Some(t) = self.current_template(&dir) {
@@ -374,10 +376,11 @@ impl Fastlet {
         let id = format!("{}-{}", template::short_name(image), &random_hex()[..6]);
         let slot = self.reserve_slot()?;
         let mut golden_env = image.config.env.clone();
-        golden_env.extend(env.iter().cloned());
+        golden_env.extend(recipe.env.iter().cloned());
         let opts = StartOptions {
             id: id.clone(),
             env: golden_env,
+            entrypoint: recipe.warm_up.clone(),
             execd_token: Some(golden_token.clone()),
             probe_without_token: true,
             ..StartOptions::default()
@@ -386,8 +389,13 @@ impl Fastlet {
         let built = self
             .host
             .start(&image.rootfs, &self.execd, slot, &opts)
+            .map_err(|e| e.to_string())
             .and_then(|sb| {
-                let dumped = self.host.checkpoint(&self.cfg.criu, &sb, &checkpoint);
+                let dumped = self.warm_up(&sb, recipe).and_then(|()| {
+                    self.host
+                        .checkpoint(&self.cfg.criu, &sb, &checkpoint)
+                        .map_err(|e| e.to_string())
+                });
                 if dumped.is_err() {
                     let _ = self.host.destroy(&sb);
                 }
@@ -396,7 +404,7 @@ impl Fastlet {
         self.release_slot(slot);
         if let Err(e) = built {
             let _ = std::fs::remove_dir_all(&dir);
-            return Err(fail(e.to_string()));
+            return Err(fail(e));
         }
         let t = Template {
             key: key.to_string(),
@@ -410,6 +418,18 @@ impl Fastlet {
         template::commit(&dir, &t).map_err(|e| fail(format!("commit: {e}")))?;
         tracing::info!(image = %t.image_reference, build_ms = t.build_ms, "template built");
         Ok(t)
+    }
+
+    /// Passes the readiness gate of `recipe` in the started template `sandbox`.
+    fn warm_up(&self, sandbox: &LocalSandbox, recipe: &GoldenRecipe) -> Result<(), String> {
+        let Some(readiness) = &recipe.readiness else {
+            return Ok(());
+        };
+        let waited = readiness
+            .wait(&sandbox.slot.netns_path, &sandbox.execd)
+            .map_err(|e| format!("readiness: {e}"))?;
+        tracing::info!(sandbox = %sandbox.handle.id, waited_ms = waited.as_millis() as u64, "template ready");
+        Ok(())
     }
 
     /// The template in `dir` if it holds this node's execd; one built with another execd

@@ -170,12 +170,30 @@ impl ExecdClient {
     pub fn run(
         &self,
         argv: &[String],
+        on_event: impl FnMut(&Event),
+    ) -> Result<i32, ExecdClientError> {
+        self.run_request(&serde_json::json!({ "argv": argv }), on_event)
+    }
+
+    /// Run `command` with `/bin/sh -c`, killed by execd after `timeout`; returns the exit code.
+    pub fn run_shell(&self, command: &str, timeout: Duration) -> Result<i32, ExecdClientError> {
+        let body = serde_json::json!({
+            "argv": ["/bin/sh", "-c", command],
+            "timeout": timeout.as_millis() as u64,
+        });
+        self.run_request(&body, |_| {})
+    }
+
+    /// POSTs `body` to `/command` and reads its event stream to the result.
+    fn run_request(
+        &self,
+        body: &serde_json::Value,
         mut on_event: impl FnMut(&Event),
     ) -> Result<i32, ExecdClientError> {
         let resp = self
             .request(reqwest::Method::POST, "/command")
             .header("Accept", "text/event-stream")
-            .json(&serde_json::json!({ "argv": argv }))
+            .json(body)
             .send()?;
         if !resp.status().is_success() {
             return Err(ExecdClientError::Refused {

@@ -19,6 +19,7 @@ pub mod snapshot;
 pub mod spares;
 pub mod staging;
 pub mod template;
+pub mod warmup;
 
 pub use agent::{
     Fastlet, FastletConfig, FastletError, PlaceRequest, Placement, RemoveReport, Route,

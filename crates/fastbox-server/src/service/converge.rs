@@ -129,12 +129,27 @@ impl Lifecycle {
             self.fail(id, START_FAILED, "no slot was reserved").await;
             return;
         };
+        let recipe = match &plan.template_id {
+            Some(template) => match self.golden_recipe_of(template) {
+                Ok(recipe) => Some(recipe),
+                Err(e) => {
+                    self.fail(id, START_FAILED, &e.to_string()).await;
+                    return;
+                }
+            },
+            None => None,
+        };
         let mut env = image.config.env.clone();
         env.extend(plan.env.iter().map(|(k, v)| format!("{k}={v}")));
         let req = PlaceRequest {
             id: id.to_string(),
             rootfs: image.rootfs.clone(),
-            entrypoint: plan.entrypoint.clone(),
+            // A template's entrypoint is its warm-up command: it runs in the golden
+            // checkpoint already, so the claim starts nothing.
+            entrypoint: match &recipe {
+                Some(_) => Vec::new(),
+                None => plan.entrypoint.clone(),
+            },
             env,
             limits: plan.limits,
             disk_bytes: plan.disk_bytes,
@@ -148,11 +163,10 @@ impl Lifecycle {
             .as_ref()
             .and_then(|e| e.get(POOL_EXTENSION))
             .is_none_or(|v| v != "off");
-        let template_key = plan.template_id.clone();
-        let template_env: Vec<String> = plan.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let template_key = plan.template_id.clone().zip(recipe);
         let placed = blocking::run("fastbox-place", move || {
             let template = match &template_key {
-                Some(key) => fastlet.template_for(key, &image, &template_env)?,
+                Some((key, recipe)) => fastlet.template_for(key, &image, recipe)?,
                 None => fastlet.template(&image)?,
             };
             fastlet.register_template(&template);

@@ -10,12 +10,39 @@ use fastbox_api::templates::{
     CreateTemplateRequest, ListTemplatesResponse, Template, TemplatePhase, TemplateStatus,
 };
 use fastbox_fastlet::blocking;
+use fastbox_fastlet::warmup::{GoldenRecipe, Readiness};
 use fastbox_image::NoProgress;
 
 use crate::error::ApiError;
 
 use super::lifecycle::Lifecycle;
-use super::plan::limits_of;
+use super::plan::{default_entrypoint, limits_of};
+
+/// How `template`'s golden checkpoint is built: its environment baked in, its entrypoint (the
+/// SDK's default when it has none) started cold as the warm-up command, and its readiness
+/// gate passed before the dump. Its sandboxes get those processes from the checkpoint.
+fn golden_recipe(template: &Template) -> Result<GoldenRecipe, ApiError> {
+    let readiness = template
+        .readiness
+        .as_ref()
+        .map(|r| Readiness::parse(r.probe.as_deref(), r.warmup_seconds))
+        .transpose()
+        .map_err(|e| ApiError::InvalidParameter(e.to_string()))?;
+    Ok(GoldenRecipe {
+        env: template
+            .env
+            .iter()
+            .flatten()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect(),
+        warm_up: template
+            .entrypoint
+            .clone()
+            .filter(|e| !e.is_empty())
+            .unwrap_or_else(default_entrypoint),
+        readiness,
+    })
+}
 
 /// Publish targets this server accepts: its own artifact store.
 const PUBLISH_TARGETS: &[&str] = &["local", "file://"];
@@ -54,6 +81,15 @@ impl Lifecycle {
         }
         fastbox_api::metadata::validate(req.metadata.as_ref().unwrap_or(&StringMap::new()).iter())
             .map_err(|e| ApiError::InvalidMetadata(e.to_string()))?;
+        if let Some(entrypoint) = &req.entrypoint
+            && entrypoint.iter().any(|a| a.contains('\0'))
+        {
+            return Err(invalid("entrypoint arguments must not contain NUL".into()));
+        }
+        if let Some(r) = &req.readiness {
+            Readiness::parse(r.probe.as_deref(), r.warmup_seconds)
+                .map_err(|e| invalid(e.to_string()))?;
+        }
         let now = Utc::now();
         let template = Template {
             template_id: format!("tpl_{}", uuid::Uuid::new_v4()),
@@ -84,23 +120,24 @@ impl Lifecycle {
         Ok(template)
     }
 
-    /// Builds template `id`: resolve the image, then the golden checkpoint with its env.
+    /// Builds template `id`: resolve the image, then the golden checkpoint of its recipe.
     async fn build_template(self: &Arc<Self>, id: &str) {
         let Ok(template) = self.set_phase(id, TemplatePhase::Building, None) else {
             return;
         };
+        let recipe = match golden_recipe(&template) {
+            Ok(recipe) => recipe,
+            Err(e) => {
+                let _ = self.set_phase(id, TemplatePhase::Failed, Some(e.to_string()));
+                return;
+            }
+        };
         let fastlet = self.fastlet.clone();
-        let env: Vec<String> = template
-            .env
-            .iter()
-            .flatten()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
         let key = template.template_id.clone();
         let image = template.image.clone();
         let built = blocking::run("fastbox-template", move || {
             let resolved = fastlet.resolve_image(&image, None, &NoProgress)?;
-            let golden = fastlet.template_for(&key, &resolved, &env)?;
+            let golden = fastlet.template_for(&key, &resolved, &recipe)?;
             let published = fastlet.publish_template(&golden, &key)?;
             fastlet.register_template(&golden);
             Ok::<_, fastbox_fastlet::FastletError>((golden, published))
@@ -155,6 +192,12 @@ impl Lifecycle {
         self.store.put_template(&next)?;
         *template = next.clone();
         Ok(next)
+    }
+
+    /// The recipe of template `id`'s golden checkpoint (creates of a template that a node has
+    /// not built yet, or built with an older execd, build it again from this).
+    pub(super) fn golden_recipe_of(&self, id: &str) -> Result<GoldenRecipe, ApiError> {
+        golden_recipe(&self.get_template(id)?)
     }
 
     /// `GET /v1/templates/{id}`.
