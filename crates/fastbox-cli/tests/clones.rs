@@ -278,10 +278,22 @@ fn clones_of_one_checkpoint_get_their_own_identity_and_writable_layer() {
     assert_eq!(marked.stdout, "A\nA\nA\nA\n");
     let seen = eb.sh("for f in /tmp/x /root/x /x /dev/shm/x; do [ -e $f ] && echo $f; done; true");
     assert_eq!(seen.stdout, "", "B sees none of A's files");
-    for f in ["tmp/x", "root/x", "x"] {
+    for f in ["tmp/x", "root/x", "x", ".fastbox/dev/shm/x"] {
         assert!(upper_a.join(f).is_file(), "A's {f} is in A's layer");
         assert!(!upper_b.join(f).exists(), "A's {f} is not in B's layer");
     }
+    // `/dev` is a bind of the writable layer's `/.fastbox/dev` (no tmpfs for CRIU to `tar`),
+    // with working devices and a private devpts.
+    let devices = eb.sh(
+        "awk '$5 == \"/dev\" || $5 == \"/dev/pts\" { for (i = 7; $i != \"-\"; i++); print $4, $5, $(i + 1) }' \
+            /proc/self/mountinfo; \
+         echo x > /dev/null && head -c 8 /dev/urandom | wc -c && head -c 3 /dev/zero | wc -c; \
+         ls /dev/pts/ptmx",
+    );
+    assert_eq!(
+        devices.stdout,
+        "/.fastbox/dev /dev overlay\n/ /dev/pts devpts\n8\n3\n/dev/pts/ptmx\n"
+    );
 
     // Recorded, not asserted: the clocks and pids the clones start from.
     let ticks =
