@@ -8,6 +8,7 @@
 //! checkpoint can be restored into another slot, another root and with exactly the execd
 //! binary it was taken with.
 
+use std::ffi::OsString;
 use std::fs;
 use std::io;
 use std::io::Write as _;
@@ -62,8 +63,11 @@ pub enum CriuError {
 /// A CRIU binary known to be new enough.
 #[derive(Debug, Clone)]
 pub struct Criu {
+    /// The CRIU given (a binary, or the wrapper script of a private installation).
     pub path: PathBuf,
     pub version: String,
+    /// What runs it: `path`, or the wrapper's own command line (see [`direct_argv`]).
+    argv: Vec<OsString>,
     /// Where CRIU's kernel-feature cache lives when `/run` cannot hold it (see [`kdat`]).
     kdat_run: Option<std::ffi::CString>,
 }
@@ -110,7 +114,9 @@ pub struct RestoreRequest<'a> {
 impl Criu {
     /// Use the CRIU at `path`, refusing versions older than [`MIN_VERSION`].
     pub fn at(path: &Path) -> Result<Self, CriuError> {
-        let output = Command::new(path)
+        let argv = direct_argv(path).unwrap_or_else(|| vec![path.as_os_str().to_owned()]);
+        let output = Command::new(&argv[0])
+            .args(&argv[1..])
             .arg("--version")
             .output()
             .map_err(|_| CriuError::Missing(path.to_path_buf()))?;
@@ -134,6 +140,7 @@ impl Criu {
         Ok(Self {
             path: path.to_path_buf(),
             version: found,
+            argv,
             kdat_run: kdat::run_dir(),
         })
     }
@@ -141,7 +148,8 @@ impl Criu {
     /// A `criu` command; when `/run` is not a tmpfs, it runs in a private mount namespace
     /// whose `/run` is a tmpfs directory, so CRIU keeps its kernel-feature cache (see [`kdat`]).
     fn command(&self) -> Command {
-        let mut cmd = Command::new(&self.path);
+        let mut cmd = Command::new(&self.argv[0]);
+        cmd.args(&self.argv[1..]);
         if let Some(dir) = self.kdat_run.clone() {
             // SAFETY: unshare and mount are async-signal-safe syscalls; the path was
             // allocated before the fork.
@@ -209,7 +217,7 @@ impl Criu {
         let _ = fs::remove_file(&pidfile);
         let args = restore_args(req, &pidfile);
         let finished = match launcher {
-            Some(launcher) => launcher.launch(&self.path, &args, req.work_dir, req.deadline)?,
+            Some(launcher) => launcher.launch(&self.argv, &args, req.work_dir, req.deadline)?,
             None => {
                 let joined = JoinedFds::open(req.netns, &req.cgroup_procs)?;
                 let mut cmd = self.command();
@@ -282,8 +290,8 @@ impl RestoreLauncher {
 
     fn launch(
         mut self,
-        criu: &Path,
-        args: &[std::ffi::OsString],
+        criu: &[OsString],
+        args: &[OsString],
         pid_dir: &Path,
         deadline: Option<Instant>,
     ) -> Result<Finished, CriuError> {
@@ -305,11 +313,13 @@ impl RestoreLauncher {
                 return Err(io_err(e));
             }
         };
-        let mut line = criu.as_os_str().as_bytes().to_vec();
-        for arg in args {
-            line.push(0);
+        let line = criu.iter().chain(args).fold(Vec::new(), |mut line, arg| {
+            if !line.is_empty() {
+                line.push(0);
+            }
             line.extend_from_slice(arg.as_bytes());
-        }
+            line
+        });
         if let Some(mut stdin) = child.stdin.take()
             && let Err(e) = stdin.write_all(&line)
         {
@@ -439,7 +449,7 @@ pub fn wait_for_criu(dir: &Path, timeout: std::time::Duration) -> bool {
     let deadline = std::time::Instant::now() + timeout;
     // The pid names that dump while its process is a `criu` (not a later reuse of the pid).
     let running = || {
-        fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "criu")
+        is_criu(pid)
             && fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
                 !s.rsplit(')')
                     .next()
@@ -457,10 +467,46 @@ pub fn wait_for_criu(dir: &Path, timeout: std::time::Duration) -> bool {
     true
 }
 
+/// Whether process `pid` is a CRIU: named `criu`, or run from a `criu` binary through a
+/// private installation's dynamic loader (then its name is the loader's).
+fn is_criu(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "criu")
+        || fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|line| {
+            line.split(|b| *b == 0).any(|arg| {
+                Path::new(std::ffi::OsStr::from_bytes(arg)).file_name() == Some("criu".as_ref())
+            })
+        })
+}
+
 /// Whether the dump into `images` finished successfully: CRIU writes its `stats-dump` last,
 /// and only when the dump (its post-dump action included) succeeded.
 pub fn dump_succeeded(images: &Path) -> bool {
     images.join(crate::criu_stats::DUMP_FILE).is_file()
+}
+
+/// Beside a private installation's wrapper script `bin/criu`: the command line the wrapper
+/// executes, one argument per line, `{prefix}` standing for the installation directory
+/// (`scripts/install-criu.sh` writes it).
+const EXEC_ARGS_SUFFIX: &str = ".exec";
+
+/// The command line that runs the CRIU of wrapper `path` without the wrapper's shell (a few
+/// milliseconds a run), when the installation says what it is; `None` otherwise.
+fn direct_argv(path: &Path) -> Option<Vec<OsString>> {
+    let mut file = path.as_os_str().to_owned();
+    file.push(EXEC_ARGS_SUFFIX);
+    let text = fs::read_to_string(&file).ok()?;
+    let prefix = fs::canonicalize(path)
+        .ok()?
+        .parent()?
+        .parent()?
+        .to_path_buf();
+    let prefix = prefix.to_str()?;
+    let argv: Vec<OsString> = text
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| OsString::from(l.replace("{prefix}", prefix)))
+        .collect();
+    Path::new(argv.first()?).is_file().then_some(argv)
 }
 
 /// The argument that makes the fastbox binary a CRIU launcher ([`launcher_main`]).
@@ -799,6 +845,67 @@ mod tests {
             lazy.last().map(|a| a.as_os_str()),
             Some("--lazy-pages".as_ref())
         );
+    }
+
+    #[test]
+    fn a_private_installation_runs_without_its_wrapper() {
+        let dir = tempfile::tempdir().unwrap();
+        let prefix = dir.path().canonicalize().unwrap();
+        fs::create_dir_all(prefix.join("bin")).unwrap();
+        fs::create_dir_all(prefix.join("lib64")).unwrap();
+        fs::write(prefix.join("lib64/ld.so"), b"").unwrap();
+        let wrapper = prefix.join("bin/criu");
+        fs::write(&wrapper, b"#!/bin/sh\n").unwrap();
+        assert_eq!(
+            direct_argv(&wrapper),
+            None,
+            "no criu.exec: the wrapper runs"
+        );
+        fs::write(
+            prefix.join("bin/criu.exec"),
+            "{prefix}/lib64/ld.so\n--library-path\n{prefix}/usr/lib:{prefix}/lib\n--argv0\ncriu\n{prefix}/usr/sbin/criu\n",
+        )
+        .unwrap();
+        let p = prefix.display();
+        let expected: Vec<OsString> = [
+            format!("{p}/lib64/ld.so"),
+            "--library-path".into(),
+            format!("{p}/usr/lib:{p}/lib"),
+            "--argv0".into(),
+            "criu".into(),
+            format!("{p}/usr/sbin/criu"),
+        ]
+        .into_iter()
+        .map(OsString::from)
+        .collect();
+        assert_eq!(direct_argv(&wrapper), Some(expected));
+        fs::remove_file(prefix.join("lib64/ld.so")).unwrap();
+        assert_eq!(
+            direct_argv(&wrapper),
+            None,
+            "a loader that is gone: the wrapper runs"
+        );
+    }
+
+    #[test]
+    fn a_criu_behind_a_loader_counts_as_running() {
+        let mut shell = Command::new("/bin/sh")
+            .args(["-c", "read line", "/opt/criu/usr/sbin/criu"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut other = Command::new("/bin/sh")
+            .args(["-c", "read line", "/opt/criu/usr/sbin/not-criu"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        assert!(is_criu(shell.id()), "an argument names a criu binary");
+        assert!(!is_criu(other.id()));
+        for child in [&mut shell, &mut other] {
+            drop(child.stdin.take());
+            child.wait().unwrap();
+        }
+        assert!(!is_criu(shell.id()), "gone");
     }
 
     #[test]
