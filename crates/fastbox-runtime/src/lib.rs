@@ -12,6 +12,7 @@ pub mod criu_stats;
 pub mod execd_binary;
 pub mod init;
 pub mod lazy;
+pub mod loopdev;
 pub mod net;
 pub mod rootfs;
 pub mod sandbox;

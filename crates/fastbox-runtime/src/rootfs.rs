@@ -87,10 +87,13 @@ impl Rootfs {
             .args(["-E", "lazy_itable_init=1,nodiscard"])
             .arg(&this.layer_image))?;
         create_dir(&this.layer_mount)?;
-        run(Command::new("mount")
-            .args(["-o", "loop,noatime"])
-            .arg(&this.layer_image)
-            .arg(&this.layer_mount))?;
+        crate::loopdev::mount_image(
+            &this.layer_image,
+            &this.layer_mount,
+            "ext4",
+            MsFlags::MS_NOATIME,
+        )
+        .map_err(io("mount", &this.layer_image))?;
         create_dir(&this.layer_mount.join("work"))?;
         create_dir(&this.upper)?;
         Ok(this)
