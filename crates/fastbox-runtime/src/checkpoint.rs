@@ -6,7 +6,6 @@
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -178,7 +177,7 @@ pub fn checkpoint_with(
     let clock = Instant::now();
     if let Some(staging) = opts.staging {
         fs::create_dir_all(out).map_err(io_err("create", out))?;
-        let moved = copy_tree(&id, &staging.join("."), out);
+        let moved = copy_tree(&id, staging, out);
         let _ = fs::remove_dir_all(staging);
         moved?;
     }
@@ -557,25 +556,13 @@ fn adopt_prepared(
     }
 }
 
-/// `cp -a` (keeps ownership, modes, xattrs, device nodes and overlay whiteouts).
+/// Copies the contents of `from` into `to` as `cp -a` does (ownership, modes, xattrs, device
+/// nodes and overlay whiteouts kept; see [`crate::tree_copy`]).
 fn copy_tree(id: &str, from: &Path, to: &Path) -> Result<(), CheckpointError> {
-    let io_err = |source| CheckpointError::Io {
+    crate::tree_copy::copy_contents(from, to).map_err(|source| CheckpointError::Io {
         id: id.to_string(),
         what: "copy",
         path: from.to_path_buf(),
         source,
-    };
-    let status = Command::new("cp")
-        .arg("-a")
-        .arg(from)
-        .arg(to)
-        .status()
-        .map_err(io_err)?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(io_err(io::Error::other(format!(
-            "cp -a exited with {status}"
-        ))))
-    }
+    })
 }

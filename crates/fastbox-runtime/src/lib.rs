@@ -18,3 +18,4 @@ pub mod rootfs;
 pub mod sandbox;
 pub mod seccomp;
 pub mod spec;
+pub mod tree_copy;

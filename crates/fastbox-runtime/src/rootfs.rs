@@ -112,11 +112,13 @@ impl Rootfs {
         }
         let this = Self::at(dir);
         if let Some(seed) = seed_upper {
-            // `seed/.` copies the contents into the existing (empty) upper directory.
-            run(Command::new("cp")
-                .arg("-a")
-                .arg(seed.join("."))
-                .arg(&this.upper))?;
+            crate::tree_copy::copy_contents(seed, &this.upper).map_err(|source| {
+                RootfsError::Io {
+                    what: "copy the writable layer",
+                    path: seed.to_path_buf(),
+                    source,
+                }
+            })?;
         }
         create_dir(&this.root)?;
         let options = format!(
