@@ -840,6 +840,7 @@ impl Fastlet {
             std::thread::Builder::new()
                 .name(format!("fastbox-pool-{i}"))
                 .spawn(move || {
+                    crate::background::enter();
                     loop {
                         let Some(fastlet) = this.upgrade() else { return };
                         let Some(template) = fastlet.pools.next_to_fill() else {
@@ -1190,6 +1191,7 @@ impl Fastlet {
         std::thread::Builder::new()
             .name("fastbox-spares".into())
             .spawn(move || {
+                crate::background::enter();
                 loop {
                     let Some(fastlet) = this.upgrade() else {
                         return;

@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod artifact;
+pub mod background;
 pub mod blocking;
 pub mod execd_client;
 pub mod from_artifact;

@@ -63,6 +63,7 @@ impl Reaper {
             let worker = std::thread::Builder::new()
                 .name(format!("fastbox-reaper-{i}"))
                 .spawn(move || {
+                    crate::background::enter();
                     loop {
                         let job = rx.lock().expect("reaper lock").recv();
                         let Ok(job) = job else { return };

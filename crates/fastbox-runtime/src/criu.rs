@@ -305,6 +305,7 @@ impl RestoreLauncher {
             .take()
             .ok_or_else(|| io_err(io::Error::other("the launcher was already used")))?;
         record_pid(pid_dir, child.id());
+        take_callers_priority(child.id());
         let watchdog = match deadline.map(|d| Watchdog::arm(&child, d)).transpose() {
             Ok(watchdog) => watchdog,
             Err(e) => {
@@ -329,6 +330,22 @@ impl RestoreLauncher {
         }
         let output = child.wait_with_output().map_err(io_err)?;
         Ok(Finished::new(output, watchdog))
+    }
+}
+
+/// Gives process `pid` (a launcher made ahead by some other thread) the nice value of the
+/// calling thread: a restore runs at the priority of whoever asked for it, a create's at full,
+/// a background refill's lowered.
+fn take_callers_priority(pid: u32) {
+    // SAFETY: getpriority/setpriority only read and set scheduling weights. getpriority may
+    // legitimately return -1, so errno is cleared first and checked after.
+    unsafe {
+        *libc::__errno_location() = 0;
+        let nice = libc::getpriority(libc::PRIO_PROCESS, 0);
+        if nice == -1 && *libc::__errno_location() != 0 {
+            return;
+        }
+        libc::setpriority(libc::PRIO_PROCESS, pid, nice);
     }
 }
 
