@@ -177,14 +177,6 @@ pub struct GoldenRecipe {
     pub readiness: Option<Readiness>,
 }
 
-impl GoldenRecipe {
-    /// Whether sandboxes of this template have their processes from the checkpoint (a claim
-    /// starts no entrypoint).
-    pub fn has_warm_up(&self) -> bool {
-        !self.warm_up.is_empty()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
