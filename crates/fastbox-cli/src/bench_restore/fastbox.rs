@@ -3,11 +3,12 @@
 //! removed outside the timed region.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use std::time::{Duration, Instant};
+
 use fastbox_fastlet::{Fastlet, FastletConfig, PlaceRequest, StartReport};
-use fastbox_image::{ImageConfig, ResolvedImage};
+use fastbox_image::ResolvedImage;
 use fastbox_runtime::criu_stats::RestoreStats;
 
 use super::Run;
@@ -33,27 +34,11 @@ pub struct Series {
     pub samples: Vec<Sample>,
 }
 
-/// Starts a fastlet of the run's own (prefix, data directory, address pool, no warm pool,
-/// `run.spare_slots` spare slots), builds the template of `image` and restores it `run.n`
-/// times.
-pub fn series(run: &Run, image: &ResolvedImage) -> anyhow::Result<Series> {
-    let fastlet = Arc::new(Fastlet::start(FastletConfig {
-        prefix: run.prefix.clone(),
-        data_dir: run.dir.join("fastlet"),
-        helper: std::env::current_exe().context("locate the fastbox executable")?,
-        pool: run.pool,
-        images: ImageConfig {
-            cache_dir: run.cache_dir.clone(),
-            ..ImageConfig::default()
-        },
-        execd_bin: run.execd.clone(),
-        criu: run.criu.clone(),
-        pool_min: 0,
-        pool_max: 0,
-        spare_slots: run.spare_slots,
-        dns_upstreams: None,
-        artifact_store: fastbox_fastlet::node_store::open_local(&run.dir.join("fastlet"))?,
-    })?);
+/// Starts the run's own fastlet (`config`: its prefix, data directory, address pool, no warm
+/// pool, `run.spare_slots` spare slots), builds the template of `image` and restores it
+/// `run.n` times.
+pub fn series(run: &Run, config: FastletConfig, image: &ResolvedImage) -> anyhow::Result<Series> {
+    let fastlet = Arc::new(Fastlet::start(config)?);
     fastlet.start_spares();
     let measured = measure(&fastlet, run, image);
     fastlet.drain_pools();

@@ -51,7 +51,6 @@ pub struct Run {
     /// The run's own directory (`DATA_DIR/bench-restore-PREFIX`), removed at the end.
     pub dir: PathBuf,
     pub pool: Ipv4Pool,
-    pub cache_dir: PathBuf,
     pub execd: PathBuf,
     pub criu: Criu,
     pub image: String,
@@ -68,7 +67,6 @@ pub fn restore(args: RestoreBenchArgs) -> anyhow::Result<i32> {
         dir: args.host.data_dir.join(format!("bench-restore-{prefix}")),
         prefix,
         pool: args.pool,
-        cache_dir: args.host.cache_dir.clone(),
         execd: args.host.execd()?,
         criu: args.host.criu()?,
         image: args.image.clone(),
@@ -77,7 +75,15 @@ pub fn restore(args: RestoreBenchArgs) -> anyhow::Result<i32> {
     };
     std::fs::create_dir_all(&run.dir).with_context(|| format!("create {}", run.dir.display()))?;
 
-    let fastbox = fastbox::series(&run, &image);
+    let fastlet_dir = run.dir.join("fastlet");
+    let config = args.host.fastlet_config(fastbox_cli::paths::RunFastlet {
+        prefix: &run.prefix,
+        data_dir: fastlet_dir.clone(),
+        pool: run.pool,
+        spare_slots: run.spare_slots,
+        artifact_store: fastbox_fastlet::node_store::open_local(&fastlet_dir)?,
+    })?;
+    let fastbox = fastbox::series(&run, config, &image);
     let purged = fastbox_fastlet::host::purge(&run.prefix, &run.dir.join("fastlet"));
     let runc = match &fastbox {
         Ok(_) => {
