@@ -3,6 +3,11 @@
 //! creates otherwise shares them with the teardowns of the previous burst and the refills of
 //! the pool it just emptied. A CRIU run takes the priority of the thread that starts it
 //! (`fastbox_runtime::criu`), and CRIU gives the restored processes their own recorded one.
+//! Teardowns also hold off while starts are in flight ([`Starts`]), for a bounded time and
+//! only while few are queued, so a sustained load still gets its slots back.
+
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// The nice value of background threads.
 pub const BACKGROUND_NICE: i32 = 10;
@@ -16,8 +21,73 @@ pub fn enter() {
     }
 }
 
+/// The starts (restores and claims for creates, resumes, clones) in flight on this node, so
+/// that background work can hold off while a burst of them is being answered.
+#[derive(Default)]
+pub struct Starts {
+    in_flight: Mutex<usize>,
+    quiet: Condvar,
+}
+
+/// One start in flight; it ends when dropped.
+pub struct StartGuard<'a>(&'a Starts);
+
+impl Starts {
+    /// Counts a start until the guard is dropped.
+    pub fn begin(&self) -> StartGuard<'_> {
+        *self.in_flight.lock().expect("starts lock") += 1;
+        StartGuard(self)
+    }
+
+    /// Waits until no start is in flight, or `limit` passed; returns how long it waited.
+    pub fn wait_quiet(&self, limit: Duration) -> Duration {
+        let begun = Instant::now();
+        let mut n = self.in_flight.lock().expect("starts lock");
+        while *n > 0 {
+            let left = limit.saturating_sub(begun.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            n = self.quiet.wait_timeout(n, left).expect("starts lock").0;
+        }
+        begun.elapsed()
+    }
+}
+
+impl Drop for StartGuard<'_> {
+    fn drop(&mut self) {
+        let mut n = self.0.in_flight.lock().expect("starts lock");
+        *n -= 1;
+        if *n == 0 {
+            self.0.quiet.notify_all();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn waiting_for_quiet_ends_with_the_last_start_or_at_the_limit() {
+        let starts = std::sync::Arc::new(Starts::default());
+        assert!(starts.wait_quiet(Duration::from_secs(5)) < Duration::from_millis(50));
+        let guard = starts.begin();
+        let waited = starts.wait_quiet(Duration::from_millis(60));
+        assert!(waited >= Duration::from_millis(60), "{waited:?}");
+        let waiter = {
+            let starts = starts.clone();
+            std::thread::spawn(move || starts.wait_quiet(Duration::from_secs(10)))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        drop(guard);
+        let waited = waiter.join().unwrap();
+        assert!(
+            waited >= Duration::from_millis(50) && waited < Duration::from_secs(5),
+            "{waited:?}"
+        );
+    }
+
     #[test]
     fn a_background_thread_runs_at_the_background_nice_value_and_others_do_not() {
         let nice = || {
