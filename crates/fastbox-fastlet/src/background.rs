@@ -3,8 +3,9 @@
 //! creates otherwise shares them with the teardowns of the previous burst and the refills of
 //! the pool it just emptied. A CRIU run takes the priority of the thread that starts it
 //! (`fastbox_runtime::criu`), and CRIU gives the restored processes their own recorded one.
-//! Teardowns also hold off while starts are in flight ([`Starts`]), for a bounded time and
-//! only while few are queued, so a sustained load still gets its slots back.
+//! Teardowns and spare slots also hold off while starts are in flight ([`Starts`]), for a
+//! bounded time and only while few teardowns are queued (or half the spares are left), so a
+//! sustained load still gets its slots back.
 
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
