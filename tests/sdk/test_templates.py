@@ -25,6 +25,17 @@ def wait_for_phase(manager: SandboxManagerSync, template_id: str, timeout_s: flo
         time.sleep(0.2)
 
 
+def sandbox_of(fastbox: fb.FastboxServer, template_id: str) -> SandboxSync:
+    """A sandbox of template `template_id`, ready, tagged with the run's prefix."""
+    return SandboxSync.create_from_template(
+        template_id,
+        timeout=timedelta(minutes=5),
+        ready_timeout=timedelta(seconds=60),
+        metadata={"fbt-run": fastbox.prefix},
+        connection_config=fastbox.connection_config(),
+    )
+
+
 def test_templates_build_and_serve_creates(
     fastbox: fb.FastboxServer, manager: SandboxManagerSync
 ) -> None:
@@ -47,13 +58,7 @@ def test_templates_build_and_serve_creates(
     listed = manager.list_templates(TemplateFilter(metadata={"suite": "templates"}))
     assert [t.template_id for t in listed.template_infos] == [created.template_id]
 
-    sandbox = SandboxSync.create_from_template(
-        created.template_id,
-        timeout=timedelta(minutes=5),
-        ready_timeout=timedelta(seconds=60),
-        metadata={"fbt-run": fastbox.prefix},
-        connection_config=fastbox.connection_config(),
-    )
+    sandbox = sandbox_of(fastbox, created.template_id)
     try:
         run = sandbox.commands.run("echo $FB_TEMPLATE")
         assert fb.lines(run.logs.stdout) == ["baked"]
@@ -156,13 +161,7 @@ def test_templates_warm_up_before_the_checkpoint(
 
     answers = []
     for _ in range(2):
-        sandbox = SandboxSync.create_from_template(
-            created.template_id,
-            timeout=timedelta(minutes=5),
-            ready_timeout=timedelta(seconds=60),
-            metadata={"fbt-run": fastbox.prefix},
-            connection_config=fastbox.connection_config(),
-        )
+        sandbox = sandbox_of(fastbox, created.template_id)
         try:
             # Serving at once: no warm-up happens after the create.
             served = fb.lines(sandbox.commands.run(ASK_WARM_SERVER).logs.stdout)
