@@ -440,7 +440,11 @@ fn restore_with(
                 Some(pages) => {
                     let clock = Instant::now();
                     let log = target.dir.join(LAZY_PAGES_LOG);
-                    match LazySession::start(criu, &images, &work_dir, &log, pages) {
+                    let freeze = cgroup.freeze_control(true).ok();
+                    let guard = freeze
+                        .as_ref()
+                        .map(|(file, value)| (file.as_path(), *value));
+                    match LazySession::start(criu, &images, &work_dir, &log, pages, guard) {
                         Ok(session) => Some((session, clock.elapsed())),
                         Err(source) => {
                             drop(launcher);

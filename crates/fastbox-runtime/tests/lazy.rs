@@ -388,6 +388,7 @@ fn lazy_checkpoint(
                 blocks,
             },
         )]),
+        complete: Vec::new(),
         fetch_workers: 2,
         restore_timeout: Duration::from_secs(60),
         transfer_timeout: None,
@@ -396,14 +397,40 @@ fn lazy_checkpoint(
 }
 
 fn start_session(criu: &Path, dir: &Path, pages: &LazyPages) -> LazySession {
+    start_guarded_session(criu, dir, pages, None)
+}
+
+fn start_guarded_session(
+    criu: &Path,
+    dir: &Path,
+    pages: &LazyPages,
+    freeze_on_failure: Option<(&Path, &str)>,
+) -> LazySession {
     LazySession::start(
         &Criu::at(criu).unwrap(),
         &dir.join("images"),
         &dir.join("work"),
         &dir.join("lazy.log"),
         pages,
+        freeze_on_failure,
     )
     .unwrap()
+}
+
+/// Waits (30 s at most) until the holder restored into `dir` answers on `port`.
+fn answer_of(dir: &Path, port: u16) -> (u64, u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(answer) = ask(port) {
+            return answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restored process never answered; logs in {}",
+            dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A kill action for [`LazySession::watch`] that kills the restored process of `dir` and
@@ -459,6 +486,7 @@ fn the_daemon_and_page_server_restore_memory_intact() {
         &dir.path().join("work"),
         &dir.path().join("lazy.log"),
         server,
+        None,
     )
     .unwrap();
     let restored = start_restore(&criu, dir.path()).wait().unwrap();
@@ -499,17 +527,7 @@ fn a_session_restores_memory_intact_and_completes_the_pages_image() {
         "lazy restore; logs in {}",
         dir.path().display()
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let answer = loop {
-        if let Some(answer) = ask(port) {
-            break answer;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the restored process never answered"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let answer = answer_of(dir.path(), port);
     let report = session.watch(kill_restored).wait();
     if let Some(pid) = restored_pid(dir.path()) {
         kill(pid);
@@ -550,6 +568,80 @@ fn a_failing_block_source_kills_the_restored_process() {
     assert!(
         !dir.path().join("images").join(name).exists(),
         "an incomplete pages image does not stay"
+    );
+}
+
+#[test]
+fn a_failed_daemon_freezes_the_tree_through_its_guard() {
+    let (criu, _one_at_a_time) = criu_or_skip!();
+    let (dir, _port, _source, pages) = lazy_checkpoint(&criu, Blocks::OnlyEager);
+    // A plain file stands in for the cgroup's freeze file: the guard writes to it whoever
+    // watches (here nobody: the session is never watched, as after a `kill -9`).
+    let freeze = dir.path().join("freezer.state");
+    std::fs::write(&freeze, "THAWED\n").unwrap();
+    let session = start_guarded_session(&criu, dir.path(), &pages, Some((&freeze, "FROZEN")));
+    let restore = start_restore(&criu, dir.path());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_to_string(&freeze).unwrap().trim() != "FROZEN" {
+        assert!(
+            Instant::now() < deadline,
+            "the guard never froze the tree; logs in {}",
+            dir.path().display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(session);
+    end(restore);
+    if let Some(pid) = restored_pid(dir.path()) {
+        kill(pid);
+    }
+}
+
+#[test]
+fn a_local_checkpoint_restores_lazily_from_its_own_files() {
+    let (criu, _one_at_a_time) = criu_or_skip!();
+    let dir = tempfile::tempdir().unwrap();
+    let port = dump_holder(&criu, dir.path());
+    let images = dir.path().join("images");
+    let pages = LazyPages::local(&images, Duration::from_secs(60), None).unwrap();
+    assert!(pages.files.is_empty());
+    assert_eq!(pages.complete.len(), 1, "{pages:?}");
+    let before: Vec<u8> = std::fs::read(images.join(&pages.complete[0])).unwrap();
+    let session = start_session(&criu, dir.path(), &pages);
+    assert_eq!(
+        session.fetched_before_restore().blocks,
+        0,
+        "nothing to fetch"
+    );
+    let mut restore = start_restore(&criu, dir.path());
+    let (kill_restored, killed) = killer(dir.path());
+    assert!(
+        restore.wait().unwrap().success(),
+        "lazy restore; logs in {}",
+        dir.path().display()
+    );
+    let answer = answer_of(dir.path(), port);
+    let report = session.watch(kill_restored).wait();
+    if let Some(pid) = restored_pid(dir.path()) {
+        kill(pid);
+    }
+    assert_eq!(answer.0, answer.1, "memory restored lazily is intact");
+    let report = report.unwrap();
+    assert!(!killed.load(Ordering::SeqCst));
+    let lazy: u64 = task_pagemaps(&images)
+        .unwrap()
+        .iter()
+        .map(|(_, map)| map.lazy_pages())
+        .sum();
+    assert!(
+        report.served.pages >= lazy,
+        "every lazy page came through the page server: {report:?}, {lazy} lazy"
+    );
+    assert_eq!(report.fetched.blocks, 0, "nothing fetched: {report:?}");
+    let after = std::fs::read(images.join(&pages.complete[0])).unwrap();
+    assert!(
+        before == after,
+        "the checkpoint's pages image is left as it was"
     );
 }
 

@@ -244,6 +244,7 @@ fn restore_into(
                 source,
                 block_size: BLOCK_SIZE as u64,
                 files: pages_images(left_out)?,
+                complete: Vec::new(),
                 fetch_workers: plan.fetch_workers,
                 restore_timeout: RESTORE_TIMEOUT,
                 transfer_timeout: Some(TRANSFER_TIMEOUT),

@@ -314,9 +314,11 @@ impl Cgroup {
         }
     }
 
-    fn set_frozen(&self, frozen: bool) -> Result<(), CgroupError> {
-        let kernel = self.root.kernel();
-        let (path, value) = match self.version() {
+    /// The file that freezes or thaws the group and the value to write to it (v1
+    /// `freezer.state`, v2 `cgroup.freeze`), for a process that must freeze it without
+    /// this one (see `lazy::daemon`).
+    pub fn freeze_control(&self, frozen: bool) -> Result<(PathBuf, &'static str), CgroupError> {
+        Ok(match self.version() {
             CgroupVersion::V1 => (
                 self.require_dir(Controller::Freezer)?.join("freezer.state"),
                 if frozen { "FROZEN" } else { "THAWED" },
@@ -325,7 +327,12 @@ impl Cgroup {
                 self.leaf(&self.root.hierarchies()[0]).join("cgroup.freeze"),
                 if frozen { "1" } else { "0" },
             ),
-        };
+        })
+    }
+
+    fn set_frozen(&self, frozen: bool) -> Result<(), CgroupError> {
+        let kernel = self.root.kernel();
+        let (path, value) = self.freeze_control(frozen)?;
         let op = if frozen { "freeze" } else { "thaw" };
         let start = Instant::now();
         let mut pause = Backoff::new();

@@ -31,6 +31,15 @@ pub trait BlockSource: Send + Sync {
     fn get_block(&self, digest: &str) -> Result<Vec<u8>, SourceError>;
 }
 
+/// The source of a file that is complete already ([`LazyFile::open_complete`]): never asked.
+struct NoSource;
+
+impl BlockSource for NoSource {
+    fn get_block(&self, digest: &str) -> Result<Vec<u8>, SourceError> {
+        Err(format!("block {digest} asked of a file that is complete").into())
+    }
+}
+
 /// Why a lazily filled file could not be made or read.
 #[derive(Debug, thiserror::Error)]
 pub enum BlockError {
@@ -144,6 +153,34 @@ impl LazyFile {
             digests,
             source,
             state: Mutex::new(state),
+            changed: Condvar::new(),
+            cancelled: AtomicBool::new(false),
+            stats: FileStats::default(),
+        })
+    }
+
+    /// Opens `path`, a complete file already here (a checkpoint on this node), read-only:
+    /// every read is served from it, nothing is ever fetched.
+    pub fn open_complete(path: &Path) -> Result<Self, BlockError> {
+        let io_err = |what| {
+            move |source| BlockError::Io {
+                what,
+                path: path.to_path_buf(),
+                source,
+            }
+        };
+        let file = File::open(path).map_err(io_err("open"))?;
+        let size = file.metadata().map_err(io_err("stat"))?.len();
+        // One block of the whole file (none for an empty one), ready from the start.
+        let blocks = usize::from(size > 0);
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            size,
+            block_size: size.max(1),
+            digests: vec![String::new(); blocks],
+            source: Arc::new(NoSource),
+            state: Mutex::new(vec![BlockState::Ready; blocks]),
             changed: Condvar::new(),
             cancelled: AtomicBool::new(false),
             stats: FileStats::default(),

@@ -86,13 +86,25 @@ impl LazyDaemon {
     /// added) for the checkpoint in `images`, listening in `work_dir` (which the restore must
     /// use as its `--work-dir`), logging to `log`, and serves its page requests from `server`.
     /// Returns once the daemon listens.
+    ///
+    /// With `freeze_on_failure` (a cgroup's freeze file and value), the daemon runs under a
+    /// shell that writes the value there when the daemon fails, whoever is still around: if
+    /// this process dies (`kill -9`), the daemon loses its page server and fails, and the
+    /// restored sandbox stops instead of running on with zero pages. The daemon runs in a
+    /// process group of its own, which is what is killed.
     pub fn start(
-        mut criu: Command,
+        criu: Command,
         images: &Path,
         work_dir: &Path,
         log: &Path,
         server: PageServer,
+        freeze_on_failure: Option<(&Path, &str)>,
     ) -> Result<Self, DaemonError> {
+        let mut criu = match freeze_on_failure {
+            Some((file, value)) => guarded(&criu, file, value),
+            None => criu,
+        };
+        criu.process_group(0);
         let io_err = |what| move |source| DaemonError::Io { what, source };
         let (ours, theirs) = UnixStream::pair().map_err(io_err("socket pair"))?;
         let (mut ready_rx, ready_tx) = status_pipe().map_err(io_err("status pipe"))?;
@@ -128,8 +140,7 @@ impl LazyDaemon {
         let pidfd = match PidFd::open(child.id()) {
             Ok(pidfd) => pidfd,
             Err(source) => {
-                let _ = child.kill();
-                let _ = child.wait();
+                kill_group(&mut child);
                 return Err(DaemonError::Io {
                     what: "watch",
                     source,
@@ -179,8 +190,7 @@ impl LazyDaemon {
             return Err(DaemonError::ServerPanicked);
         };
         if !ended {
-            let _ = child.kill();
-            let _ = child.wait();
+            kill_group(&mut child);
             return Err(DaemonError::TimedOut {
                 after: timeout.unwrap_or_default(),
             });
@@ -212,14 +222,45 @@ impl LazyDaemon {
 impl Drop for LazyDaemon {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+            kill_group(&mut child);
         }
         // The server ends when the daemon's end of the socket pair closes.
         if let Some(server) = self.server.take() {
             let _ = server.join();
         }
     }
+}
+
+/// `criu` run by `/bin/sh`, which writes `value` to `file` when it fails (see
+/// [`LazyDaemon::start`]); the descriptors the daemon inherits pass through the shell.
+fn guarded(criu: &Command, file: &Path, value: &str) -> Command {
+    const SCRIPT: &str = r#"file=$1 value=$2; shift 2; "$@"; status=$?; [ "$status" -eq 0 ] || echo "$value" > "$file"; exit "$status""#;
+    let mut sh = Command::new("/bin/sh");
+    sh.arg("-c")
+        .arg(SCRIPT)
+        .arg("sh")
+        .arg(file)
+        .arg(value)
+        .arg(criu.get_program())
+        .args(criu.get_args());
+    for (key, val) in criu.get_envs() {
+        match val {
+            Some(val) => sh.env(key, val),
+            None => sh.env_remove(key),
+        };
+    }
+    if let Some(dir) = criu.get_current_dir() {
+        sh.current_dir(dir);
+    }
+    sh
+}
+
+/// Kills the daemon's process group (the daemon, and its guarding shell) and reaps it.
+fn kill_group(child: &mut Child) {
+    // SAFETY: a signal to the process group the child leads (made with `process_group(0)`).
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// A close-on-exec pipe: (read end, write end).

@@ -52,8 +52,13 @@ pub struct LazyPages {
     pub source: Arc<dyn BlockSource>,
     /// The size of every block of a file but the last (DART's 4 MiB).
     pub block_size: u64,
-    /// The checkpoint's pages images by file name (`pages-3.img`); see the module contract.
+    /// The checkpoint's pages images by file name (`pages-3.img`) that are not local; see
+    /// the module contract.
     pub files: BTreeMap<String, RemoteFile>,
+    /// Pages images that are complete in the images directory already (a checkpoint on this
+    /// node, [`LazyPages::local`]): served from there, nothing fetched. The restore still
+    /// returns before the memory is copied in.
+    pub complete: Vec<String>,
     /// Threads fetching blocks in the background (and the eager blocks before the restore).
     pub fetch_workers: usize,
     /// How long `criu restore` may run before it is killed.
@@ -63,11 +68,50 @@ pub struct LazyPages {
     pub transfer_timeout: Option<Duration>,
 }
 
+impl LazyPages {
+    /// The pages of the checkpoint images in `images`, all of them on this node: a lazy
+    /// restore of it returns once everything but the memory is restored, and the daemon
+    /// copies the memory in from the local files while the sandbox runs.
+    pub fn local(
+        images: &Path,
+        restore_timeout: Duration,
+        transfer_timeout: Option<Duration>,
+    ) -> std::io::Result<Self> {
+        let mut complete: Vec<String> = std::fs::read_dir(images)?
+            .map(|entry| entry.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .filter(|name| {
+                name.as_ref()
+                    .map_or(true, |n| n.starts_with("pages-") && n.ends_with(".img"))
+            })
+            .collect::<Result<_, _>>()?;
+        complete.sort();
+        Ok(Self {
+            source: Arc::new(NoBlocks),
+            block_size: 1,
+            files: BTreeMap::new(),
+            complete,
+            fetch_workers: 1,
+            restore_timeout,
+            transfer_timeout,
+        })
+    }
+}
+
+/// The block source of [`LazyPages::local`]: there is nothing to fetch.
+struct NoBlocks;
+
+impl BlockSource for NoBlocks {
+    fn get_block(&self, digest: &str) -> Result<Vec<u8>, super::blocks::SourceError> {
+        Err(format!("block {digest}: the checkpoint is local, nothing is fetched").into())
+    }
+}
+
 impl std::fmt::Debug for LazyPages {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LazyPages")
             .field("block_size", &self.block_size)
             .field("files", &self.files.keys().collect::<Vec<_>>())
+            .field("complete", &self.complete)
             .field("fetch_workers", &self.fetch_workers)
             .field("restore_timeout", &self.restore_timeout)
             .field("transfer_timeout", &self.transfer_timeout)
@@ -141,20 +185,25 @@ pub struct LazySession {
 
 impl LazySession {
     /// Step 1 of the module docs, for the checkpoint images in `images` and the restore that
-    /// will run with `work_dir` as its work directory. The daemon logs to `log`.
+    /// will run with `work_dir` as its work directory. The daemon logs to `log`, and freezes
+    /// the restored tree through `freeze_on_failure` when it fails with nobody watching
+    /// ([`LazyDaemon::start`]).
     pub fn start(
         criu: &Criu,
         images: &Path,
         work_dir: &Path,
         log: &Path,
         pages: &LazyPages,
+        freeze_on_failure: Option<(&Path, &str)>,
     ) -> Result<Self, LazyError> {
         let started = Instant::now();
         let mut tasks: HashMap<String, (u64, _)> = task_pagemaps(images)?
             .into_iter()
             .map(|(pid, map)| (map.pages_file_name(), (pid, map)))
             .collect();
-        if let Some((name, (pid, _))) = tasks.iter().find(|(n, _)| !pages.files.contains_key(*n)) {
+        let listed =
+            |name: &String| pages.files.contains_key(name) || pages.complete.contains(name);
+        if let Some((name, (pid, _))) = tasks.iter().find(|(n, _)| !listed(n)) {
             return Err(LazyError::MissingPages {
                 pid: *pid,
                 name: name.clone(),
@@ -191,6 +240,13 @@ impl LazySession {
                 None => now.extend((0..file.blocks()).map(|i| (Arc::clone(&file), i))),
             }
         }
+        for name in &pages.complete {
+            let file = Arc::new(LazyFile::open_complete(&images.join(name))?);
+            session.files.push(Arc::clone(&file));
+            if let Some((pid, map)) = tasks.remove(name) {
+                server.add_task(pid, Arc::new(map), file);
+            }
+        }
         prefetch_blocks(now, pages.fetch_workers).wait()?;
         session.before_restore = Fetched::of(&session.files);
         session.prefetch = Some(prefetch_files(&session.files, pages.fetch_workers));
@@ -200,6 +256,7 @@ impl LazySession {
             work_dir,
             log,
             server,
+            freeze_on_failure,
         )?);
         Ok(session)
     }
