@@ -113,6 +113,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         probe_without_token: false,
         policy: None,
         keep_tcp: false,
+        lazy_memory: false,
     };
     let started = Instant::now();
     let result = host

@@ -398,3 +398,107 @@ fn snapshots_make_independent_clones_and_survive_crashes() {
     assert_eq!(server.delete("/v1/snapshots/snap_unknown"), 404);
     server.finish();
 }
+
+/// A shell holding 48 MiB of text in memory, so a snapshot of the sandbox is big enough to
+/// be cloned lazily and its transfer takes a moment.
+const MEMORY_BALLAST: &str = r#"setsid sh -c 'v=$(yes fastbox-lazy-clone | head -c 50331648); while :; do sleep 3600; done' </dev/null >/dev/null 2>&1 &
+echo started"#;
+
+#[test]
+fn lazy_clones_have_the_source_memory_and_a_restart_mid_transfer_fails_them() {
+    // Every clone of a snapshot of 1 MiB or more starts before its memory is in place.
+    let Some(mut server) = UpServer::start('g', &["--lazy-clone-min-mib", "1"]) else {
+        return;
+    };
+    let id = server.create_busybox();
+    server.wait_state(&id, "Running");
+    let source = Execd::of(&server, &id);
+    start_memory_server(&source);
+    assert!(source.sh(MEMORY_BALLAST).stdout.contains("started"));
+    let original = facts(&source);
+    let (status, snap) = server.post(&format!("/v1/sandboxes/{id}/snapshots"), &json!({}));
+    assert_eq!(status, 202, "{snap}");
+    let sid = snap["id"].as_str().unwrap().to_string();
+    assert_eq!(settle_snapshot(&server, &sid)["status"]["state"], "Ready");
+
+    // Clones answer with the source's memory; each copied its memory in lazily.
+    let (status, forked) = server.post(&format!("/v1/sandboxes/{id}/fork"), &json!({"count": 2}));
+    assert_eq!(status, 202, "{forked}");
+    let mut clones: Vec<String> = forked["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap().to_string())
+        .collect();
+    let (status, clone) = server.post("/v1/sandboxes", &json!({"snapshotId": sid}));
+    assert_eq!(status, 202, "{clone}");
+    clones.push(clone["id"].as_str().unwrap().to_string());
+    for c in &clones {
+        expect_state(&server, c, &["Running", "Failed"], "Running");
+        let f = facts(&Execd::of(&server, c));
+        assert_eq!(
+            f["secret"], original["secret"],
+            "{c} has the source's memory"
+        );
+    }
+    // A snapshot of a lazy clone waits for its memory, so it holds all of it.
+    let (status, again) = server.post(
+        &format!("/v1/sandboxes/{}/snapshots", clones[0]),
+        &json!({}),
+    );
+    assert_eq!(status, 202, "{again}");
+    let again = again["id"].as_str().unwrap().to_string();
+    assert_eq!(settle_snapshot(&server, &again)["status"]["state"], "Ready");
+    let (status, grandchild) = server.post("/v1/sandboxes", &json!({"snapshotId": again}));
+    assert_eq!(status, 202, "{grandchild}");
+    let grandchild = grandchild["id"].as_str().unwrap().to_string();
+    expect_state(&server, &grandchild, &["Running", "Failed"], "Running");
+    assert_eq!(
+        facts(&Execd::of(&server, &grandchild))["secret"],
+        original["secret"]
+    );
+    let log = server.log_text();
+    for c in clones.iter().chain([&grandchild]) {
+        assert!(
+            log.lines().any(|l| l.contains("sandbox restored")
+                && l.contains(c.as_str())
+                && l.contains("lazy.prepare")),
+            "{c} was not cloned lazily"
+        );
+    }
+
+    // kill -9 right after a lazy clone answers: after the restart it is Running with the
+    // source's memory (its transfer had finished) or Failed with the reason, never Running
+    // with pages missing.
+    let (status, clone) = server.post("/v1/sandboxes", &json!({"snapshotId": sid}));
+    assert_eq!(status, 202, "{clone}");
+    let victim = clone["id"].as_str().unwrap().to_string();
+    expect_state(&server, &victim, &["Running", "Failed"], "Running");
+    server.kill9();
+    server.spawn();
+    let (state, reason) = settle(&server, &victim, &["Running", "Failed"]);
+    eprintln!("lazy clone after a kill -9 mid-transfer: {state} {reason:?}");
+    if state == "Running" {
+        assert_eq!(
+            facts(&Execd::of(&server, &victim))["secret"],
+            original["secret"]
+        );
+    } else {
+        let (_, got) = server.get(&format!("/v1/sandboxes/{victim}"));
+        assert!(
+            got["status"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("memory")),
+            "{got}"
+        );
+    }
+    // Deleting the snapshots waits for no transfer any more; the clones run on.
+    for s in [&sid, &again] {
+        assert_eq!(server.delete(&format!("/v1/snapshots/{s}")), 204);
+    }
+    assert_eq!(
+        facts(&Execd::of(&server, &clones[1]))["secret"],
+        original["secret"]
+    );
+    server.finish();
+}

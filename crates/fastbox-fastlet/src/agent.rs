@@ -60,7 +60,15 @@ pub struct FastletConfig {
     /// `DATA_DIR/artifacts` ([`crate::node_store::open_local`]), or an S3 origin behind the
     /// node block cache and DART).
     pub artifact_store: std::sync::Arc<dyn fastbox_artifact::ArtifactStore>,
+    /// Clones of a snapshot whose pages images hold at least this many bytes start before
+    /// their memory is in place ([`crate::transfers`]); `None`: every clone is restored
+    /// whole.
+    pub lazy_clone_min_bytes: Option<u64>,
 }
+
+/// The default of [`FastletConfig::lazy_clone_min_bytes`]: below it a whole restore takes
+/// about as long as a lazy one's set-up.
+pub const DEFAULT_LAZY_CLONE_MIN_BYTES: u64 = 64 << 20;
 
 impl std::fmt::Debug for FastletConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -77,6 +85,7 @@ impl std::fmt::Debug for FastletConfig {
             .field("spare_slots", &self.spare_slots)
             .field("dns_upstreams", &self.dns_upstreams)
             .field("artifact_store", &"<dyn ArtifactStore>")
+            .field("lazy_clone_min_bytes", &self.lazy_clone_min_bytes)
             .finish()
     }
 }
@@ -206,6 +215,18 @@ pub struct Route {
     pub egress_token: String,
 }
 
+/// What [`Fastlet::adopt`] made of a sandbox found after a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Adoption {
+    /// Running and routable again.
+    Adopted,
+    /// Its processes are gone (or its egress policy could not be applied again).
+    Gone,
+    /// A clone whose memory was still being copied in when the last run ended: its missing
+    /// pages would read as zeros.
+    MemoryIncomplete,
+}
+
 pub struct Fastlet {
     cfg: FastletConfig,
     pub(crate) host: LocalHost,
@@ -221,6 +242,8 @@ pub struct Fastlet {
     starts: crate::background::Starts,
     /// Where live snapshots stage their files while the sandbox is frozen.
     pub(crate) staging: crate::staging::Staging,
+    /// Memory transfers of clones started before their memory was in place.
+    pub(crate) transfers: std::sync::Arc<crate::transfers::Transfers>,
     /// Connection pool of execd clients (claims).
     http: reqwest::blocking::Client,
     /// Recent resolutions by reference (see [`Fastlet::resolve_image`]).
@@ -286,6 +309,7 @@ impl Fastlet {
             reaper: Reaper::default(),
             starts: Default::default(),
             staging,
+            transfers: Default::default(),
             resolved: Mutex::new(HashMap::new()),
             http: ExecdClient::http_client().map_err(|e| FastletError::Execd {
                 path: PathBuf::from("http client"),
@@ -493,6 +517,7 @@ impl Fastlet {
             deny_egress: true,
             // The same sandbox at the same address keeps its connections; clones close them.
             keep_tcp: mode == StartMode::Resume,
+            lazy_memory: mode == StartMode::Clone && self.clones_lazily(template),
             ..StartOptions::default()
         };
         let place_err = |source: HostError| FastletError::Place {
@@ -507,7 +532,7 @@ impl Fastlet {
         }
         .unwrap_or(SlotSource::Fresh(slot));
         let index = source.index();
-        let sb = self
+        let mut sb = self
             .restore_template(template, source, &opts)
             .map_err(|e| {
                 if index != slot {
@@ -515,6 +540,10 @@ impl Fastlet {
                 }
                 place_err(e)
             })?;
+        if let Some(transfer) = sb.transfer.take() {
+            self.transfers
+                .track(&req.id, &sb.handle.dir, &template.key, transfer);
+        }
         let mut phases = sb.phases.clone();
         match self.configure(&sb.handle, &sb.slot, template, req, mode) {
             Ok(configured) => phases.extend(&configured),
@@ -540,6 +569,26 @@ impl Fastlet {
             },
             report,
         ))
+    }
+
+    /// Whether a clone of snapshot `template` starts before its memory is in place: its
+    /// pages images hold at least [`FastletConfig::lazy_clone_min_bytes`].
+    fn clones_lazily(&self, template: &Template) -> bool {
+        let Some(min) = self.cfg.lazy_clone_min_bytes else {
+            return false;
+        };
+        let images = fastbox_runtime::checkpoint::images_dir(&template.checkpoint);
+        let pages: u64 = std::fs::read_dir(images)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("pages-"))
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0);
+        pages > 0 && pages >= min
     }
 
     /// Restores the golden checkpoint of `template` into the slot of `source` and waits for
@@ -954,23 +1003,31 @@ impl Fastlet {
         })
     }
 
-    /// After a restart: takes back a sandbox recorded as placed here. True when its processes
-    /// are alive (it is routable again); false when they are gone (the caller removes it).
-    /// The instance's nft table was re-installed at start, so the egress policy is applied
-    /// again; a sandbox whose policy cannot be applied is not adopted (fail closed).
+    /// After a restart: takes back a sandbox recorded as placed here. [`Adoption::Adopted`]
+    /// when its processes are alive (it is routable again); otherwise the caller fails and
+    /// removes it. The instance's nft table was re-installed at start, so the egress policy
+    /// is applied again; a sandbox whose policy cannot be applied is not adopted (fail
+    /// closed), nor is a clone whose memory was still being copied in ([`crate::transfers`]).
     pub fn adopt(
         &self,
         id: &str,
         placement: &Placement,
         tokens: &SandboxTokens,
         policy: &EgressPolicy,
-    ) -> bool {
+    ) -> Adoption {
         self.slots
             .lock()
             .expect("slot table lock")
             .claim(placement.slot);
         if !placement.handle.is_running() {
-            return false;
+            return Adoption::Gone;
+        }
+        let frozen =
+            fastbox_runtime::cgroup::Cgroup::open(&self.host.cgroups, &self.cfg.prefix, id)
+                .is_some_and(|c| c.is_frozen().unwrap_or(false));
+        if crate::transfers::interrupted(&placement.handle.dir) || frozen {
+            tracing::warn!(sandbox = %id, frozen, "its memory was still being copied in: not adopted");
+            return Adoption::MemoryIncomplete;
         }
         let applied = self
             .host
@@ -980,7 +1037,7 @@ impl Fastlet {
             .and_then(|slot| Ok(self.host.egress.apply(&SlotRef::from(&slot), policy)?));
         if let Err(e) = applied {
             tracing::warn!(sandbox = %id, error = %e, "could not re-apply the egress policy");
-            return false;
+            return Adoption::Gone;
         }
         self.insert_route(
             id,
@@ -991,7 +1048,7 @@ impl Fastlet {
                 egress_token: tokens.egress.clone(),
             },
         );
-        true
+        Adoption::Adopted
     }
 
     /// Marks a slot as taken without a running sandbox (a create that was interrupted), so

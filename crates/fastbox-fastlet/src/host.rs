@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use fastbox_runtime::cgroup::{CgroupLimits, CgroupRoot};
-use fastbox_runtime::checkpoint::{PreparedRestore, RestoreTarget};
+use fastbox_runtime::checkpoint::{CheckpointError, PreparedRestore, RestoreTarget};
 use fastbox_runtime::criu::Criu;
 use fastbox_runtime::execd_binary::ExecdBinary;
+use fastbox_runtime::lazy::restore::LazyPages;
 use fastbox_runtime::net::{
     DnsForwarder, DnsForwarderConfig, HostNetwork, Ipv4Pool, NetConfig, NetSlot, system_upstreams,
 };
@@ -138,7 +139,15 @@ pub struct StartOptions {
     /// Wait for execd without sending it the token (template starts: see
     /// [`ExecdClient::wait_serving`]).
     pub probe_without_token: bool,
+    /// A restore returns before the checkpoint's memory is in place; the memory is copied in
+    /// from the checkpoint's pages images while the sandbox runs ([`crate::transfers`]).
+    pub lazy_memory: bool,
 }
+
+/// How long a lazy restore's `criu restore` may run.
+const LAZY_RESTORE_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a lazy restore's memory may take to be copied in before the sandbox is killed.
+const LAZY_TRANSFER_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// A started sandbox and its slot.
 pub struct LocalSandbox {
@@ -147,6 +156,8 @@ pub struct LocalSandbox {
     pub execd: ExecdClient,
     /// How the start went: `slot`, then the start's own phases, then `ready` (execd).
     pub phases: Phases,
+    /// The memory still being copied in (a restore with [`StartOptions::lazy_memory`]).
+    pub transfer: Option<fastbox_runtime::lazy::restore::LazyTransfer>,
 }
 
 impl LocalHost {
@@ -272,7 +283,8 @@ impl LocalHost {
         source: SlotSource,
         opts: &StartOptions,
     ) -> Result<LocalSandbox, HostError> {
-        self.in_slot(source, opts, |slot, extras| {
+        let mut transfer = None;
+        let mut sandbox = self.in_slot(source, opts, |slot, extras| {
             let dir = crate::agent::sandbox_dir(&self.data_dir, &opts.id);
             let target = RestoreTarget {
                 id: &opts.id,
@@ -288,14 +300,37 @@ impl LocalHost {
                 tcp_close: !opts.keep_tcp,
                 layer_ready: extras.layer_ready,
             };
-            let (handle, took) = fastbox_runtime::checkpoint::restore(
-                criu,
-                &self.cgroups,
-                checkpoint,
-                &target,
-                extras.prepared,
-            )?;
             let mut phases = Phases::default();
+            let (handle, took) = if opts.lazy_memory {
+                let images = fastbox_runtime::checkpoint::images_dir(checkpoint);
+                let pages =
+                    LazyPages::local(&images, LAZY_RESTORE_TIMEOUT, Some(LAZY_TRANSFER_TIMEOUT))
+                        .map_err(|source| CheckpointError::Io {
+                            id: opts.id.clone(),
+                            what: "list the pages images of",
+                            path: images.clone(),
+                            source,
+                        })?;
+                let lazy = fastbox_runtime::checkpoint::restore_lazy(
+                    criu,
+                    &self.cgroups,
+                    checkpoint,
+                    &target,
+                    extras.prepared,
+                    &pages,
+                )?;
+                phases.note("lazy.prepare", lazy.prepare);
+                transfer = Some(lazy.transfer);
+                (lazy.handle, lazy.timings)
+            } else {
+                fastbox_runtime::checkpoint::restore(
+                    criu,
+                    &self.cgroups,
+                    checkpoint,
+                    &target,
+                    extras.prepared,
+                )?
+            };
             phases.push("rootfs", took.rootfs);
             phases.push("cgroup", took.cgroup);
             phases.push("criu", took.criu);
@@ -305,7 +340,9 @@ impl LocalHost {
                 phases.note("criu.restore", Duration::from_micros(stats.restore_time_us));
             }
             Ok((handle, phases))
-        })
+        })?;
+        sandbox.transfer = transfer;
+        Ok(sandbox)
     }
 
     /// Make a spare: network slot `index` without a way out, an empty writable layer of
@@ -471,6 +508,7 @@ impl LocalHost {
             slot,
             execd,
             phases: Phases::default(),
+            transfer: None,
         };
         let ready = if opts.probe_without_token {
             sandbox.execd.wait_serving(Duration::from_secs(20))

@@ -20,9 +20,10 @@ pub mod snapshot;
 pub mod spares;
 pub mod staging;
 pub mod template;
+pub mod transfers;
 pub mod warmup;
 
 pub use agent::{
-    Fastlet, FastletConfig, FastletError, PlaceRequest, Placement, RemoveReport, Route,
-    SandboxTokens, StartMode, StartReport,
+    Adoption, DEFAULT_LAZY_CLONE_MIN_BYTES, Fastlet, FastletConfig, FastletError, PlaceRequest,
+    Placement, RemoveReport, Route, SandboxTokens, StartMode, StartReport,
 };

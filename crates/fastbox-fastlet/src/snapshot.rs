@@ -176,6 +176,10 @@ impl Fastlet {
             key: source.key.to_string(),
             message,
         };
+        // A clone whose memory is still being copied in is dumped once all of it is there.
+        self.transfers
+            .wait_for_sandbox(&source.placement.handle.id)
+            .map_err(|e| fail(format!("the sandbox cannot be dumped: {e}")))?;
         let dir = snapshot_dir(&self.config().data_dir, source.key);
         let _ = std::fs::remove_dir_all(&dir);
         let checkpoint = dir.join("checkpoint");
@@ -270,8 +274,11 @@ impl Fastlet {
     }
 
     /// Removes node snapshot `key` (committed or not) and its index entry in the artifact
-    /// store (its blocks go with the store's garbage collection). Idempotent.
+    /// store (its blocks go with the store's garbage collection), once no clone reads its
+    /// memory any more. Idempotent.
     pub fn remove_snapshot(&self, key: &str) -> std::io::Result<()> {
+        // Clones still copying their memory in read it from the snapshot's files.
+        self.transfers.wait_for_source(key);
         let _ = std::fs::remove_dir_all(self.staging.dir(key));
         if let Ok(index) = IndexKey::try_new(key) {
             self.artifact_store()

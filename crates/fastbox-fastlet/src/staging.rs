@@ -3,10 +3,16 @@
 //! (a directory of `/dev/shm` where the mount cannot be made). CRIU splices every memory page
 //! of the sandbox into an image file there, so the freeze never waits for a disk.
 //!
-//! Transparent huge pages (`huge=always`) were measured and left off: they lowered the
-//! median freeze of a 256 MiB dump (161-180 against 190-202 ms here), but the first dump of
-//! every new sandbox then froze it for about a second (fresh 2 MiB pages are slow to come by
-//! in this virtual machine), which is worse than the gain.
+//! Transparent huge pages (`huge=always`) were measured twice and left off:
+//! - they lowered the median freeze of a 256 MiB dump (161-180 against 190-202 ms here), but
+//!   the first dump of every new sandbox then froze it for about a second;
+//! - fresh 2 MiB pages are slow to come by in this virtual machine: its kernel hands free
+//!   memory back to the host (`page_reporting.page_reporting_order=11`), and touching it
+//!   again costs about 3.5 ms per MiB;
+//! - a reserve of warm huge pages, freed right before each dump and written again after it,
+//!   cut CRIU's page writing of a plain 256 MiB process from 125-140 to about 85 ms, but in
+//!   fastbox the freeze only went from 173-188 to 141-159 ms (p50 149), still with 0.7-1 s
+//!   outliers, for 300 MiB of memory held at all times. Not worth it.
 //!
 //! The mount lives as long as the instance: it is made at start and removed by
 //! [`Staging::unmount`] at shutdown and by [`purge`], so `fastbox leftovers` shows it only

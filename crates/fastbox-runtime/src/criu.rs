@@ -150,6 +150,11 @@ impl Criu {
     fn command(&self) -> Command {
         let mut cmd = Command::new(&self.argv[0]);
         cmd.args(&self.argv[1..]);
+        self.in_private_run(cmd)
+    }
+
+    /// `cmd`, run in CRIU's private `/run` where one is needed.
+    fn in_private_run(&self, mut cmd: Command) -> Command {
         if let Some(dir) = self.kdat_run.clone() {
             // SAFETY: unshare and mount are async-signal-safe syscalls; the path was
             // allocated before the fork.
@@ -164,8 +169,25 @@ impl Criu {
     /// ([`crate::lazy::daemon::LazyDaemon::start`] adds its arguments): like every run, in
     /// CRIU's private `/run` where one is needed, so the daemon finds the kernel-feature cache
     /// instead of probing the kernel (130-490 ms here).
-    pub fn lazy_pages_command(&self) -> Command {
-        self.command()
+    ///
+    /// With `freeze_on_failure` (a cgroup's freeze file and value), the daemon runs under
+    /// `/bin/sh`, which writes the value there when the daemon fails, whoever is still
+    /// around: if this process dies (`kill -9`), the daemon loses its page server and fails,
+    /// and the restored sandbox stops instead of running on with zero pages. The descriptors
+    /// the daemon inherits pass through the shell.
+    pub fn lazy_pages_command(&self, freeze_on_failure: Option<(&Path, &str)>) -> Command {
+        const GUARD: &str = r#"file=$1 value=$2; shift 2; "$@"; status=$?; [ "$status" -eq 0 ] || echo "$value" > "$file"; exit "$status""#;
+        match freeze_on_failure {
+            None => self.command(),
+            Some((file, value)) => {
+                let mut sh = Command::new("/bin/sh");
+                sh.args(["-c", GUARD, "sh"])
+                    .arg(file)
+                    .arg(value)
+                    .args(&self.argv);
+                self.in_private_run(sh)
+            }
+        }
     }
 
     /// Dump the tree rooted at the sandbox init into `images`.

@@ -179,6 +179,11 @@ pub fn stop_processes(handle: &SandboxHandle, cgroups: &CgroupRoot) -> Result<()
                 0,
             )
         };
+        // A frozen tree (a lazy clone whose daemon's guard froze it) acts on the SIGKILL
+        // once thawed, before it runs any code of its own.
+        if let Some(cgroup) = cgroup.as_ref().filter(|c| c.is_frozen().unwrap_or(false)) {
+            let _ = cgroup.thaw();
+        }
         let timeout = Duration::from_secs(10);
         if !wait_pidfd(&pidfd, timeout) {
             return Err(SandboxError::StuckAfterKill { id, timeout });

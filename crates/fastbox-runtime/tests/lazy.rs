@@ -486,7 +486,6 @@ fn the_daemon_and_page_server_restore_memory_intact() {
         &dir.path().join("work"),
         &dir.path().join("lazy.log"),
         server,
-        None,
     )
     .unwrap();
     let restored = start_restore(&criu, dir.path()).wait().unwrap();

@@ -159,6 +159,7 @@ fn restore_and_measure(
         execd,
         slot,
         phases: Phases::default(),
+        transfer: None,
     };
     let measured = measure(plan, &sandbox, restored);
     let destroyed = host.destroy(&sandbox);

@@ -27,8 +27,9 @@ pub struct UpServer {
 }
 
 /// Prefix letters of `fastbox up` tests; each test uses its own. Other suites own others:
-/// `a`-`e` (sandbox_e2e), `n`, `o` (runtime network tests), `s` (tests/sdk).
-pub const UP_SERVER_TAGS: &str = "ijklmpqrtuvwxyz";
+/// `a`-`e` (sandbox_e2e), `h` (fastlet template_artifact), `n`, `o` (runtime network
+/// tests), `s` (tests/sdk).
+pub const UP_SERVER_TAGS: &str = "gijklmpqrtuvwxyz";
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

@@ -187,7 +187,7 @@ impl LazySession {
     /// Step 1 of the module docs, for the checkpoint images in `images` and the restore that
     /// will run with `work_dir` as its work directory. The daemon logs to `log`, and freezes
     /// the restored tree through `freeze_on_failure` when it fails with nobody watching
-    /// ([`LazyDaemon::start`]).
+    /// ([`Criu::lazy_pages_command`]).
     pub fn start(
         criu: &Criu,
         images: &Path,
@@ -251,12 +251,11 @@ impl LazySession {
         session.before_restore = Fetched::of(&session.files);
         session.prefetch = Some(prefetch_files(&session.files, pages.fetch_workers));
         session.daemon = Some(LazyDaemon::start(
-            criu.lazy_pages_command(),
+            criu.lazy_pages_command(freeze_on_failure),
             images,
             work_dir,
             log,
             server,
-            freeze_on_failure,
         )?);
         Ok(session)
     }

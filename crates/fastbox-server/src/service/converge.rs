@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use fastbox_api::lifecycle::SandboxState;
-use fastbox_fastlet::{PlaceRequest, blocking};
+use fastbox_fastlet::{Adoption, PlaceRequest, blocking};
 use fastbox_image::{NoProgress, RegistryAuth};
 use tokio::sync::oneshot;
 
@@ -370,25 +370,37 @@ impl Lifecycle {
             let id = record.id.clone();
             match (record.state(), &record.placement) {
                 (SandboxState::Running, Some(p)) => {
-                    if self
-                        .fastlet
-                        .adopt(&id, p, &record.tokens(), &record.policy())
-                    {
-                        adopted += 1;
-                        let _ = self.update(&id, |r| {
-                            r.event("Adopted", "re-adopted after a server restart");
-                            Ok(())
-                        });
-                    } else {
-                        lost += 1;
-                        let _ = self.update(&id, |r| {
-                            r.transition(
-                                SandboxState::Failed,
-                                Some(PROCESS_LOST),
-                                "the sandbox's processes were gone after a server restart",
-                            );
-                            Ok(())
-                        });
+                    let lost_because = match self.fastlet.adopt(
+                        &id,
+                        p,
+                        &record.tokens(),
+                        &record.policy(),
+                    ) {
+                        Adoption::Adopted => None,
+                        Adoption::Gone => {
+                            Some("the sandbox's processes were gone after a server restart")
+                        }
+                        Adoption::MemoryIncomplete => Some(
+                            "the sandbox's memory was still being copied in when the server stopped",
+                        ),
+                    };
+                    match lost_because {
+                        None => {
+                            adopted += 1;
+                            let _ = self.update(&id, |r| {
+                                r.event("Adopted", "re-adopted after a server restart");
+                                Ok(())
+                            });
+                        }
+                        Some(message) => {
+                            lost += 1;
+                            let _ = self.update(&id, |r| {
+                                r.transition(SandboxState::Failed, Some(PROCESS_LOST), message);
+                                Ok(())
+                            });
+                            // What is left (a frozen clone's processes too) goes now.
+                            self.start_removal(&id);
+                        }
                     }
                 }
                 (SandboxState::Pausing | SandboxState::Resuming, _) => {
