@@ -90,6 +90,11 @@ impl Transfers {
         }
     }
 
+    /// How many transfers run.
+    pub fn running(&self) -> usize {
+        self.lock().len()
+    }
+
     /// Waits until the memory transfer of sandbox `id` (if one runs) has ended: Ok when
     /// every page is in place, the reason otherwise (the sandbox was killed).
     pub fn wait_for_sandbox(&self, id: &str) -> Result<(), String> {
