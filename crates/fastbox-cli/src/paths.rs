@@ -135,7 +135,7 @@ impl HostArgs {
             spare_slots: run.spare_slots,
             dns_upstreams: None,
             artifact_store: run.artifact_store,
-            lazy_clone_min_bytes: None,
+            lazy_restore_min_bytes: None,
         })
     }
 }

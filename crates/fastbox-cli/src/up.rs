@@ -84,11 +84,11 @@ pub struct UpArgs {
     /// only mounts an overlay and runs CRIU; 0 makes each slot at its restore [default: 8].
     #[arg(long, env = "FASTBOX_SPARE_SLOTS")]
     pub spare_slots: Option<usize>,
-    /// Clones of a snapshot (creates from it, forks) whose memory is at least this many MiB
-    /// answer before their memory is copied in, which then happens in the background; `off`
-    /// restores every clone whole [default: 64].
-    #[arg(long, env = "FASTBOX_LAZY_CLONE_MIN_MIB", value_name = "MIB|off")]
-    pub lazy_clone_min_mib: Option<String>,
+    /// Clones of a snapshot (creates from it, forks) and resumes whose memory is at least
+    /// this many MiB answer before their memory is copied in, which then happens in the
+    /// background; `off` restores every one whole [default: 64].
+    #[arg(long, env = "FASTBOX_LAZY_RESTORE_MIN_MIB", value_name = "MIB|off")]
+    pub lazy_restore_min_mib: Option<String>,
     /// DNS server (`address:port`, repeatable) that sandboxes' allowed names are resolved
     /// with [default: the host's resolvers from /etc/resolv.conf].
     #[arg(long = "dns-upstream")]
@@ -149,7 +149,7 @@ impl UpArgs {
             pool_min: self.pool_min,
             pool_max: self.pool_max,
             spare_slots: self.spare_slots,
-            lazy_clone_min_mib: self.lazy_clone_min_mib.clone(),
+            lazy_restore_min_mib: self.lazy_restore_min_mib.clone(),
             dns_upstreams: (!self.dns_upstreams.is_empty()).then(|| self.dns_upstreams.clone()),
             artifact_store: self.artifact_store.clone(),
             block_cache_mib: self.block_cache_mib,

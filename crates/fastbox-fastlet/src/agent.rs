@@ -60,15 +60,15 @@ pub struct FastletConfig {
     /// `DATA_DIR/artifacts` ([`crate::node_store::open_local`]), or an S3 origin behind the
     /// node block cache and DART).
     pub artifact_store: std::sync::Arc<dyn fastbox_artifact::ArtifactStore>,
-    /// Clones of a snapshot whose pages images hold at least this many bytes start before
-    /// their memory is in place ([`crate::transfers`]); `None`: every clone is restored
-    /// whole.
-    pub lazy_clone_min_bytes: Option<u64>,
+    /// Clones of a snapshot and resumes whose checkpoint's pages images hold at least this
+    /// many bytes start before their memory is in place ([`crate::transfers`]); `None`:
+    /// every restore is whole.
+    pub lazy_restore_min_bytes: Option<u64>,
 }
 
-/// The default of [`FastletConfig::lazy_clone_min_bytes`]: below it a whole restore takes
+/// The default of [`FastletConfig::lazy_restore_min_bytes`]: below it a whole restore takes
 /// about as long as a lazy one's set-up.
-pub const DEFAULT_LAZY_CLONE_MIN_BYTES: u64 = 64 << 20;
+pub const DEFAULT_LAZY_RESTORE_MIN_BYTES: u64 = 64 << 20;
 
 impl std::fmt::Debug for FastletConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -85,7 +85,7 @@ impl std::fmt::Debug for FastletConfig {
             .field("spare_slots", &self.spare_slots)
             .field("dns_upstreams", &self.dns_upstreams)
             .field("artifact_store", &"<dyn ArtifactStore>")
-            .field("lazy_clone_min_bytes", &self.lazy_clone_min_bytes)
+            .field("lazy_restore_min_bytes", &self.lazy_restore_min_bytes)
             .finish()
     }
 }
@@ -222,8 +222,8 @@ pub enum Adoption {
     Adopted,
     /// Its processes are gone (or its egress policy could not be applied again).
     Gone,
-    /// A clone whose memory was still being copied in when the last run ended: its missing
-    /// pages would read as zeros.
+    /// A sandbox whose memory was still being copied in when the last run ended: its
+    /// missing pages would read as zeros (it is frozen).
     MemoryIncomplete,
 }
 
@@ -242,7 +242,7 @@ pub struct Fastlet {
     starts: crate::background::Starts,
     /// Where live snapshots stage their files while the sandbox is frozen.
     pub(crate) staging: crate::staging::Staging,
-    /// Memory transfers of clones started before their memory was in place.
+    /// Memory transfers of sandboxes started before their memory was in place.
     pub(crate) transfers: std::sync::Arc<crate::transfers::Transfers>,
     /// Connection pool of execd clients (claims).
     http: reqwest::blocking::Client,
@@ -263,8 +263,8 @@ pub const BACKGROUND_HOLD_OFF: std::time::Duration = std::time::Duration::from_m
 /// queue does not grow without bound.
 pub const REAP_HOLD_OFF_QUEUE: usize = 16;
 
-/// Memory transfers of lazy clones that may run at once; a clone made while this many run
-/// is restored whole. A lazy transfer costs more CPU than a whole restore (each page is read,
+/// Memory transfers of lazy restores that may run at once; a clone or resume made while this
+/// many run is restored whole. A lazy transfer costs more CPU than a whole restore (each page is read,
 /// sent to the daemon and copied in): a fork of 10 clones of a 256 MiB snapshot, all lazy,
 /// took 2.8-4.6 s to answer on two cores against 1.5-2.0 s restored whole.
 pub const LAZY_TRANSFERS_MAX: usize = 2;
@@ -523,7 +523,8 @@ impl Fastlet {
             deny_egress: true,
             // The same sandbox at the same address keeps its connections; clones close them.
             keep_tcp: mode == StartMode::Resume,
-            lazy_memory: mode == StartMode::Clone && self.clones_lazily(template),
+            // Claims restore templates, which are small and restored whole.
+            lazy_memory: mode != StartMode::Claim && self.restores_lazily(template),
             ..StartOptions::default()
         };
         let place_err = |source: HostError| FastletError::Place {
@@ -577,11 +578,11 @@ impl Fastlet {
         ))
     }
 
-    /// Whether a clone of snapshot `template` starts before its memory is in place: its
-    /// pages images hold at least [`FastletConfig::lazy_clone_min_bytes`], and fewer than
+    /// Whether a clone or a resume of checkpoint `template` starts before its memory is in
+    /// place: its pages images hold at least [`FastletConfig::lazy_restore_min_bytes`], and fewer than
     /// [`LAZY_TRANSFERS_MAX`] transfers run.
-    fn clones_lazily(&self, template: &Template) -> bool {
-        let Some(min) = self.cfg.lazy_clone_min_bytes else {
+    fn restores_lazily(&self, template: &Template) -> bool {
+        let Some(min) = self.cfg.lazy_restore_min_bytes else {
             return false;
         };
         if self.transfers.running() >= LAZY_TRANSFERS_MAX {
@@ -1017,7 +1018,7 @@ impl Fastlet {
     /// when its processes are alive (it is routable again); otherwise the caller fails and
     /// removes it. The instance's nft table was re-installed at start, so the egress policy
     /// is applied again; a sandbox whose policy cannot be applied is not adopted (fail
-    /// closed), nor is a clone whose memory was still being copied in ([`crate::transfers`]).
+    /// closed), nor is a sandbox whose memory was still being copied in ([`crate::transfers`]).
     pub fn adopt(
         &self,
         id: &str,
@@ -1029,15 +1030,16 @@ impl Fastlet {
             .lock()
             .expect("slot table lock")
             .claim(placement.slot);
-        if !placement.handle.is_running() {
-            return Adoption::Gone;
-        }
+        // First: a transfer cut short may also have ended the processes.
         let frozen =
             fastbox_runtime::cgroup::Cgroup::open(&self.host.cgroups, &self.cfg.prefix, id)
                 .is_some_and(|c| c.is_frozen().unwrap_or(false));
         if crate::transfers::interrupted(&placement.handle.dir) || frozen {
             tracing::warn!(sandbox = %id, frozen, "its memory was still being copied in: not adopted");
             return Adoption::MemoryIncomplete;
+        }
+        if !placement.handle.is_running() {
+            return Adoption::Gone;
         }
         let applied = self
             .host

@@ -24,6 +24,6 @@ pub mod transfers;
 pub mod warmup;
 
 pub use agent::{
-    Adoption, DEFAULT_LAZY_CLONE_MIN_BYTES, Fastlet, FastletConfig, FastletError, PlaceRequest,
+    Adoption, DEFAULT_LAZY_RESTORE_MIN_BYTES, Fastlet, FastletConfig, FastletError, PlaceRequest,
     Placement, RemoveReport, Route, SandboxTokens, StartMode, StartReport,
 };

@@ -1,20 +1,22 @@
-//! Clones started before their memory is in place (`docs/snapshots.md`, "Lazy clones").
+//! Sandboxes started before their memory is in place (`docs/snapshots.md`, "Lazy
+//! restores").
 //!
-//! A clone of a snapshot whose memory is at least
-//! [`crate::FastletConfig::lazy_clone_min_bytes`] is restored with `criu restore
-//! --lazy-pages` from the snapshot's own pages images ([`LazyPages::local`]): the clone runs
-//! once everything but its memory is restored, and a `criu lazy-pages` daemon copies the
+//! A clone of a snapshot, or a resume, whose checkpoint holds at least
+//! [`crate::FastletConfig::lazy_restore_min_bytes`] of memory is restored with `criu restore
+//! --lazy-pages` from the checkpoint's own pages images ([`LazyPages::local`]): the sandbox
+//! runs once everything but its memory is restored, and a `criu lazy-pages` daemon copies the
 //! memory in (on a page fault first, every other page in the background). This module keeps
 //! the transfers that still run:
 //!
-//! - a dump of the clone (snapshot, pause, fork) waits for its transfer
+//! - a dump of the sandbox (snapshot, pause, fork) waits for its transfer
 //!   ([`Transfers::wait_for_sandbox`]): a dump before then would miss the pages not copied yet;
-//! - removing the snapshot waits for the transfers that read it
+//! - removing the checkpoint waits for the transfers that read it
 //!   ([`Transfers::wait_for_source`]);
-//! - a failed transfer has killed the clone (its missing pages would read as zeros);
-//! - while a transfer runs, the clone's directory holds [`MARKER`]. A clone found with it
+//! - a failed transfer has killed the sandbox (its missing pages would read as zeros);
+//! - while a transfer runs, the sandbox's directory holds [`MARKER`]. A sandbox found with it
 //!   after a restart ([`interrupted`]) lost its page server with the process that ran it, so
-//!   it is not adopted: the daemon's guard froze it, and the caller fails and removes it.
+//!   it is not adopted: the daemon's guard froze it, and the caller resumes it again from its
+//!   checkpoint (a resume) or fails and removes it (a clone).
 //!
 //! [`LazyPages::local`]: fastbox_runtime::lazy::restore::LazyPages::local
 
@@ -24,7 +26,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use fastbox_runtime::lazy::restore::LazyTransfer;
 
-/// The file a clone's directory holds while its memory is copied in.
+/// The file a sandbox's directory holds while its memory is copied in.
 pub const MARKER: &str = "lazy-transfer";
 
 /// Whether the sandbox in `dir` was left with its memory transfer unfinished.
@@ -58,8 +60,8 @@ impl Running {
 }
 
 impl Transfers {
-    /// Marks sandbox `id` (directory `dir`), a clone of snapshot `source`, and watches its
-    /// `transfer` until it ends, then removes the mark.
+    /// Marks sandbox `id` (directory `dir`), restored from checkpoint `source`, and watches
+    /// its `transfer` until it ends, then removes the mark.
     pub fn track(self: &Arc<Self>, id: &str, dir: &Path, source: &str, transfer: LazyTransfer) {
         let marker = dir.join(MARKER);
         if let Err(e) = std::fs::write(&marker, source) {

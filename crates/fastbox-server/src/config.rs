@@ -50,10 +50,10 @@ pub struct Settings {
     pub pool_max: Option<usize>,
     /// Network slots with an empty writable layer kept made ahead of demand (0: none).
     pub spare_slots: Option<usize>,
-    /// Clones of a snapshot whose memory is at least this many MiB start before their
-    /// memory is in place: a number, or `off` (a TOML integer or string).
+    /// Clones of a snapshot and resumes whose memory is at least this many MiB start before
+    /// their memory is in place: a number, or `off` (a TOML integer or string).
     #[serde(default, deserialize_with = "number_or_text")]
-    pub lazy_clone_min_mib: Option<String>,
+    pub lazy_restore_min_mib: Option<String>,
     /// DNS servers (`address:port`) the forwarder asks for names a sandbox's policy allows.
     pub dns_upstreams: Option<Vec<std::net::SocketAddr>>,
     /// The node's artifact store: an absolute directory (`file://` optional) or
@@ -97,7 +97,7 @@ impl Settings {
             pool_min: self.pool_min.or(lower.pool_min),
             pool_max: self.pool_max.or(lower.pool_max),
             spare_slots: self.spare_slots.or(lower.spare_slots),
-            lazy_clone_min_mib: self.lazy_clone_min_mib.or(lower.lazy_clone_min_mib),
+            lazy_restore_min_mib: self.lazy_restore_min_mib.or(lower.lazy_restore_min_mib),
             dns_upstreams: self.dns_upstreams.or(lower.dns_upstreams),
             artifact_store: self.artifact_store.or(lower.artifact_store),
             block_cache_mib: self.block_cache_mib.or(lower.block_cache_mib),
@@ -270,7 +270,7 @@ fn number_or_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Strin
 }
 
 /// `off` (`None`) or a whole number of MiB, in bytes.
-pub fn parse_lazy_clone_min(text: &str) -> Result<Option<u64>, String> {
+pub fn parse_lazy_restore_min(text: &str) -> Result<Option<u64>, String> {
     if text.trim() == "off" {
         return Ok(None);
     }
@@ -322,9 +322,9 @@ pub struct ServerConfig {
     pub pool_max: usize,
     /// Spare slots (network slot + empty writable layer) kept made ahead of demand.
     pub spare_slots: usize,
-    /// Clones of snapshots holding at least this many bytes of memory start lazily (`None`:
-    /// never).
-    pub lazy_clone_min_bytes: Option<u64>,
+    /// Clones and resumes of checkpoints holding at least this many bytes of memory start
+    /// lazily (`None`: never).
+    pub lazy_restore_min_bytes: Option<u64>,
     /// The DNS forwarder's upstreams (`None`: the host's resolvers).
     pub dns_upstreams: Option<Vec<std::net::SocketAddr>>,
     /// How long a create waits for its image before answering `Pending` (an image that fails
@@ -405,10 +405,10 @@ impl ServerConfig {
                 .or(settings.pool_size)
                 .unwrap_or(DEFAULT_POOL_MAX),
             spare_slots: settings.spare_slots.unwrap_or(DEFAULT_SPARE_SLOTS),
-            lazy_clone_min_bytes: match settings.lazy_clone_min_mib.as_deref() {
-                None => Some(fastbox_fastlet::DEFAULT_LAZY_CLONE_MIN_BYTES),
+            lazy_restore_min_bytes: match settings.lazy_restore_min_mib.as_deref() {
+                None => Some(fastbox_fastlet::DEFAULT_LAZY_RESTORE_MIN_BYTES),
                 Some(text) => {
-                    parse_lazy_clone_min(text).map_err(|e| invalid("lazy_clone_min_mib", e))?
+                    parse_lazy_restore_min(text).map_err(|e| invalid("lazy_restore_min_mib", e))?
                 }
             },
             dns_upstreams: settings.dns_upstreams,
@@ -563,30 +563,30 @@ mod tests {
 
     #[test]
     fn the_lazy_clone_threshold_is_mib_or_off_with_a_default() {
-        assert_eq!(parse_lazy_clone_min("64"), Ok(Some(64 << 20)));
-        assert_eq!(parse_lazy_clone_min(" 0 "), Ok(Some(0)));
-        assert_eq!(parse_lazy_clone_min("off"), Ok(None));
+        assert_eq!(parse_lazy_restore_min("64"), Ok(Some(64 << 20)));
+        assert_eq!(parse_lazy_restore_min(" 0 "), Ok(Some(0)));
+        assert_eq!(parse_lazy_restore_min("off"), Ok(None));
         for bad in ["lots", "-1", "1.5", "99999999999999999"] {
-            assert!(parse_lazy_clone_min(bad).is_err(), "{bad}");
+            assert!(parse_lazy_restore_min(bad).is_err(), "{bad}");
         }
         let cfg = ServerConfig::resolve(Settings::default()).unwrap();
         assert_eq!(
-            cfg.lazy_clone_min_bytes,
-            Some(fastbox_fastlet::DEFAULT_LAZY_CLONE_MIN_BYTES)
+            cfg.lazy_restore_min_bytes,
+            Some(fastbox_fastlet::DEFAULT_LAZY_RESTORE_MIN_BYTES)
         );
         let bad = Settings {
-            lazy_clone_min_mib: Some("lots".into()),
+            lazy_restore_min_mib: Some("lots".into()),
             ..Settings::default()
         };
         let err = ServerConfig::resolve(bad).unwrap_err().to_string();
-        assert!(err.contains("lazy_clone_min_mib"), "{err}");
+        assert!(err.contains("lazy_restore_min_mib"), "{err}");
         for (toml_text, want) in [
-            ("lazy_clone_min_mib = 16", Some(16 << 20)),
-            ("lazy_clone_min_mib = \"off\"", None),
+            ("lazy_restore_min_mib = 16", Some(16 << 20)),
+            ("lazy_restore_min_mib = \"off\"", None),
         ] {
             let settings: Settings = toml::from_str(toml_text).unwrap();
             let cfg = ServerConfig::resolve(settings).unwrap();
-            assert_eq!(cfg.lazy_clone_min_bytes, want, "{toml_text}");
+            assert_eq!(cfg.lazy_restore_min_bytes, want, "{toml_text}");
         }
     }
 

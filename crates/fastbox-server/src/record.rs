@@ -50,6 +50,11 @@ pub struct SandboxRecord {
     /// While paused (and resuming): the node checkpoint its processes are in.
     #[serde(default)]
     pub paused_checkpoint: Option<String>,
+    /// After a resume, until its checkpoint is removed: the checkpoint it was resumed from.
+    /// A restart that finds the sandbox's memory still being copied in (a lazy resume)
+    /// resumes it from there again.
+    #[serde(default)]
+    pub resumed_from: Option<String>,
 }
 
 /// One lifecycle event (`GET .../diagnostics/events`).
@@ -245,6 +250,7 @@ pub(crate) mod tests {
             egress_token: "e".into(),
             snapshot_id: None,
             paused_checkpoint: None,
+            resumed_from: None,
         }
     }
 

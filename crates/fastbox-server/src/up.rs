@@ -93,7 +93,7 @@ pub async fn run(
         spare_slots: cfg.spare_slots,
         dns_upstreams: cfg.dns_upstreams.clone(),
         artifact_store: node_store.store(),
-        lazy_clone_min_bytes: cfg.lazy_clone_min_bytes,
+        lazy_restore_min_bytes: cfg.lazy_restore_min_bytes,
     };
     let fastlet =
         Arc::new(blocking::run("fastbox-node", move || Fastlet::start(fastlet_cfg)).await?);

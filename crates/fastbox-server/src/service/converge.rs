@@ -370,12 +370,17 @@ impl Lifecycle {
             let id = record.id.clone();
             match (record.state(), &record.placement) {
                 (SandboxState::Running, Some(p)) => {
-                    let lost_because = match self.fastlet.adopt(
-                        &id,
-                        p,
-                        &record.tokens(),
-                        &record.policy(),
-                    ) {
+                    let adoption = self
+                        .fastlet
+                        .adopt(&id, p, &record.tokens(), &record.policy());
+                    if adoption == Adoption::MemoryIncomplete
+                        && let Some(record) = self.resume_again(&record, p.slot)
+                    {
+                        restarted += 1;
+                        self.recover_paused(record);
+                        continue;
+                    }
+                    let lost_because = match adoption {
                         Adoption::Adopted => None,
                         Adoption::Gone => {
                             Some("the sandbox's processes were gone after a server restart")
@@ -389,6 +394,9 @@ impl Lifecycle {
                             adopted += 1;
                             let _ = self.update(&id, |r| {
                                 r.event("Adopted", "re-adopted after a server restart");
+                                // Its memory is in place: the checkpoint it was resumed
+                                // from is no longer needed (removed as unreferenced).
+                                r.resumed_from = None;
                                 Ok(())
                             });
                         }
@@ -422,6 +430,26 @@ impl Lifecycle {
             }
         }
         (adopted, lost, restarted)
+    }
+
+    /// A sandbox lazily resumed whose memory transfer a restart cut short: `Resuming` again
+    /// from the checkpoint it was resumed from, when this node still has it (the caller
+    /// then resumes it). `None` when it cannot be (a clone: it has no checkpoint of its own).
+    fn resume_again(&self, record: &SandboxRecord, slot: u32) -> Option<SandboxRecord> {
+        let key = record.resumed_from.clone()?;
+        self.fastlet.load_snapshot(&key)?;
+        self.update(&record.id, |r| {
+            r.transition(
+                SandboxState::Resuming,
+                None,
+                "a restart cut its memory transfer short: resuming it again",
+            );
+            r.paused_checkpoint = Some(key.clone());
+            r.resumed_from = None;
+            r.slot = Some(slot);
+            Ok(())
+        })
+        .ok()
     }
 
     /// A create interrupted by a crash: whatever it left is removed, then it runs again.

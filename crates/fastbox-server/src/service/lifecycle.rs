@@ -284,6 +284,7 @@ impl Lifecycle {
             egress_token: random_token(),
             snapshot_id: plan.snapshot_id.clone(),
             paused_checkpoint: None,
+            resumed_from: None,
         };
         let from = match &plan.snapshot_id {
             Some(snapshot) => format!("snapshot {snapshot}"),

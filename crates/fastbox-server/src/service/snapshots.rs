@@ -462,19 +462,38 @@ impl Lifecycle {
                     if r.state() == SandboxState::Resuming {
                         r.transition(SandboxState::Running, None, &report.summary());
                         dropped = r.paused_checkpoint.take();
+                        r.resumed_from = dropped.clone();
                     }
                     Ok(())
                 });
-                // The checkpoint goes in the background: the sandbox runs, and the next
-                // pause writes another one. A crash before it is gone leaves it to
+                // The checkpoint goes in the background once the sandbox's memory is in place
+                // (the removal waits for a lazy resume's transfer): the sandbox runs, and the
+                // next pause writes another one. A crash before it is gone leaves it to
+                // [`Lifecycle::recover`] (a transfer cut short: resumed again from it) or to
                 // [`Lifecycle::unreferenced_pauses`].
                 if let (Ok(_), Some(key)) = (updated, dropped) {
-                    let fastlet = self.fastlet.clone();
-                    tokio::spawn(blocking::run("fastbox-snapshot", move || {
-                        if let Err(e) = fastlet.remove_snapshot(&key) {
-                            tracing::warn!(checkpoint = %key, error = %e, "could not remove a pause checkpoint");
+                    let this = self.clone();
+                    let id = id.to_string();
+                    tokio::spawn(async move {
+                        let fastlet = this.fastlet.clone();
+                        let k = key.clone();
+                        let removed =
+                            blocking::run("fastbox-snapshot", move || fastlet.remove_snapshot(&k))
+                                .await;
+                        match removed {
+                            Ok(()) => {
+                                let _ = this.update(&id, |r| {
+                                    if r.resumed_from.as_deref() == Some(key.as_str()) {
+                                        r.resumed_from = None;
+                                    }
+                                    Ok(())
+                                });
+                            }
+                            Err(e) => {
+                                tracing::warn!(checkpoint = %key, error = %e, "could not remove a pause checkpoint");
+                            }
                         }
-                    }));
+                    });
                 }
             }
             Err(e) => {
