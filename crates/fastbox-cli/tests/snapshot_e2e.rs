@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use common::execd::Execd;
 use common::server::UpServer;
 use fastbox_artifact::{ArtifactKind, ArtifactStore, IndexKey, LocalStore, read_manifest};
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
 use serde_json::{Value, json};
 
 /// A shell that keeps a random value in memory only and hands it to whoever reads the FIFO
@@ -412,6 +414,117 @@ fn restored_lazily(server: &UpServer, id: &str) -> bool {
         .any(|l| l.contains("sandbox restored") && l.contains(id) && l.contains("lazy.prepare"))
 }
 
+/// Resumes paused `id`, waits until it is `Running`, kills the server (`kill -9`) and starts
+/// it again; the sandbox must end `Running`.
+fn resume_then_kill9(server: &mut UpServer, id: &str) {
+    let (status, body) = server.post(&format!("/v1/sandboxes/{id}/resume"), &json!({}));
+    assert_eq!(status, 202, "{body}");
+    expect_state(server, id, &["Running", "Failed", "Paused"], "Running");
+    assert!(restored_lazily(server, id), "the resume was not lazy");
+    server.kill9();
+    server.spawn();
+    let (state, reason) = settle(server, id, &["Running", "Failed", "Paused"]);
+    if state != "Running" {
+        let (_, got) = server.get(&format!("/v1/sandboxes/{id}"));
+        panic!("{state} {reason:?}: {got}\n{}", server.log_text());
+    }
+}
+
+/// Whether the server's log shows that it did not adopt `id` after a restart.
+fn not_adopted(server: &UpServer, id: &str) -> bool {
+    server
+        .log_text()
+        .lines()
+        .any(|l| l.contains("not adopted") && l.contains(id))
+}
+
+/// Stops the lazy-pages daemon of `id` (its process group: the guarding shell and CRIU) as
+/// soon as the sandbox's transfer mark names it, if the transfer has not ended by then (20 s
+/// at most); returns the group.
+fn catch_daemon(server: &UpServer, id: &str) -> Option<i32> {
+    let mark = server
+        .data_dir
+        .join("sandboxes")
+        .join(id)
+        .join("lazy-transfer");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Some(group) = std::fs::read_to_string(&mark).ok().and_then(|text| {
+            text.lines()
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<i32>()
+                .ok()
+        }) {
+            let stopped = killpg(Pid::from_raw(group), Signal::SIGSTOP).is_ok();
+            // Still marked, and CRIU still there, once stopped: the transfer had not ended.
+            if stopped && mark.exists() && !live_children(group).is_empty() {
+                return Some(group);
+            }
+            let _ = killpg(Pid::from_raw(group), Signal::SIGCONT);
+            return None;
+        }
+        if server.state(id).0 == "Running" && !mark.exists() {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    None
+}
+
+/// Kills CRIU in the stopped daemon group `group`, then the server (`kill -9`): the group,
+/// orphaned, goes on, and its guarding shell, which outlives the server, freezes the sandbox
+/// as after any failed daemon.
+fn fail_daemon(group: i32, server: &mut UpServer) {
+    let children = live_children(group);
+    assert!(
+        !children.is_empty(),
+        "the daemon's shell {group} has no child"
+    );
+    for child in children {
+        let _ = kill(Pid::from_raw(child), Signal::SIGKILL);
+    }
+    server.kill9();
+    let _ = killpg(Pid::from_raw(group), Signal::SIGCONT);
+    std::thread::sleep(Duration::from_millis(200));
+}
+
+/// The children of `parent` that have not exited (`pid (comm) state ppid ...` in
+/// /proc/PID/stat).
+fn live_children(parent: i32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                let mut fields = stat
+                    .rsplit_once(')')
+                    .map(|(_, rest)| rest.split_whitespace());
+                let state = fields.as_mut().and_then(|f| f.next());
+                let ppid = fields
+                    .as_mut()
+                    .and_then(|f| f.next())
+                    .and_then(|p| p.parse::<i32>().ok());
+                ppid == Some(parent) && !matches!(state, Some("Z" | "X"))
+            })
+        })
+        .collect()
+}
+
+/// Freezes the cgroup of sandbox `id` (v1 freezer or v2 `cgroup.freeze`), as the guard of a
+/// failed lazy-pages daemon does.
+fn freeze(server: &UpServer, id: &str) {
+    let v1 = format!(
+        "/sys/fs/cgroup/freezer/{}/{id}/freezer.state",
+        server.prefix
+    );
+    let v2 = format!("/sys/fs/cgroup/{}/{id}/cgroup.freeze", server.prefix);
+    let written = std::fs::write(&v1, "FROZEN").or_else(|_| std::fs::write(&v2, "1"));
+    assert!(written.is_ok(), "no freezer for {id}: {v1}, {v2}");
+}
+
 /// Pauses `id` and waits until it is `Paused`.
 fn pause(server: &UpServer, id: &str) {
     let (status, body) = server.post(&format!("/v1/sandboxes/{id}/pause"), &json!({}));
@@ -444,30 +557,15 @@ fn lazy_restores_keep_the_memory_and_a_restart_mid_transfer_converges() {
     for key in ["secret", "address"] {
         assert_eq!(resumed[key], original[key], "{key} across a lazy resume");
     }
-    // kill -9 right after a lazy resume answers: after the restart it runs with the same
-    // memory, adopted (its transfer had finished) or resumed again from its checkpoint.
+    // kill -9 right after a lazy resume answers: the daemon reads the local checkpoint and
+    // finishes on its own, so the restart adopts the sandbox with all of its memory.
     pause(&server, &id);
-    let (status, body) = server.post(&format!("/v1/sandboxes/{id}/resume"), &json!({}));
-    assert_eq!(status, 202, "{body}");
-    expect_state(&server, &id, &["Running", "Failed", "Paused"], "Running");
-    server.kill9();
-    server.spawn();
-    let (state, reason) = settle(&server, &id, &["Running", "Failed", "Paused"]);
-    let again = server
-        .log_text()
-        .lines()
-        .any(|l| l.contains("not adopted") && l.contains(id.as_str()));
-    eprintln!(
-        "lazy resume after a kill -9 mid-transfer: {state} {reason:?}, resumed again: {again}"
-    );
-    if state != "Running" {
-        let (_, got) = server.get(&format!("/v1/sandboxes/{id}"));
-        panic!("{state} {reason:?}: {got}\n{}", server.log_text());
-    }
-    let again = facts(&Execd::of(&server, &id));
+    resume_then_kill9(&mut server, &id);
+    assert!(!not_adopted(&server, &id), "a finished transfer is adopted");
+    let after = facts(&Execd::of(&server, &id));
     for key in ["secret", "address"] {
         assert_eq!(
-            again[key], original[key],
+            after[key], original[key],
             "{key} across a restart mid-transfer"
         );
     }
@@ -518,32 +616,25 @@ fn lazy_restores_keep_the_memory_and_a_restart_mid_transfer_converges() {
         assert!(restored_lazily(&server, c), "{c} was not cloned lazily");
     }
 
-    // kill -9 right after a clone answers (lazily started when fewer than two transfers
-    // ran): after the restart it is Running with the source's memory (its transfer had
-    // finished, or it was restored whole) or Failed with the reason, never Running with
-    // pages missing.
+    // kill -9 right after a clone answers, and its transfer failed while the server was
+    // down (frozen by hand, as its daemon's guard does): it is Failed with the reason and
+    // removed, never Running with pages missing.
     let (status, clone) = server.post("/v1/sandboxes", &json!({"snapshotId": sid}));
     assert_eq!(status, 202, "{clone}");
     let victim = clone["id"].as_str().unwrap().to_string();
     expect_state(&server, &victim, &["Running", "Failed"], "Running");
     server.kill9();
+    freeze(&server, &victim);
     server.spawn();
     let (state, reason) = settle(&server, &victim, &["Running", "Failed"]);
-    eprintln!("lazy clone after a kill -9 mid-transfer: {state} {reason:?}");
-    if state == "Running" {
-        assert_eq!(
-            facts(&Execd::of(&server, &victim))["secret"],
-            original["secret"]
-        );
-    } else {
-        let (_, got) = server.get(&format!("/v1/sandboxes/{victim}"));
-        assert!(
-            got["status"]["message"]
-                .as_str()
-                .is_some_and(|m| m.contains("memory")),
-            "{got}"
-        );
-    }
+    let (_, got) = server.get(&format!("/v1/sandboxes/{victim}"));
+    assert_eq!(state, "Failed", "{reason:?} {got}");
+    assert!(
+        got["status"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("memory")),
+        "{got}"
+    );
     // Deleting the snapshots waits for no transfer any more; the clones run on.
     for s in [&sid, &again] {
         assert_eq!(server.delete(&format!("/v1/snapshots/{s}")), 204);
@@ -552,5 +643,32 @@ fn lazy_restores_keep_the_memory_and_a_restart_mid_transfer_converges() {
         facts(&Execd::of(&server, &clones[1]))["secret"],
         original["secret"]
     );
+
+    // A resume whose daemon fails while the server is down: caught mid-transfer (stopped
+    // as soon as the mark names it), the server killed, then the daemon killed, so its
+    // guard freezes the sandbox. Its checkpoint is still kept (the transfer never ended), so
+    // the restart resumes it again from there: it runs with all of its memory.
+    let caught = (0..10).any(|_| {
+        pause(&server, &id);
+        let (status, body) = server.post(&format!("/v1/sandboxes/{id}/resume"), &json!({}));
+        assert_eq!(status, 202, "{body}");
+        let daemon = catch_daemon(&server, &id);
+        expect_state(&server, &id, &["Running", "Failed", "Paused"], "Running");
+        let Some(group) = daemon else { return false };
+        fail_daemon(group, &mut server);
+        server.spawn();
+        true
+    });
+    assert!(caught, "no lazy resume was caught mid-transfer in 10 tries");
+    let (state, reason) = settle(&server, &id, &["Running", "Failed", "Paused"]);
+    assert!(not_adopted(&server, &id), "a frozen sandbox is not adopted");
+    if state != "Running" {
+        let (_, got) = server.get(&format!("/v1/sandboxes/{id}"));
+        panic!("{state} {reason:?}: {got}\n{}", server.log_text());
+    }
+    let after = facts(&Execd::of(&server, &id));
+    for key in ["secret", "address"] {
+        assert_eq!(after[key], original[key], "{key} after resuming again");
+    }
     server.finish();
 }

@@ -269,6 +269,9 @@ pub const REAP_HOLD_OFF_QUEUE: usize = 16;
 /// took 2.8-4.6 s to answer on two cores against 1.5-2.0 s restored whole.
 pub const LAZY_TRANSFERS_MAX: usize = 2;
 
+/// How long adopting a sandbox after a restart waits for a memory transfer the last run left.
+pub const TRANSFER_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// How long removing an interrupted start waits for a CRIU restore that outlived a crash.
 pub const RESTORE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -1030,12 +1033,8 @@ impl Fastlet {
             .lock()
             .expect("slot table lock")
             .claim(placement.slot);
-        // First: a transfer cut short may also have ended the processes.
-        let frozen =
-            fastbox_runtime::cgroup::Cgroup::open(&self.host.cgroups, &self.cfg.prefix, id)
-                .is_some_and(|c| c.is_frozen().unwrap_or(false));
-        if crate::transfers::interrupted(&placement.handle.dir) || frozen {
-            tracing::warn!(sandbox = %id, frozen, "its memory was still being copied in: not adopted");
+        if let Some(incomplete) = self.memory_incomplete(id, &placement.handle.dir) {
+            tracing::warn!(sandbox = %id, why = incomplete, "its memory was still being copied in: not adopted");
             return Adoption::MemoryIncomplete;
         }
         if !placement.handle.is_running() {
@@ -1061,6 +1060,32 @@ impl Fastlet {
             },
         );
         Adoption::Adopted
+    }
+
+    /// After a restart: why the memory of sandbox `id` (directory `dir`) is not all in place,
+    /// if it is not. A memory transfer the last run left is waited for first (a daemon
+    /// reading a local checkpoint finishes on its own); it failed when the daemon's guard
+    /// froze the sandbox. A frozen sandbox without a mark was frozen between its restore and
+    /// the mark.
+    fn memory_incomplete(&self, id: &str, dir: &Path) -> Option<&'static str> {
+        let mark = crate::transfers::Mark::read(dir);
+        let daemon_done = match mark.as_ref().map(|m| m.daemon) {
+            Some(Some(daemon)) => daemon.wait_gone(TRANSFER_WAIT),
+            Some(None) => return Some("its transfer's daemon is not known"),
+            None => true,
+        };
+        if !daemon_done {
+            return Some("its transfer's daemon still runs");
+        }
+        let frozen =
+            fastbox_runtime::cgroup::Cgroup::open(&self.host.cgroups, &self.cfg.prefix, id)
+                .is_some_and(|c| c.is_frozen().unwrap_or(false));
+        if frozen {
+            return Some("its transfer failed and froze it");
+        }
+        // The daemon finished the transfer after the last run ended.
+        crate::transfers::Mark::clear(dir);
+        None
     }
 
     /// Marks a slot as taken without a running sandbox (a create that was interrupted), so

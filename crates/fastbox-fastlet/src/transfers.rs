@@ -13,25 +13,53 @@
 //! - removing the checkpoint waits for the transfers that read it
 //!   ([`Transfers::wait_for_source`]);
 //! - a failed transfer has killed the sandbox (its missing pages would read as zeros);
-//! - while a transfer runs, the sandbox's directory holds [`MARKER`]. A sandbox found with it
-//!   after a restart ([`interrupted`]) lost its page server with the process that ran it, so
-//!   it is not adopted: the daemon's guard froze it, and the caller resumes it again from its
-//!   checkpoint (a resume) or fails and removes it (a clone).
+//! - while a transfer runs, the sandbox's directory holds [`MARKER`], which names the
+//!   daemon's process. A daemon reading a local checkpoint finishes its transfer when this
+//!   process dies; one that fails freezes the sandbox (its guard). So a restart that finds
+//!   the mark ([`Mark::read`]) waits for that daemon, then adopts the sandbox unless it is
+//!   frozen; a frozen one is resumed again from its checkpoint (a resume) or failed and
+//!   removed (a clone).
 //!
 //! [`LazyPages::local`]: fastbox_runtime::lazy::restore::LazyPages::local
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 
+use fastbox_runtime::lazy::daemon::DaemonProcess;
 use fastbox_runtime::lazy::restore::LazyTransfer;
 
 /// The file a sandbox's directory holds while its memory is copied in.
 pub const MARKER: &str = "lazy-transfer";
 
-/// Whether the sandbox in `dir` was left with its memory transfer unfinished.
-pub fn interrupted(dir: &Path) -> bool {
-    dir.join(MARKER).exists()
+/// What [`MARKER`] records: the checkpoint the memory comes from and the daemon copying it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mark {
+    pub source: String,
+    /// `None` when it could not be recorded: nothing then tells a finished transfer from
+    /// one cut short.
+    pub daemon: Option<DaemonProcess>,
+}
+
+impl Mark {
+    /// The mark of the sandbox in `dir`, if its transfer had not ended when it was last seen.
+    pub fn read(dir: &Path) -> Option<Self> {
+        let text = std::fs::read_to_string(dir.join(MARKER)).ok()?;
+        let mut lines = text.lines();
+        let source = lines.next().unwrap_or_default().to_string();
+        let daemon = lines.next().and_then(DaemonProcess::parse);
+        Some(Self { source, daemon })
+    }
+
+    fn write(&self, dir: &Path) -> std::io::Result<()> {
+        let daemon = self.daemon.map(DaemonProcess::to_line).unwrap_or_default();
+        std::fs::write(dir.join(MARKER), format!("{}\n{daemon}\n", self.source))
+    }
+
+    /// Removes the mark of the sandbox in `dir`.
+    pub fn clear(dir: &Path) {
+        let _ = std::fs::remove_file(dir.join(MARKER));
+    }
 }
 
 /// The transfers still running, by sandbox id.
@@ -63,10 +91,14 @@ impl Transfers {
     /// Marks sandbox `id` (directory `dir`), restored from checkpoint `source`, and watches
     /// its `transfer` until it ends, then removes the mark.
     pub fn track(self: &Arc<Self>, id: &str, dir: &Path, source: &str, transfer: LazyTransfer) {
-        let marker = dir.join(MARKER);
-        if let Err(e) = std::fs::write(&marker, source) {
+        let mark = Mark {
+            source: source.to_string(),
+            daemon: transfer.daemon(),
+        };
+        if let Err(e) = mark.write(dir) {
             tracing::warn!(sandbox = %id, error = %e, "could not mark the memory transfer");
         }
+        let dir = dir.to_path_buf();
         let running = Arc::new(Running {
             source: source.to_string(),
             outcome: Mutex::new(None),
@@ -84,7 +116,7 @@ impl Transfers {
                     tracing::warn!(sandbox = %id, error = %e, "the memory transfer failed: the sandbox was killed");
                     format!("its memory transfer failed and it was killed: {e}")
                 });
-                end(&marker, &running, outcome);
+                end(&dir, &running, outcome);
                 this.lock().remove(&id);
             });
         if let Err(e) = spawned {
@@ -123,8 +155,8 @@ impl Transfers {
 }
 
 /// Records how the transfer ended, after removing its mark.
-fn end(marker: &PathBuf, running: &Running, outcome: Result<(), String>) {
-    let _ = std::fs::remove_file(marker);
+fn end(dir: &Path, running: &Running, outcome: Result<(), String>) {
+    Mark::clear(dir);
     *running.outcome.lock().expect("transfer lock") = Some(outcome);
     running.ended.notify_all();
 }

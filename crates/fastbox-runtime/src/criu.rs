@@ -176,7 +176,8 @@ impl Criu {
     /// and the restored sandbox stops instead of running on with zero pages. The descriptors
     /// the daemon inherits pass through the shell.
     pub fn lazy_pages_command(&self, freeze_on_failure: Option<(&Path, &str)>) -> Command {
-        const GUARD: &str = r#"file=$1 value=$2; shift 2; "$@"; status=$?; [ "$status" -eq 0 ] || echo "$value" > "$file"; exit "$status""#;
+        // A hangup does not end the daemon or its guard: they outlive whoever started them.
+        const GUARD: &str = r#"trap '' HUP; file=$1 value=$2; shift 2; "$@"; status=$?; [ "$status" -eq 0 ] || echo "$value" > "$file"; exit "$status""#;
         match freeze_on_failure {
             None => self.command(),
             Some((file, value)) => {

@@ -485,7 +485,7 @@ fn the_daemon_and_page_server_restore_memory_intact() {
         &images,
         &dir.path().join("work"),
         &dir.path().join("lazy.log"),
-        server,
+        Some(server),
     )
     .unwrap();
     let restored = start_restore(&criu, dir.path()).wait().unwrap();
@@ -633,9 +633,11 @@ fn a_local_checkpoint_restores_lazily_from_its_own_files() {
         .map(|(_, map)| map.lazy_pages())
         .sum();
     assert!(
-        report.served.pages >= lazy,
-        "every lazy page came through the page server: {report:?}, {lazy} lazy"
+        lazy >= (32 << 20) / PAGE_SIZE,
+        "the memory was lazy: {lazy} pages"
     );
+    // No page server: the daemon read the pages images itself.
+    assert_eq!(report.served.pages, 0, "{report:?}");
     assert_eq!(report.fetched.blocks, 0, "nothing fetched: {report:?}");
     let after = std::fs::read(images.join(&pages.complete[0])).unwrap();
     assert!(

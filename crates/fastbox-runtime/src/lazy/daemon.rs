@@ -89,7 +89,8 @@ pub struct LazyDaemon {
 impl LazyDaemon {
     /// Starts `criu` (a command running CRIU >= 4.2, to which the `lazy-pages` arguments are
     /// added) for the checkpoint in `images`, listening in `work_dir` (which the restore must
-    /// use as its `--work-dir`), logging to `log`, and serves its page requests from `server`.
+    /// use as its `--work-dir`), logging to `log`, and serves its page requests from `server`
+    /// (`None`: the pages images in `images` are complete, and the daemon reads them itself).
     /// Returns once the daemon listens.
     /// The daemon runs in a process group of its own, which is what is killed (a guarded
     /// daemon, [`crate::criu::Criu::lazy_pages_command`], runs under a shell).
@@ -98,7 +99,7 @@ impl LazyDaemon {
         images: &Path,
         work_dir: &Path,
         log: &Path,
-        server: PageServer,
+        server: Option<PageServer>,
     ) -> Result<Self, DaemonError> {
         criu.process_group(0);
         let io_err = |what| move |source| DaemonError::Io { what, source };
@@ -112,13 +113,16 @@ impl LazyDaemon {
             .arg(work_dir)
             .arg("--log-file")
             .arg(log)
-            .args(["-v2", "--page-server", "--ps-socket"])
-            .arg(PS_FD.to_string())
+            .arg("-v2")
             .arg("--status-fd")
             .arg(STATUS_FD.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        if server.is_some() {
+            criu.args(["--page-server", "--ps-socket"])
+                .arg(PS_FD.to_string());
+        }
         // SAFETY: only dup2 and setpriority (async-signal-safe) on descriptors that outlive
         // the spawn; the copies dup2 makes are not close-on-exec.
         unsafe {
@@ -157,14 +161,16 @@ impl LazyDaemon {
                 tail: crate::criu::log_tail(log, ""),
             });
         }
-        let server = std::thread::spawn(move || {
-            let mut conn = ours;
-            server.serve(&mut conn)
+        let server = server.map(|server| {
+            std::thread::spawn(move || {
+                let mut conn = ours;
+                server.serve(&mut conn)
+            })
         });
         Ok(Self {
             child: Some(child),
             pidfd,
-            server: Some(server),
+            server,
             log: log.to_path_buf(),
         })
     }
@@ -215,6 +221,15 @@ impl LazyDaemon {
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
+
+    /// The daemon's process, to find again after this process is gone.
+    pub fn process(&self) -> Option<DaemonProcess> {
+        let pid = i32::try_from(self.pid()?).ok()?;
+        Some(DaemonProcess {
+            pid,
+            start_ticks: crate::sandbox::process_start_ticks(pid)?,
+        })
+    }
 }
 
 impl Drop for LazyDaemon {
@@ -226,6 +241,49 @@ impl Drop for LazyDaemon {
         if let Some(server) = self.server.take() {
             let _ = server.join();
         }
+    }
+}
+
+/// A daemon's process (its guarding shell when it has one), by pid and start time: a
+/// daemon that reads a local checkpoint finishes its transfer when the process that started
+/// it dies, and whoever comes next waits for it ([`DaemonProcess::wait_gone`]) before it
+/// looks at the sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DaemonProcess {
+    pub pid: i32,
+    pub start_ticks: u64,
+}
+
+impl DaemonProcess {
+    /// `pid start_ticks`, as [`DaemonProcess::parse`] reads it.
+    pub fn to_line(self) -> String {
+        format!("{} {}", self.pid, self.start_ticks)
+    }
+
+    pub fn parse(line: &str) -> Option<Self> {
+        let (pid, ticks) = line.trim().split_once(' ')?;
+        Some(Self {
+            pid: pid.parse().ok()?,
+            start_ticks: ticks.parse().ok()?,
+        })
+    }
+
+    /// Whether the process still runs (a later process with its pid does not count).
+    pub fn is_running(self) -> bool {
+        crate::sandbox::process_start_ticks(self.pid) == Some(self.start_ticks)
+            && crate::sandbox::process_state(self.pid).is_some_and(|s| s != 'Z' && s != 'X')
+    }
+
+    /// Waits (at most `timeout`) until the process is gone; true when it is.
+    pub fn wait_gone(self, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        while self.is_running() {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
     }
 }
 

@@ -255,7 +255,10 @@ impl LazySession {
             images,
             work_dir,
             log,
-            server,
+            // A checkpoint that is all here is read by the daemon itself: no page server
+            // (half the copying: 89-135 against 165-734 ms for 256 MiB), and a daemon that
+            // outlives this process still finishes its transfer.
+            (!pages.files.is_empty()).then_some(server),
         )?);
         Ok(session)
     }
@@ -275,6 +278,7 @@ impl LazySession {
     /// (end the sandbox) runs first when the transfer fails.
     pub fn watch(mut self, kill: impl FnOnce() + Send + 'static) -> LazyTransfer {
         let daemon = self.daemon.take();
+        let daemon_process = daemon.as_ref().and_then(LazyDaemon::process);
         let mut prefetch = self.prefetch.take();
         let files = std::mem::take(&mut self.files);
         let (started, before_restore) = (self.started, self.before_restore);
@@ -305,6 +309,7 @@ impl LazySession {
         });
         LazyTransfer {
             thread: Some(thread),
+            daemon: daemon_process,
         }
     }
 }
@@ -348,9 +353,16 @@ fn abandon(files: &[Arc<LazyFile>], prefetch: Option<Prefetch>) {
 #[derive(Debug)]
 pub struct LazyTransfer {
     thread: Option<JoinHandle<Result<TransferReport, LazyError>>>,
+    daemon: Option<crate::lazy::daemon::DaemonProcess>,
 }
 
 impl LazyTransfer {
+    /// The process that runs the daemon (its guarding shell when it has one), to wait for
+    /// when this process is gone: see [`crate::lazy::daemon::DaemonProcess`].
+    pub fn daemon(&self) -> Option<crate::lazy::daemon::DaemonProcess> {
+        self.daemon
+    }
+
     /// Waits until every page is in place: Ok with what the transfer did, or the error that
     /// ended it (the sandbox was killed before this returns).
     pub fn wait(mut self) -> Result<TransferReport, LazyError> {
