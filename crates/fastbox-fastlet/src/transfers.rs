@@ -105,22 +105,31 @@ impl Transfers {
             ended: Condvar::new(),
         });
         self.lock().insert(id.to_string(), running.clone());
-        let (this, id, clock) = (Arc::clone(self), id.to_string(), std::time::Instant::now());
+        let (this, sandbox, clock) = (Arc::clone(self), id.to_string(), std::time::Instant::now());
+        let (watched, marked) = (running.clone(), dir.clone());
         let spawned = std::thread::Builder::new()
             .name("fastbox-transfer".into())
             .spawn(move || {
-                let outcome = transfer.wait().map(|report| {
-                    tracing::info!(sandbox = %id, pages = report.served.pages, ms = clock.elapsed().as_millis() as u64, "memory copied in");
+                let outcome = transfer.wait().map(|_| {
+                    tracing::info!(sandbox = %sandbox, ms = clock.elapsed().as_millis() as u64, "memory copied in");
                 });
                 let outcome = outcome.map_err(|e| {
-                    tracing::warn!(sandbox = %id, error = %e, "the memory transfer failed: the sandbox was killed");
+                    tracing::warn!(sandbox = %sandbox, error = %e, "the memory transfer failed: the sandbox was killed");
                     format!("its memory transfer failed and it was killed: {e}")
                 });
-                end(&dir, &running, outcome);
-                this.lock().remove(&id);
+                end(&marked, &watched, outcome);
+                this.lock().remove(&sandbox);
             });
         if let Err(e) = spawned {
-            tracing::warn!(error = %e, "no thread to watch a memory transfer");
+            // The transfer's own watcher still kills the sandbox if it fails; nothing can
+            // wait for it any more, so nothing must.
+            tracing::warn!(sandbox = %id, error = %e, "no thread to watch a memory transfer");
+            end(
+                &dir,
+                &running,
+                Err(format!("its memory transfer is not watched: {e}")),
+            );
+            self.lock().remove(id);
         }
     }
 
