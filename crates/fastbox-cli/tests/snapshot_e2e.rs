@@ -406,6 +406,19 @@ fn snapshots_make_independent_clones_and_survive_crashes() {
 const MEMORY_BALLAST: &str = r#"setsid sh -c 'v=$(yes fastbox-lazy-clone | head -c 50331648); while :; do sleep 3600; done' </dev/null >/dev/null 2>&1 &
 echo started"#;
 
+/// `POST path body`, sent again while the sandbox is still busy finishing its previous
+/// operation (409; 10 s at most); returns the status and body of the last answer.
+fn post_when_idle(server: &UpServer, path: &str, body: &Value) -> (u16, Value) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body) = server.post(path, body);
+        if status != 409 || Instant::now() >= deadline {
+            return (status, body);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Whether the server's log shows sandbox `id` restored lazily since it started logging.
 fn restored_lazily(server: &UpServer, id: &str) -> bool {
     server
@@ -417,7 +430,7 @@ fn restored_lazily(server: &UpServer, id: &str) -> bool {
 /// Resumes paused `id`, waits until it is `Running`, kills the server (`kill -9`) and starts
 /// it again; the sandbox must end `Running`.
 fn resume_then_kill9(server: &mut UpServer, id: &str) {
-    let (status, body) = server.post(&format!("/v1/sandboxes/{id}/resume"), &json!({}));
+    let (status, body) = post_when_idle(server, &format!("/v1/sandboxes/{id}/resume"), &json!({}));
     assert_eq!(status, 202, "{body}");
     expect_state(server, id, &["Running", "Failed", "Paused"], "Running");
     assert!(restored_lazily(server, id), "the resume was not lazy");
@@ -527,7 +540,7 @@ fn freeze(server: &UpServer, id: &str) {
 
 /// Pauses `id` and waits until it is `Paused`.
 fn pause(server: &UpServer, id: &str) {
-    let (status, body) = server.post(&format!("/v1/sandboxes/{id}/pause"), &json!({}));
+    let (status, body) = post_when_idle(server, &format!("/v1/sandboxes/{id}/pause"), &json!({}));
     assert_eq!(status, 202, "{body}");
     expect_state(server, id, &["Paused", "Failed", "Running"], "Paused");
 }
@@ -548,7 +561,7 @@ fn lazy_restores_keep_the_memory_and_a_restart_mid_transfer_converges() {
 
     // A lazy resume: the same processes, memory and address.
     pause(&server, &id);
-    let (status, body) = server.post(&format!("/v1/sandboxes/{id}/resume"), &json!({}));
+    let (status, body) = post_when_idle(&server, &format!("/v1/sandboxes/{id}/resume"), &json!({}));
     assert_eq!(status, 202, "{body}");
     expect_state(&server, &id, &["Running", "Failed", "Paused"], "Running");
     assert!(restored_lazily(&server, &id), "the resume was not lazy");
@@ -569,14 +582,22 @@ fn lazy_restores_keep_the_memory_and_a_restart_mid_transfer_converges() {
             "{key} across a restart mid-transfer"
         );
     }
-    let (status, snap) = server.post(&format!("/v1/sandboxes/{id}/snapshots"), &json!({}));
+    let (status, snap) = post_when_idle(
+        &server,
+        &format!("/v1/sandboxes/{id}/snapshots"),
+        &json!({}),
+    );
     assert_eq!(status, 202, "{snap}");
     let sid = snap["id"].as_str().unwrap().to_string();
     assert_eq!(settle_snapshot(&server, &sid)["status"]["state"], "Ready");
 
     // Clones answer with the source's memory. The two of a fork copy it in lazily (as many
     // as `LAZY_TRANSFERS_MAX` may); a later clone does if fewer transfers run by then.
-    let (status, forked) = server.post(&format!("/v1/sandboxes/{id}/fork"), &json!({"count": 2}));
+    let (status, forked) = post_when_idle(
+        &server,
+        &format!("/v1/sandboxes/{id}/fork"),
+        &json!({"count": 2}),
+    );
     assert_eq!(status, 202, "{forked}");
     let mut clones: Vec<String> = forked["items"]
         .as_array()
@@ -650,7 +671,8 @@ fn lazy_restores_keep_the_memory_and_a_restart_mid_transfer_converges() {
     // the restart resumes it again from there: it runs with all of its memory.
     let caught = (0..10).any(|_| {
         pause(&server, &id);
-        let (status, body) = server.post(&format!("/v1/sandboxes/{id}/resume"), &json!({}));
+        let (status, body) =
+            post_when_idle(&server, &format!("/v1/sandboxes/{id}/resume"), &json!({}));
         assert_eq!(status, 202, "{body}");
         let daemon = catch_daemon(&server, &id);
         expect_state(&server, &id, &["Running", "Failed", "Paused"], "Running");
