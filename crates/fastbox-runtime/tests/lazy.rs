@@ -15,21 +15,22 @@
 //! The restored sandbox of fastbox (netns, cgroups, execd) is restored lazily end to end by
 //! `fastbox bench lazy` (`crates/fastbox-cli/tests/bench_lazy.rs`).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use fastbox_runtime::criu::Criu;
-use fastbox_runtime::lazy::blocks::{BlockSource, LazyFile, SourceError};
+use fastbox_runtime::lazy::blocks::LazyFile;
 use fastbox_runtime::lazy::daemon::LazyDaemon;
 use fastbox_runtime::lazy::pagemap::{PAGE_SIZE, Pagemap, task_pagemaps};
 use fastbox_runtime::lazy::restore::{LazyError, LazyPages, LazySession, RemoteFile};
 use fastbox_runtime::lazy::server::PageServer;
+use fastbox_runtime::lazy::testkit::MemorySource;
 
 const HOLDER_PORT: &str = "FASTBOX_LAZY_TEST_HOLDER_PORT";
 /// The blocks the tests cut pages images into (small, so there are many).
@@ -280,55 +281,6 @@ fn ends(pid: i32) -> bool {
     true
 }
 
-/// Blocks in memory, each fetch taking `delay`; with `only`, the fetch of any other block
-/// fails.
-struct MemorySource {
-    blocks: HashMap<String, Vec<u8>>,
-    delay: Duration,
-    fetches: AtomicUsize,
-    only: Option<HashSet<String>>,
-}
-
-impl MemorySource {
-    /// The source of `data` cut into [`BLOCK`]s, and the digests in order.
-    fn of(data: &[u8], delay: Duration) -> (Self, Vec<String>) {
-        let mut blocks = HashMap::new();
-        let digests = data
-            .chunks(BLOCK)
-            .map(|chunk| {
-                let digest = blake3::hash(chunk).to_hex().to_string();
-                blocks.insert(digest.clone(), chunk.to_vec());
-                digest
-            })
-            .collect();
-        let source = Self {
-            blocks,
-            delay,
-            fetches: AtomicUsize::new(0),
-            only: None,
-        };
-        (source, digests)
-    }
-}
-
-impl BlockSource for MemorySource {
-    fn get_block(&self, digest: &str) -> Result<Vec<u8>, SourceError> {
-        std::thread::sleep(self.delay);
-        self.fetches.fetch_add(1, Ordering::SeqCst);
-        if self
-            .only
-            .as_ref()
-            .is_some_and(|only| !only.contains(digest))
-        {
-            return Err(format!("origin unreachable for {digest}").into());
-        }
-        self.blocks
-            .get(digest)
-            .cloned()
-            .ok_or_else(|| format!("no block {digest}").into())
-    }
-}
-
 /// The dumped holder's one task pages image, taken out of `images`: its name and bytes, and
 /// its pagemap.
 fn take_pages(images: &Path) -> (String, Vec<u8>, Pagemap) {
@@ -369,7 +321,7 @@ fn lazy_checkpoint(
         Blocks::Delayed(delay) => delay,
         Blocks::OnlyEager => Duration::ZERO,
     };
-    let (mut source, blocks) = MemorySource::of(&bytes, delay);
+    let (mut source, blocks) = MemorySource::of(&bytes, BLOCK, delay);
     if let Blocks::OnlyEager = how {
         let eager = pagemap.eager_ranges().into_iter().flat_map(|range| {
             let first = range.start as usize / BLOCK;
@@ -463,7 +415,7 @@ fn the_daemon_and_page_server_restore_memory_intact() {
     let (pid, pagemap) = tasks.remove(0);
     let (name, bytes, taken) = take_pages(&images);
     let lazy = taken.lazy_pages();
-    let (source, digests) = MemorySource::of(&bytes, Duration::from_millis(2));
+    let (source, digests) = MemorySource::of(&bytes, BLOCK, Duration::from_millis(2));
     let file = Arc::new(
         LazyFile::create(
             &images.join(name),
@@ -536,7 +488,7 @@ fn a_session_restores_memory_intact_and_completes_the_pages_image() {
     assert!(!killed.load(Ordering::SeqCst));
     assert!(report.served.closed);
     assert_eq!(report.fetched.blocks, blocks, "each block fetched once");
-    assert_eq!(source.fetches.load(Ordering::SeqCst) as u64, blocks);
+    assert_eq!(source.fetch_count() as u64, blocks);
     assert_eq!(report.before_restore, before);
     let (name, file) = pages.files.iter().next().unwrap();
     let on_disk = std::fs::metadata(dir.path().join("images").join(name)).unwrap();

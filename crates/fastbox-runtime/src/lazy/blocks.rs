@@ -414,56 +414,9 @@ impl Prefetch {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use std::collections::HashMap;
     use std::time::Duration;
 
-    /// Blocks in memory, counting fetches, each taking `delay`.
-    pub(crate) struct MemorySource {
-        pub blocks: HashMap<String, Vec<u8>>,
-        pub fetches: Mutex<HashMap<String, usize>>,
-        pub delay: Duration,
-    }
-
-    impl MemorySource {
-        /// The source of `data` cut into `block_size` blocks, and the digests in order.
-        pub(crate) fn of(data: &[u8], block_size: usize, delay: Duration) -> (Self, Vec<String>) {
-            let mut blocks = HashMap::new();
-            let digests = data
-                .chunks(block_size)
-                .map(|chunk| {
-                    let digest = blake3::hash(chunk).to_hex().to_string();
-                    blocks.insert(digest.clone(), chunk.to_vec());
-                    digest
-                })
-                .collect();
-            let source = Self {
-                blocks,
-                fetches: Mutex::new(HashMap::new()),
-                delay,
-            };
-            (source, digests)
-        }
-
-        pub(crate) fn fetch_count(&self) -> usize {
-            self.fetches.lock().unwrap().values().sum()
-        }
-    }
-
-    impl BlockSource for MemorySource {
-        fn get_block(&self, digest: &str) -> Result<Vec<u8>, SourceError> {
-            std::thread::sleep(self.delay);
-            *self
-                .fetches
-                .lock()
-                .unwrap()
-                .entry(digest.to_string())
-                .or_default() += 1;
-            self.blocks
-                .get(digest)
-                .cloned()
-                .ok_or_else(|| format!("no block {digest}").into())
-        }
-    }
+    pub(crate) use crate::lazy::testkit::MemorySource;
 
     pub(crate) fn pattern(len: usize) -> Vec<u8> {
         (0..len).map(|i| (i * 7 + i / 4096) as u8).collect()

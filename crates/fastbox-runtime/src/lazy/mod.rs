@@ -41,3 +41,5 @@ pub(crate) mod pidfd;
 pub mod protocol;
 pub mod restore;
 pub mod server;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
