@@ -351,10 +351,7 @@ fn snapshots_make_independent_clones_and_survive_crashes() {
     let (status, snap) = server.post(&format!("/v1/sandboxes/{id}/snapshots"), &json!({}));
     assert_eq!(status, 202, "{snap}");
     let quick_sid = snap["id"].as_str().unwrap().to_string();
-    let (status, quick) = server.post("/v1/sandboxes", &json!({"snapshotId": quick_sid}));
-    assert_eq!(status, 202, "{quick}");
-    let quick = quick["id"].as_str().unwrap().to_string();
-    expect_state(&server, &quick, &["Running", "Failed"], "Running");
+    let quick = running_clone_of(&server, &quick_sid);
     assert_eq!(
         facts(&Execd::of(&server, &quick))["secret"],
         original["secret"]
@@ -538,6 +535,16 @@ fn freeze(server: &UpServer, id: &str) {
     assert!(written.is_ok(), "no freezer for {id}: {v1}, {v2}");
 }
 
+/// `POST /v1/sandboxes {"snapshotId": sid}` (202), then waits until the clone is `Running`;
+/// returns its id.
+fn running_clone_of(server: &UpServer, sid: &str) -> String {
+    let (status, clone) = server.post("/v1/sandboxes", &json!({"snapshotId": sid}));
+    assert_eq!(status, 202, "{clone}");
+    let id = clone["id"].as_str().unwrap().to_string();
+    expect_state(server, &id, &["Running", "Failed"], "Running");
+    id
+}
+
 /// Pauses `id` and waits until it is `Paused`.
 fn pause(server: &UpServer, id: &str) {
     let (status, body) = post_when_idle(server, &format!("/v1/sandboxes/{id}/pause"), &json!({}));
@@ -624,10 +631,7 @@ fn lazy_restores_keep_the_memory_and_a_restart_mid_transfer_converges() {
     assert_eq!(status, 202, "{again}");
     let again = again["id"].as_str().unwrap().to_string();
     assert_eq!(settle_snapshot(&server, &again)["status"]["state"], "Ready");
-    let (status, grandchild) = server.post("/v1/sandboxes", &json!({"snapshotId": again}));
-    assert_eq!(status, 202, "{grandchild}");
-    let grandchild = grandchild["id"].as_str().unwrap().to_string();
-    expect_state(&server, &grandchild, &["Running", "Failed"], "Running");
+    let grandchild = running_clone_of(&server, &again);
     assert_eq!(
         facts(&Execd::of(&server, &grandchild))["secret"],
         original["secret"]
@@ -639,10 +643,7 @@ fn lazy_restores_keep_the_memory_and_a_restart_mid_transfer_converges() {
     // kill -9 right after a clone answers, and its transfer failed while the server was
     // down (frozen by hand, as its daemon's guard does): it is Failed with the reason and
     // removed, never Running with pages missing.
-    let (status, clone) = server.post("/v1/sandboxes", &json!({"snapshotId": sid}));
-    assert_eq!(status, 202, "{clone}");
-    let victim = clone["id"].as_str().unwrap().to_string();
-    expect_state(&server, &victim, &["Running", "Failed"], "Running");
+    let victim = running_clone_of(&server, &sid);
     server.kill9();
     freeze(&server, &victim);
     server.spawn();

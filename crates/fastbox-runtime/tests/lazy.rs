@@ -369,6 +369,33 @@ fn start_guarded_session(
     .unwrap()
 }
 
+/// Runs the lazy restore of `dir` that `session` serves, checks that the restored holder's
+/// memory is intact (on `port`) and that its transfer succeeded without the kill action, then
+/// ends the holder; returns the transfer's report.
+fn restore_intact(
+    criu: &Path,
+    dir: &Path,
+    port: u16,
+    session: LazySession,
+) -> fastbox_runtime::lazy::restore::TransferReport {
+    let mut restore = start_restore(criu, dir);
+    let (kill_restored, killed) = killer(dir);
+    assert!(
+        restore.wait().unwrap().success(),
+        "lazy restore; logs in {}",
+        dir.display()
+    );
+    let answer = answer_of(dir, port);
+    let report = session.watch(kill_restored).wait();
+    if let Some(pid) = restored_pid(dir) {
+        kill(pid);
+    }
+    assert_eq!(answer.0, answer.1, "memory restored lazily is intact");
+    let report = report.unwrap();
+    assert!(!killed.load(Ordering::SeqCst));
+    report
+}
+
 /// Waits (30 s at most) until the holder restored into `dir` answers on `port`.
 fn answer_of(dir: &Path, port: u16) -> (u64, u64) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -471,21 +498,7 @@ fn a_session_restores_memory_intact_and_completes_the_pages_image() {
         before.blocks >= 1 && before.blocks < blocks,
         "only the restore's own blocks come first: {before:?} of {blocks}"
     );
-    let mut restore = start_restore(&criu, dir.path());
-    let (kill_restored, killed) = killer(dir.path());
-    assert!(
-        restore.wait().unwrap().success(),
-        "lazy restore; logs in {}",
-        dir.path().display()
-    );
-    let answer = answer_of(dir.path(), port);
-    let report = session.watch(kill_restored).wait();
-    if let Some(pid) = restored_pid(dir.path()) {
-        kill(pid);
-    }
-    assert_eq!(answer.0, answer.1, "memory restored lazily is intact");
-    let report = report.unwrap();
-    assert!(!killed.load(Ordering::SeqCst));
+    let report = restore_intact(&criu, dir.path(), port, session);
     assert!(report.served.closed);
     assert_eq!(report.fetched.blocks, blocks, "each block fetched once");
     assert_eq!(source.fetch_count() as u64, blocks);
@@ -564,21 +577,7 @@ fn a_local_checkpoint_restores_lazily_from_its_own_files() {
         0,
         "nothing to fetch"
     );
-    let mut restore = start_restore(&criu, dir.path());
-    let (kill_restored, killed) = killer(dir.path());
-    assert!(
-        restore.wait().unwrap().success(),
-        "lazy restore; logs in {}",
-        dir.path().display()
-    );
-    let answer = answer_of(dir.path(), port);
-    let report = session.watch(kill_restored).wait();
-    if let Some(pid) = restored_pid(dir.path()) {
-        kill(pid);
-    }
-    assert_eq!(answer.0, answer.1, "memory restored lazily is intact");
-    let report = report.unwrap();
-    assert!(!killed.load(Ordering::SeqCst));
+    let report = restore_intact(&criu, dir.path(), port, session);
     let lazy: u64 = task_pagemaps(&images)
         .unwrap()
         .iter()
