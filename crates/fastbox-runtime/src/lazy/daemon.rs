@@ -34,10 +34,12 @@ use super::server::{PageServer, ServeError, ServeStats};
 const PS_FD: i32 = 3;
 /// The descriptor number on which the daemon reports that it listens (CRIU's `--status-fd`).
 const STATUS_FD: i32 = 4;
-/// The daemon's nice value: its background copy yields to restores and to the sandboxes'
-/// own work (10 clones of a 256 MiB snapshot at once answered in 2.7 s at nice 0 on two
-/// cores: ten daemons copying 2.5 GiB crowded out the restores and the faults of the
-/// clones' first requests).
+/// The daemon's nice value once its restore is done ([`LazyDaemon::yield_cpu`]): its
+/// background copy yields to restores and to the sandboxes' own work (10 clones of a
+/// 256 MiB snapshot at once answered in 2.7 s at nice 0 on two cores: ten daemons copying
+/// 2.5 GiB crowded out the restores and the faults of the clones' first requests). Until
+/// then it runs at its starter's priority: a daemon started at nice 10 next to eight others
+/// copying took up to 85 ms to listen, and the restore waited for it.
 pub const DAEMON_NICE: i32 = 10;
 /// The socket the restore connects to, in the shared work directory (CRIU's name).
 pub const SOCKET_NAME: &str = "lazy-pages.socket";
@@ -123,8 +125,8 @@ impl LazyDaemon {
             criu.args(["--page-server", "--ps-socket"])
                 .arg(PS_FD.to_string());
         }
-        // SAFETY: only dup2 and setpriority (async-signal-safe) on descriptors that outlive
-        // the spawn; the copies dup2 makes are not close-on-exec.
+        // SAFETY: only dup2 (async-signal-safe) on descriptors that outlive the spawn; the
+        // copies dup2 makes are not close-on-exec.
         unsafe {
             criu.pre_exec(move || {
                 for (from, to) in [(ps_raw, PS_FD), (status_raw, STATUS_FD)] {
@@ -132,8 +134,6 @@ impl LazyDaemon {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
-                // Best effort: a daemon at the default priority only runs faster.
-                libc::setpriority(libc::PRIO_PROCESS, 0, DAEMON_NICE);
                 Ok(())
             });
         }
@@ -215,6 +215,16 @@ impl LazyDaemon {
             });
         }
         Ok(LazyReport { served })
+    }
+
+    /// Lowers the daemon (its whole process group) to [`DAEMON_NICE`]: called once the
+    /// restore it serves is done, so that its background copy yields to other work. Best
+    /// effort: a daemon left at its priority only runs faster.
+    pub fn yield_cpu(&self) {
+        if let Some(pid) = self.pid() {
+            // SAFETY: setpriority on the process group the child leads.
+            unsafe { libc::setpriority(libc::PRIO_PGRP, pid, DAEMON_NICE) };
+        }
     }
 
     /// The daemon's pid, while it runs.

@@ -278,6 +278,9 @@ impl LazySession {
     /// (end the sandbox) runs first when the transfer fails.
     pub fn watch(mut self, kill: impl FnOnce() + Send + 'static) -> LazyTransfer {
         let daemon = self.daemon.take();
+        if let Some(daemon) = &daemon {
+            daemon.yield_cpu();
+        }
         let daemon_process = daemon.as_ref().and_then(LazyDaemon::process);
         let mut prefetch = self.prefetch.take();
         let files = std::mem::take(&mut self.files);
