@@ -112,6 +112,41 @@ pub fn checkpoint_with(
     out: &Path,
     opts: CheckpointOptions<'_>,
 ) -> Result<CheckpointReport, CheckpointError> {
+    let dumped = dump_into(
+        criu,
+        handle,
+        opts.staging.unwrap_or(out),
+        opts.leave_running,
+    );
+    let persisted = dumped.and_then(|dumped| persist(&dumped, out, opts.durable));
+    if let Some(staging) = opts.staging {
+        let _ = fs::remove_dir_all(staging);
+    }
+    persisted
+}
+
+/// A checkpoint dumped into a directory ([`dump_into`]), not yet where it is kept.
+#[derive(Debug, Clone)]
+pub struct Dumped {
+    /// The checkpoint directory, restorable as it is.
+    pub dir: PathBuf,
+    pub meta: CheckpointMeta,
+    /// CRIU's own account (`stats-dump`): `frozen_time_us` is how long the tree was stopped.
+    pub stats: Option<DumpStats>,
+    /// The `criu dump` run: freeze, dump, the writable layer's copy, thaw or kill.
+    pub dump: Duration,
+}
+
+/// Dumps `handle` into checkpoint directory `dir` with its writable layer, which is copied
+/// while the tree is frozen (CRIU's post-dump action), so files and memory are captured at
+/// the same instant. With `leave_running` the sandbox runs on; otherwise the dump ends it.
+/// When this fails, the caller removes `dir`.
+pub fn dump_into(
+    criu: &Criu,
+    handle: &SandboxHandle,
+    dir: &Path,
+    leave_running: bool,
+) -> Result<Dumped, CheckpointError> {
     let id = handle.id.clone();
     let io_err = |what: &'static str, path: &Path| {
         let (id, path) = (id.clone(), path.to_path_buf());
@@ -122,9 +157,8 @@ pub fn checkpoint_with(
             source,
         }
     };
-    let write_to = opts.staging.unwrap_or(out);
-    fs::create_dir_all(write_to).map_err(io_err("create", write_to))?;
-    let images = images_dir(write_to);
+    fs::create_dir_all(dir).map_err(io_err("create", dir))?;
+    let images = images_dir(dir);
     let rootfs = handle.rootfs();
     // The metadata goes first: a dump that outlives a crash of this process is complete
     // with it (see [`is_complete`]).
@@ -134,20 +168,20 @@ pub fn checkpoint_with(
         criu_version: criu.version.clone(),
         lower: rootfs.lower(),
     };
-    let path = write_to.join("checkpoint.json");
+    let path = dir.join("checkpoint.json");
     fs::write(
         &path,
         serde_json::to_vec_pretty(&meta).expect("metadata serializes"),
     )
     .map_err(io_err("write", &path))?;
     // The writable layer is copied by CRIU's post-dump action, while the tree is frozen.
-    let script = write_to.join(POST_DUMP_SCRIPT);
+    let script = dir.join(POST_DUMP_SCRIPT);
     write_script(
         &script,
         &format!(
             "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\nexec cp -a {} {}\n",
             shell_quote(&rootfs.upper),
-            shell_quote(&upper_dir(write_to))
+            shell_quote(&upper_dir(dir))
         ),
     )
     .map_err(io_err("write", &script))?;
@@ -156,38 +190,51 @@ pub fn checkpoint_with(
         init_pid: handle.init_pid,
         netns: &handle.netns,
         images: &images,
-        leave_running: opts.leave_running,
+        leave_running,
         post_dump: Some(&script),
     });
     let dump = clock.elapsed();
     let _ = fs::remove_file(&script);
-    let discard = |e: CheckpointError| {
-        if let Some(staging) = opts.staging {
-            let _ = fs::remove_dir_all(staging);
-        }
-        e
-    };
-    dumped.map_err(|source| {
-        discard(CheckpointError::Criu {
-            id: id.clone(),
-            source,
-        })
+    dumped.map_err(|source| CheckpointError::Criu {
+        id: id.clone(),
+        source,
     })?;
-    let stats = crate::criu_stats::read_dump_stats(&images).ok();
+    Ok(Dumped {
+        dir: dir.to_path_buf(),
+        meta,
+        stats: crate::criu_stats::read_dump_stats(&images).ok(),
+        dump,
+    })
+}
+
+/// Keeps checkpoint `dumped` in `out`: copied there when it was dumped elsewhere (the
+/// copy stays), and flushed to disk with `durable`.
+pub fn persist(
+    dumped: &Dumped,
+    out: &Path,
+    durable: bool,
+) -> Result<CheckpointReport, CheckpointError> {
+    let id = &dumped.meta.source_id;
+    let io_err = |what: &'static str| {
+        move |source| CheckpointError::Io {
+            id: id.clone(),
+            what,
+            path: out.to_path_buf(),
+            source,
+        }
+    };
     let clock = Instant::now();
-    if let Some(staging) = opts.staging {
-        fs::create_dir_all(out).map_err(io_err("create", out))?;
-        let moved = copy_tree(&id, staging, out);
-        let _ = fs::remove_dir_all(staging);
-        moved?;
+    if dumped.dir != out {
+        fs::create_dir_all(out).map_err(io_err("create"))?;
+        copy_tree(id, &dumped.dir, out)?;
     }
-    if opts.durable {
-        sync_filesystem(out).map_err(io_err("flush", out))?;
+    if durable {
+        sync_filesystem(out).map_err(io_err("flush"))?;
     }
     Ok(CheckpointReport {
-        meta,
-        stats,
-        dump,
+        meta: dumped.meta.clone(),
+        stats: dumped.stats,
+        dump: dumped.dump,
         persist: clock.elapsed(),
         bytes: tree_bytes(out),
     })
