@@ -623,6 +623,35 @@ fn lazy_restores_keep_the_memory_and_a_restart_mid_transfer_converges() {
             "{c} has the source's memory"
         );
     }
+    // The fork's clones were restored from its dump in the staging area, before the
+    // snapshot was on disk; the snapshot is kept all the same, and the staged files go once
+    // no clone copies its memory in from them.
+    for c in &clones[..2] {
+        assert!(
+            server
+                .log_text()
+                .lines()
+                .any(|l| l.contains("sandbox restored")
+                    && l.contains(c.as_str())
+                    && l.contains(".staged")),
+            "{c} was not restored from the staged dump"
+        );
+    }
+    let fork_snapshot = forked["snapshotId"].as_str().unwrap();
+    assert_eq!(
+        settle_snapshot(&server, fork_snapshot)["status"]["state"],
+        "Ready"
+    );
+    let staging = fastbox_fastlet::staging::root(&server.prefix);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_dir(&staging).is_ok_and(|mut d| d.next().is_some()) {
+        assert!(
+            Instant::now() < deadline,
+            "staged files left: {:?}",
+            std::fs::read_dir(&staging).map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // A snapshot of a lazy clone waits for its memory, so it holds all of it.
     let (status, again) = server.post(
         &format!("/v1/sandboxes/{}/snapshots", clones[0]),

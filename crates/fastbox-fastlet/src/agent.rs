@@ -570,7 +570,7 @@ impl Fastlet {
             source: mode.source().into(),
             phases,
         };
-        tracing::info!(sandbox = %req.id, slot, address = %sb.slot.address, phases = %report.summary(), "sandbox restored");
+        tracing::info!(sandbox = %req.id, checkpoint = %template.key, slot, address = %sb.slot.address, phases = %report.summary(), "sandbox restored");
         self.add_route(&req.id, index, sb.slot.address, req);
         Ok((
             Placement {

@@ -6,7 +6,9 @@
 //!
 //! - a **live snapshot** freezes the sandbox only for the dump: CRIU writes the images and the
 //!   writable layer is copied into the memory-backed staging area ([`crate::staging`]) while
-//!   the tree is frozen, then the tree runs on and the staged files move to disk;
+//!   the tree is frozen ([`Fastlet::stage_snapshot`]); then the tree runs on, and the staged
+//!   files are copied to disk, committed and published ([`Fastlet::commit_snapshot`]). A
+//!   fork's clones restore from the staged files in between ([`StagedSnapshot::template`]);
 //! - a **pause** dumps the sandbox (which ends it) straight to disk, flushes it, and then
 //!   releases everything the sandbox held except its slot index, i.e. its address;
 //! - a **resume** restores the pause's checkpoint into that slot again, with the sandbox's own
@@ -16,6 +18,7 @@
 //! new hostname, identity files and execd token; their processes run on as they were.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use fastbox_artifact::{ArtifactKind, IndexKey};
 use fastbox_runtime::checkpoint::{self, CheckpointOptions, CheckpointReport};
@@ -25,6 +28,7 @@ use fastbox_runtime::sandbox;
 use crate::agent::{Fastlet, FastletError, PlaceRequest, Placement, StartMode, StartReport};
 use crate::host::HostError;
 use crate::template::{self, Template};
+use crate::transfers::Transfers;
 
 /// Where node snapshot `key` lives.
 pub fn snapshot_dir(data_dir: &Path, key: &str) -> PathBuf {
@@ -99,6 +103,29 @@ pub struct SnapshotSource<'a> {
 /// How long recovery waits for a dump that outlived a crash.
 const DUMP_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
+/// The snapshot `source` took, as a template whose checkpoint is in `checkpoint`.
+fn template_of(
+    source: &SnapshotSource<'_>,
+    key: &str,
+    checkpoint: PathBuf,
+    meta: &checkpoint::CheckpointMeta,
+    build_ms: u64,
+) -> Result<Template, FastletError> {
+    let rootfs = meta.lower.clone().ok_or_else(|| FastletError::Snapshot {
+        key: source.key.to_string(),
+        message: "the sandbox's image rootfs is not known".into(),
+    })?;
+    Ok(Template {
+        key: key.to_string(),
+        image_digest: String::new(),
+        image_reference: source.image_reference.to_string(),
+        rootfs,
+        checkpoint,
+        golden_token: source.execd_token.to_string(),
+        build_ms,
+    })
+}
+
 /// Commits the snapshot in `dir` (its `template.json`, written last).
 fn commit(
     source: &SnapshotSource<'_>,
@@ -106,44 +133,143 @@ fn commit(
     meta: &checkpoint::CheckpointMeta,
     build_ms: u64,
 ) -> Result<Template, FastletError> {
-    let fail = |message: String| FastletError::Snapshot {
+    let t = template_of(source, source.key, dir.join("checkpoint"), meta, build_ms)?;
+    template::commit(dir, &t).map_err(|e| FastletError::Snapshot {
         key: source.key.to_string(),
-        message,
-    };
-    let rootfs = meta
-        .lower
-        .clone()
-        .ok_or_else(|| fail("the sandbox's image rootfs is not known".into()))?;
-    let t = Template {
-        key: source.key.to_string(),
-        image_digest: String::new(),
-        image_reference: source.image_reference.to_string(),
-        rootfs,
-        checkpoint: dir.join("checkpoint"),
-        golden_token: source.execd_token.to_string(),
-        build_ms,
-    };
-    template::commit(dir, &t).map_err(|e| fail(format!("commit: {e}")))?;
+        message: format!("commit: {e}"),
+    })?;
     Ok(t)
 }
 
+/// The key under which the clones restored from a staged snapshot read it
+/// ([`StagedSnapshot::template`]).
+fn staged_key(key: &str) -> String {
+    format!("{key}.staged")
+}
+
+/// A live snapshot dumped into the staging area and not yet on disk
+/// ([`Fastlet::stage_snapshot`]). Clones restored from [`StagedSnapshot::template`] start
+/// at once; [`Fastlet::commit_snapshot`] then keeps it. Dropping it removes the staged files
+/// once no clone copies its memory in from them any more.
+pub struct StagedSnapshot {
+    template: Template,
+    key: String,
+    execd_token: String,
+    dumped: checkpoint::Dumped,
+    clock: std::time::Instant,
+    transfers: Arc<Transfers>,
+}
+
+impl StagedSnapshot {
+    /// The staged checkpoint, restorable as it is.
+    pub fn template(&self) -> &Template {
+        &self.template
+    }
+
+    /// The source as [`Fastlet::commit_snapshot`] names it (the placement is not needed).
+    fn source<'a>(&'a self, placement: &'a Placement) -> SnapshotSource<'a> {
+        SnapshotSource {
+            key: &self.key,
+            placement,
+            execd_token: &self.execd_token,
+            image_reference: &self.template.image_reference,
+        }
+    }
+}
+
+impl std::fmt::Debug for StagedSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StagedSnapshot")
+            .field("key", &self.key)
+            .field("dir", &self.dumped.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for StagedSnapshot {
+    fn drop(&mut self) {
+        let (dir, source) = (self.dumped.dir.clone(), self.template.key.clone());
+        if !self.transfers.reads(&source) {
+            let _ = std::fs::remove_dir_all(&dir);
+            return;
+        }
+        let transfers = Arc::clone(&self.transfers);
+        let spawned = std::thread::Builder::new()
+            .name("fastbox-staged".into())
+            .spawn(move || {
+                transfers.wait_for_source(&source);
+                let _ = std::fs::remove_dir_all(&dir);
+            });
+        if let Err(e) = spawned {
+            // Left to the next start's purge of the staging area.
+            tracing::warn!(dir = %self.dumped.dir.display(), error = %e, "staged snapshot not removed");
+        }
+    }
+}
+
 impl Fastlet {
-    /// A live snapshot of a running sandbox: frozen only while CRIU dumps its memory and its
-    /// writable layer is copied (both into memory), then it runs on and the files move to
-    /// `DATA_DIR/snapshots/<key>`.
+    /// A live snapshot of a running sandbox: [`Fastlet::stage_snapshot`], then
+    /// [`Fastlet::commit_snapshot`].
     pub fn snapshot(
         &self,
         source: &SnapshotSource<'_>,
     ) -> Result<(Template, SnapshotReport), FastletError> {
+        let staged = self.stage_snapshot(source)?;
+        self.commit_snapshot(staged, source.placement)
+    }
+
+    /// The first half of a live snapshot: the sandbox is frozen only while CRIU dumps its
+    /// memory and its writable layer is copied, both into the memory-backed staging area;
+    /// then it runs on. The staged checkpoint can be restored at once (a fork's clones do).
+    pub fn stage_snapshot(
+        &self,
+        source: &SnapshotSource<'_>,
+    ) -> Result<StagedSnapshot, FastletError> {
+        let clock = std::time::Instant::now();
+        let fail = |message: String| FastletError::Snapshot {
+            key: source.key.to_string(),
+            message,
+        };
+        self.wait_for_memory(source)?;
+        let _ = std::fs::remove_dir_all(snapshot_dir(&self.config().data_dir, source.key));
         let staging = self.staging.dir(source.key);
-        self.take_snapshot(
-            source,
-            CheckpointOptions {
-                leave_running: true,
-                staging: Some(&staging),
-                durable: false,
-            },
+        let dumped = checkpoint::dump_into(
+            &self.config().criu,
+            &source.placement.handle,
+            &staging,
+            true,
         )
+        .map_err(|e| {
+            let _ = std::fs::remove_dir_all(&staging);
+            fail(e.to_string())
+        })?;
+        let key = staged_key(source.key);
+        let template = template_of(source, &key, staging.clone(), &dumped.meta, 0);
+        let template = template.inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(&staging);
+        })?;
+        Ok(StagedSnapshot {
+            template,
+            key: source.key.to_string(),
+            execd_token: source.execd_token.to_string(),
+            dumped,
+            clock,
+            transfers: Arc::clone(&self.transfers),
+        })
+    }
+
+    /// The second half of a live snapshot: the staged files are copied to
+    /// `DATA_DIR/snapshots/<key>`, committed and published. The staged copy goes once no
+    /// clone reads it any more. `placement` is the snapshotted sandbox's (for the logs).
+    pub fn commit_snapshot(
+        &self,
+        staged: StagedSnapshot,
+        placement: &Placement,
+    ) -> Result<(Template, SnapshotReport), FastletError> {
+        let source = staged.source(placement);
+        let dir = snapshot_dir(&self.config().data_dir, source.key);
+        let persisted = checkpoint::persist(&staged.dumped, &dir.join("checkpoint"), false);
+        self.keep(&source, persisted, staged.clock, ArtifactKind::Snapshot)
     }
 
     /// Pauses a running sandbox: its checkpoint is written to disk and flushed (the dump ends
@@ -166,29 +292,54 @@ impl Fastlet {
         Ok(taken)
     }
 
+    /// Waits until the memory of `source` (a clone or resume still copying it in) is all
+    /// there: a dump before then would miss the pages not copied yet.
+    fn wait_for_memory(&self, source: &SnapshotSource<'_>) -> Result<(), FastletError> {
+        self.transfers
+            .wait_for_sandbox(&source.placement.handle.id)
+            .map_err(|e| FastletError::Snapshot {
+                key: source.key.to_string(),
+                message: format!("the sandbox cannot be dumped: {e}"),
+            })
+    }
+
     fn take_snapshot(
         &self,
         source: &SnapshotSource<'_>,
         opts: CheckpointOptions<'_>,
     ) -> Result<(Template, SnapshotReport), FastletError> {
         let clock = std::time::Instant::now();
+        self.wait_for_memory(source)?;
+        let dir = snapshot_dir(&self.config().data_dir, source.key);
+        let _ = std::fs::remove_dir_all(&dir);
+        let taken = checkpoint::checkpoint_with(
+            &self.config().criu,
+            &source.placement.handle,
+            &dir.join("checkpoint"),
+            opts,
+        );
+        let kind = if opts.leave_running {
+            ArtifactKind::Snapshot
+        } else {
+            ArtifactKind::Checkpoint
+        };
+        self.keep(source, taken, clock, kind)
+    }
+
+    /// Commits and publishes the checkpoint of `source` that `taken` wrote to its node
+    /// directory (removed when anything failed).
+    fn keep(
+        &self,
+        source: &SnapshotSource<'_>,
+        taken: Result<CheckpointReport, checkpoint::CheckpointError>,
+        clock: std::time::Instant,
+        kind: ArtifactKind,
+    ) -> Result<(Template, SnapshotReport), FastletError> {
         let fail = |message: String| FastletError::Snapshot {
             key: source.key.to_string(),
             message,
         };
-        // A clone whose memory is still being copied in is dumped once all of it is there.
-        self.transfers
-            .wait_for_sandbox(&source.placement.handle.id)
-            .map_err(|e| fail(format!("the sandbox cannot be dumped: {e}")))?;
         let dir = snapshot_dir(&self.config().data_dir, source.key);
-        let _ = std::fs::remove_dir_all(&dir);
-        let checkpoint = dir.join("checkpoint");
-        let taken = checkpoint::checkpoint_with(
-            &self.config().criu,
-            &source.placement.handle,
-            &checkpoint,
-            opts,
-        );
         let report = match taken {
             Ok(report) => report,
             Err(e) => {
@@ -205,11 +356,6 @@ impl Fastlet {
         .and_then(|t| {
             // Published before anything relies on it: a pause's runtime is released
             // only once its checkpoint is in the artifact store.
-            let kind = if opts.leave_running {
-                ArtifactKind::Snapshot
-            } else {
-                ArtifactKind::Checkpoint
-            };
             let published = self.publish(&t, source.key, kind).map_err(fail)?;
             Ok((t, published))
         })
@@ -220,7 +366,8 @@ impl Fastlet {
         let mut report = SnapshotReport::of(&report, clock.elapsed().as_secs_f64() * 1000.0);
         report.publish_ms = published.seconds * 1000.0;
         report.manifest = Some(published.manifest.to_hex());
-        tracing::info!(key = %source.key, sandbox = %source.placement.handle.id, leave_running = opts.leave_running, report = %report.summary(), "snapshot taken");
+        let leave_running = kind == ArtifactKind::Snapshot;
+        tracing::info!(key = %source.key, sandbox = %source.placement.handle.id, leave_running, report = %report.summary(), "snapshot taken");
         Ok((t, report))
     }
 
@@ -279,6 +426,7 @@ impl Fastlet {
     pub fn remove_snapshot(&self, key: &str) -> std::io::Result<()> {
         // Clones still copying their memory in read it from the snapshot's files.
         self.transfers.wait_for_source(key);
+        self.transfers.wait_for_source(&staged_key(key));
         let _ = std::fs::remove_dir_all(self.staging.dir(key));
         if let Ok(index) = IndexKey::try_new(key) {
             self.artifact_store()

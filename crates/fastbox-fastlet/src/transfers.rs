@@ -145,6 +145,11 @@ impl Transfers {
         running.map_or(Ok(()), |r| r.wait())
     }
 
+    /// Whether a transfer that reads snapshot `source` runs.
+    pub fn reads(&self, source: &str) -> bool {
+        self.lock().values().any(|r| r.source == source)
+    }
+
     /// Waits until every transfer that reads snapshot `source` has ended.
     pub fn wait_for_source(&self, source: &str) {
         let reading: Vec<Arc<Running>> = self

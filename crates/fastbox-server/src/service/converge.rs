@@ -86,7 +86,7 @@ impl Lifecycle {
             if let Some(tx) = image_tx {
                 let _ = tx.send(Ok(()));
             }
-            self.run_clone(id, &snapshot, plan).await;
+            self.run_clone(id, &snapshot, None, plan).await;
             return;
         }
         let fastlet = self.fastlet.clone();
