@@ -14,6 +14,7 @@ use crate::cgroup::{Cgroup, CgroupError, CgroupLimits, CgroupRoot};
 use crate::criu::{Criu, CriuError, DumpRequest, RestoreRequest};
 use crate::criu_stats::DumpStats;
 use crate::execd_binary::ExecdBinary;
+use crate::image_stream;
 use crate::lazy::restore::{Fetched, LazyError, LazyPages, LazySession, LazyTransfer};
 use crate::rootfs::{Rootfs, RootfsError};
 use crate::sandbox::{SandboxHandle, process_start_ticks};
@@ -39,6 +40,11 @@ pub enum CheckpointError {
     MissingExecd { digest: String },
     #[error("lazy restore of {id}: {source}")]
     Lazy { id: String, source: LazyError },
+    #[error("checkpoint of {id}: {source}")]
+    Stream {
+        id: String,
+        source: image_stream::StreamError,
+    },
 }
 
 /// What `checkpoint.json` records.
@@ -117,6 +123,7 @@ pub fn checkpoint_with(
         handle,
         opts.staging.unwrap_or(out),
         opts.leave_running,
+        false,
     );
     let persisted = dumped.and_then(|dumped| persist(&dumped, out, opts.durable));
     if let Some(staging) = opts.staging {
@@ -140,12 +147,15 @@ pub struct Dumped {
 /// Dumps `handle` into checkpoint directory `dir` with its writable layer, which is copied
 /// while the tree is frozen (CRIU's post-dump action), so files and memory are captured at
 /// the same instant. With `leave_running` the sandbox runs on; otherwise the dump ends it.
-/// When this fails, the caller removes `dir`.
+/// With `stream`, the images are captured into memory ([`crate::image_stream`]) and written
+/// to `dir` once the tree runs again: a shorter freeze, a longer dump. When this fails, the
+/// caller removes `dir`.
 pub fn dump_into(
     criu: &Criu,
     handle: &SandboxHandle,
     dir: &Path,
     leave_running: bool,
+    stream: bool,
 ) -> Result<Dumped, CheckpointError> {
     let id = handle.id.clone();
     let io_err = |what: &'static str, path: &Path| {
@@ -174,38 +184,84 @@ pub fn dump_into(
         serde_json::to_vec_pretty(&meta).expect("metadata serializes"),
     )
     .map_err(io_err("write", &path))?;
-    // The writable layer is copied by CRIU's post-dump action, while the tree is frozen.
+    let clock = Instant::now();
+    // Memory touched ahead for what the tree holds, and a margin; a plain dump for a small
+    // tree, or when the host has not that much to spare.
+    let stream_bytes = stream.then(|| {
+        let bytes = crate::sandbox::tree_resident_bytes(handle.init_pid);
+        bytes + bytes / 16 + (16 << 20)
+    });
+    let capture = stream_bytes
+        .filter(|&bytes| bytes >= STREAM_MIN_BYTES && image_stream::fits(bytes))
+        .and_then(|bytes| {
+            image_stream::Capture::start(&images, &dir.join(DRAIN_FIFO), bytes)
+                .inspect_err(|e| tracing::warn!(sandbox = %id, error = %e, "dumping without the image streamer"))
+                .ok()
+        });
+    // The writable layer is copied by CRIU's post-dump action, while the tree is frozen; a
+    // streamed dump also waits there until the streamer holds every page.
+    let drained = capture.as_ref().map_or(String::new(), |c| {
+        format!(
+            "read -r drained < {}; [ \"$drained\" = ok ] || exit 1\n",
+            shell_quote(c.drained_fifo())
+        )
+    });
     let script = dir.join(POST_DUMP_SCRIPT);
     write_script(
         &script,
         &format!(
-            "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\nexec cp -a {} {}\n",
+            "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\ncp -a {} {} || exit 1\n{drained}",
             shell_quote(&rootfs.upper),
             shell_quote(&upper_dir(dir))
         ),
     )
     .map_err(io_err("write", &script))?;
-    let clock = Instant::now();
     let dumped = criu.dump(&DumpRequest {
         init_pid: handle.init_pid,
         netns: &handle.netns,
         images: &images,
         leave_running,
         post_dump: Some(&script),
+        stream: capture.is_some(),
     });
-    let dump = clock.elapsed();
     let _ = fs::remove_file(&script);
-    dumped.map_err(|source| CheckpointError::Criu {
-        id: id.clone(),
-        source,
-    })?;
+    let written = match (dumped, capture) {
+        (Err(source), _) => Err(CheckpointError::Criu {
+            id: id.clone(),
+            source,
+        }),
+        (Ok(()), None) => Ok(false),
+        (Ok(()), Some(capture)) => {
+            capture
+                .finish()
+                .map(|_| true)
+                .map_err(|source| CheckpointError::Stream {
+                    id: id.clone(),
+                    source,
+                })
+        }
+    };
+    let dump = clock.elapsed();
+    let stats = if written? {
+        crate::criu_stats::frozen_from_log(&images.join("dump.log"))
+    } else {
+        crate::criu_stats::read_dump_stats(&images).ok()
+    };
     Ok(Dumped {
         dir: dir.to_path_buf(),
         meta,
-        stats: crate::criu_stats::read_dump_stats(&images).ok(),
+        stats,
         dump,
     })
 }
+
+/// The smallest tree (resident bytes and margin) whose dump is streamed: below it the
+/// streamer saves nothing and costs its fixed part (an idle Python, 25 MiB with the margin:
+/// frozen 38.4 ms streamed and 40.5 ms plain, the dump 68.9 against 52.5 ms).
+const STREAM_MIN_BYTES: u64 = 64 << 20;
+
+/// The FIFO a streamed dump's post-dump action waits at, in the checkpoint directory.
+const DRAIN_FIFO: &str = ".drained";
 
 /// Keeps checkpoint `dumped` in `out`: copied there when it was dumped elsewhere (the
 /// copy stays), and flushed to disk with `durable`.

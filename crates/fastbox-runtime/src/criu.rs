@@ -84,6 +84,10 @@ pub struct DumpRequest<'a> {
     /// (CRIU's `post-dump` action; CRIU runs it for its other actions too, naming the action
     /// in `CRTOOLS_SCRIPT_ACTION`): what must be captured consistently with memory.
     pub post_dump: Option<&'a Path>,
+    /// Hand the images to a streamer listening in `images` (`--stream`,
+    /// [`crate::image_stream`]). CRIU then writes no `stats-dump`: its log is written at
+    /// the info level, whose timestamps give the freeze ([`crate::criu_stats::frozen_from_log`]).
+    pub stream: bool,
 }
 
 /// What a restore needs: the images, and the new home of the tree.
@@ -211,7 +215,11 @@ impl Criu {
             .arg(req.init_pid.to_string())
             .arg("--images-dir")
             .arg(req.images)
-            .args(["--log-file", "dump.log", "-v2"])
+            .args([
+                "--log-file",
+                "dump.log",
+                if req.stream { "-v3" } else { "-v2" },
+            ])
             .arg("--external")
             .arg(format!("net[{netns_inode}]:{NETNS_KEY}"))
             .arg("--external")
@@ -222,6 +230,9 @@ impl Criu {
         }
         if let Some(script) = req.post_dump {
             cmd.arg("--action-script").arg(script);
+        }
+        if req.stream {
+            cmd.arg("--stream");
         }
         let finished = run_recorded(cmd, req.images, None)?;
         check(finished.output, "dump", &req.images.join("dump.log"))

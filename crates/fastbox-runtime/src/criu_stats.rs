@@ -97,6 +97,34 @@ pub fn read_restore_stats(dir: &Path) -> Result<RestoreStats, StatsError> {
     restore_stats(message).map_err(|Malformed(reason)| StatsError::Malformed { path, reason })
 }
 
+/// The freeze of a dump whose CRIU wrote no `stats-dump` (a `--stream` dump), from the
+/// timestamps of its info-level log `log`: from the first task seized until the tasks were
+/// let go (`Unfreezing tasks`). That counts the seizing of the other tasks too, which
+/// `frozen_time` does not, so it is the longer of the two. Only `frozen_time_us` is set.
+pub fn frozen_from_log(log: &Path) -> Option<DumpStats> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let stamp = |line: &str| -> Option<f64> {
+        line.strip_prefix('(')?
+            .split_once(')')?
+            .0
+            .trim()
+            .parse()
+            .ok()
+    };
+    let seized = text
+        .lines()
+        .find(|l| l.contains(") Seized task "))
+        .and_then(stamp)?;
+    let thawed = text
+        .lines()
+        .find(|l| l.contains(") Unfreezing tasks"))
+        .and_then(stamp)?;
+    (thawed >= seized).then(|| DumpStats {
+        frozen_time_us: ((thawed - seized) * 1e6).round() as u64,
+        ..DumpStats::default()
+    })
+}
+
 /// A `stats_entry` message: its two submessages, still encoded.
 #[derive(Debug, Default)]
 struct Entry {
@@ -394,6 +422,25 @@ mod tests {
             read_dump_stats(dir.path()),
             Err(StatsError::Io { ref source, .. }) if source.kind() == io::ErrorKind::NotFound
         ));
+    }
+
+    #[test]
+    fn a_stream_dumps_freeze_comes_from_its_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("dump.log");
+        std::fs::write(
+            &log,
+            "(00.034462) cg-prop: Parsing controller \"freezer\"\n\
+             (00.034710) Seized task 10340, state 1\n\
+             (00.041422) Dumping pages (type: 59 pid: 10340)\n\
+             (00.134171) Unfreezing tasks into 1\n\
+             (00.134300) Dumping finished successfully\n",
+        )
+        .unwrap();
+        let stats = frozen_from_log(&log).unwrap();
+        assert_eq!(stats.frozen_time_us, 99_461);
+        std::fs::write(&log, "(00.034710) Seized task 10340, state 1\n").unwrap();
+        assert_eq!(frozen_from_log(&log), None, "a dump that never thawed");
     }
 
     #[test]

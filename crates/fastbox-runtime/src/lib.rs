@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod criu;
 pub mod criu_stats;
 pub mod execd_binary;
+pub mod image_stream;
 pub mod init;
 pub mod lazy;
 pub mod loopdev;

@@ -360,6 +360,39 @@ pub(crate) fn process_start_ticks(pid: i32) -> Option<u64> {
     stat_fields(pid)?.get(19)?.parse().ok()
 }
 
+/// The resident memory of process `root` and its descendants (`/proc/<pid>/statm`), in bytes.
+pub fn tree_resident_bytes(root: i32) -> u64 {
+    let pids: Vec<i32> = fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let parent = |pid: i32| stat_fields(pid).and_then(|f| f.get(1)?.parse::<i32>().ok());
+    let parents: Vec<(i32, i32)> = pids
+        .iter()
+        .filter_map(|&pid| Some((pid, parent(pid)?)))
+        .collect();
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    // SAFETY: sysconf has no preconditions.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    tree.iter()
+        .filter_map(|pid| {
+            let statm = fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+            statm.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .sum::<u64>()
+        * page
+}
+
 /// The fields of `/proc/<pid>/stat` after the command name (field 3 onwards).
 fn stat_fields(pid: i32) -> Option<Vec<String>> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -192,13 +192,18 @@ impl Lifecycle {
     /// Takes recorded snapshot `id` of its (busy) source: `Ready` with what it cost, or
     /// `Failed` with why. Releases the source.
     async fn take_snapshot(self: &Arc<Self>, id: &str) -> SnapshotState {
-        let staged = self.stage_snapshot(id).await;
+        let staged = self.stage_snapshot(id, true).await;
         self.commit_snapshot(id, staged).await
     }
 
     /// The first half of [`Lifecycle::take_snapshot`]: the dump of recorded snapshot `id`'s
-    /// (busy) source into the staging area. Releases the source once it ran.
-    async fn stage_snapshot(self: &Arc<Self>, id: &str) -> Result<Staged, String> {
+    /// (busy) source into the staging area (`short_freeze`: see
+    /// [`fastbox_fastlet::Fastlet::stage_snapshot`]). Releases the source once it ran.
+    async fn stage_snapshot(
+        self: &Arc<Self>,
+        id: &str,
+        short_freeze: bool,
+    ) -> Result<Staged, String> {
         let snapshot = self.snapshot_record(id).map_err(|e| e.to_string())?;
         let source = self.record(&snapshot.sandbox_id);
         let staged = match source {
@@ -207,12 +212,15 @@ impl Lifecycle {
                 let key = snapshot.id.clone();
                 blocking::run("fastbox-snapshot", move || {
                     let placement = source.placement.expect("placed");
-                    let staged = fastlet.stage_snapshot(&SnapshotSource {
-                        key: &key,
-                        placement: &placement,
-                        execd_token: &source.execd_token,
-                        image_reference: &source.image.uri,
-                    })?;
+                    let staged = fastlet.stage_snapshot(
+                        &SnapshotSource {
+                            key: &key,
+                            placement: &placement,
+                            execd_token: &source.execd_token,
+                            image_reference: &source.image.uri,
+                        },
+                        short_freeze,
+                    )?;
                     Ok::<_, FastletError>(Staged { staged, placement })
                 })
                 .await
@@ -665,7 +673,8 @@ impl Lifecycle {
         let (snapshot_id, ids) = (snapshot.id.clone(), clones.clone());
         tokio::spawn(async move {
             // The clones restore from the staged dump, before the snapshot is on disk.
-            let staged = this.stage_snapshot(&snapshot_id).await;
+            // The fork waits for the whole dump: no streaming ahead of it.
+            let staged = this.stage_snapshot(&snapshot_id, false).await;
             let template = staged.as_ref().ok().map(|s| s.staged.template().clone());
             // Two restores per core: a restore also waits (for CRIU's helpers, the lazy
             // daemon, execd). Forks of 10 at 256 MiB here, p50 of 5: one per core 780 ms;
