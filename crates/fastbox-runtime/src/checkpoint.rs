@@ -95,6 +95,8 @@ pub struct CheckpointReport {
     pub stats: Option<DumpStats>,
     /// The `criu dump` run: freeze, dump, the writable layer's copy, thaw or kill.
     pub dump: Duration,
+    /// Whether CRIU streamed the images ([`crate::image_stream`]).
+    pub streamed: bool,
     /// Moving the staged files to `out` and flushing them.
     pub persist: Duration,
     /// Bytes of the checkpoint (images and writable layer).
@@ -142,6 +144,8 @@ pub struct Dumped {
     pub stats: Option<DumpStats>,
     /// The `criu dump` run: freeze, dump, the writable layer's copy, thaw or kill.
     pub dump: Duration,
+    /// Whether CRIU streamed the images ([`crate::image_stream`]).
+    pub streamed: bool,
 }
 
 /// Dumps `handle` into checkpoint directory `dir` with its writable layer, which is copied
@@ -199,10 +203,13 @@ pub fn dump_into(
                 .ok()
         });
     // The writable layer is copied by CRIU's post-dump action, while the tree is frozen; a
-    // streamed dump also waits there until the streamer holds every page.
+    // streamed dump also waits there until the streamer holds every page. Bounded: with
+    // this process gone nobody answers, and the tree must not stay frozen (the dump fails
+    // and the tree runs on).
     let drained = capture.as_ref().map_or(String::new(), |c| {
         format!(
-            "read -r drained < {}; [ \"$drained\" = ok ] || exit 1\n",
+            "drained=$(timeout {} head -n 1 {}); [ \"$drained\" = ok ] || exit 1\n",
+            image_stream::DRAIN_TIMEOUT.as_secs() + 10,
             shell_quote(c.drained_fifo())
         )
     });
@@ -242,7 +249,8 @@ pub fn dump_into(
         }
     };
     let dump = clock.elapsed();
-    let stats = if written? {
+    let streamed = written?;
+    let stats = if streamed {
         crate::criu_stats::frozen_from_log(&images.join("dump.log"))
     } else {
         crate::criu_stats::read_dump_stats(&images).ok()
@@ -252,6 +260,7 @@ pub fn dump_into(
         meta,
         stats,
         dump,
+        streamed,
     })
 }
 
@@ -291,6 +300,7 @@ pub fn persist(
         meta: dumped.meta.clone(),
         stats: dumped.stats,
         dump: dumped.dump,
+        streamed: dumped.streamed,
         persist: clock.elapsed(),
         bytes: tree_bytes(out),
     })

@@ -200,8 +200,9 @@ struct Pending {
     drained: Condvar,
 }
 
-/// How long the post-dump action waits for the pages to be read before it fails the dump.
-const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+/// How long the drain waits for the pages to be read before it fails the dump (the post-dump
+/// action gives up a little later on its own, for a capture whose process is gone).
+pub const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// A running capture of one dump's images (see the module docs).
 pub struct Capture {
