@@ -51,13 +51,15 @@ SNAPSHOT_TIMEOUT_S = 60.0
 FORK_TIMEOUT_S = 120.0
 SOURCE_RESOURCE = {"cpu": "1", "memory": "1Gi"}
 
-# The in-sandbox server. argv: PORT [COUNTER_PATH]. One thread, so a request is always served
-# between two loop iterations: `disk` in an answer is what the file held at that moment.
+# The in-sandbox server. argv: PORT [COUNTER_PATH [BALLAST_MIB]]. One thread, so a request is
+# always served between two loop iterations: `disk` in an answer is what the file held at that
+# moment. A ballast is memory it holds besides (enough makes fastbox stream its live dumps).
 STATE_SERVER = r"""
 import json, os, secrets, socket, sys
 
 port = int(sys.argv[1])
 counter = sys.argv[2] if len(sys.argv) > 2 else None
+ballast = bytes(range(256)) * (int(sys.argv[3]) * 4096) if len(sys.argv) > 3 else b""
 secret = secrets.token_hex(16)  # only ever in this process's memory
 n = 0          # the next value to write
 last = None    # the value this process last wrote to `counter`
@@ -170,11 +172,17 @@ def probe(sb: SandboxSync, what: str, port: int = STATE_PORT) -> dict[str, Any]:
 
 
 def start_state_server(
-    sb: SandboxSync, *, counter: str | None = None, min_iterations: int = 0
+    sb: SandboxSync,
+    *,
+    counter: str | None = None,
+    min_iterations: int = 0,
+    ballast_mib: int | None = None,
 ) -> dict[str, Any]:
     """Start STATE_SERVER as a background command; its first answer once it has looped
     min_iterations times."""
+    assert ballast_mib is None or counter, "a ballast needs a counter path before it"
     args = f"{STATE_PORT}" + (f" {shlex.quote(counter)}" if counter else "")
+    args += f" {ballast_mib}" if ballast_mib else ""
     ex = sb.commands.run(
         f"python3 -c {shlex.quote(STATE_SERVER)} {args}",
         opts=RunCommandOpts(background=True),
@@ -418,7 +426,10 @@ def test_snapshot_clones_restore_memory_and_files_together(
     clone_b: SandboxSync | None = None
     snapshot_id: str | None = None
     try:
-        first = start_state_server(source, counter=COUNTER, min_iterations=20)
+        # 80 MiB held besides: the live snapshot is streamed into memory while the loop
+        # writes its file (fastbox streams a tree of 64 MiB and more), and the clones copy
+        # their memory in lazily.
+        first = start_state_server(source, counter=COUNTER, min_iterations=20, ballast_mib=80)
         source_name = hostname(source)
         before_snap = probe(source, "source before the snapshot")
         assert before_snap["tears"] == [], before_snap
@@ -431,6 +442,9 @@ def test_snapshot_clones_restore_memory_and_files_together(
         assert during["secret"] == first["secret"] and during["tears"] == [], during
         ready = wait_snapshot_ready(manager, snapshot_id)
         assert ready.sandbox_id == source.id and ready.name == name, ready
+        assert "streamed" in (ready.status.message or ""), (
+            f"the live snapshot was not streamed: {ready.status.message!r}"
+        )
 
         # The source keeps running, and its loop never saw its file change under it.
         s1 = probe(source, "source after Ready")

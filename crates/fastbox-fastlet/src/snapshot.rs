@@ -54,6 +54,8 @@ pub struct SnapshotReport {
     pub bytes: u64,
     /// CRIU's `stats-dump`.
     pub stats: Option<DumpStats>,
+    /// Whether the images were streamed into memory ([`Fastlet::stage_snapshot`]).
+    pub streamed: bool,
 }
 
 impl SnapshotReport {
@@ -67,23 +69,25 @@ impl SnapshotReport {
             manifest: None,
             bytes: report.bytes,
             stats: report.stats,
+            streamed: report.streamed,
         }
     }
 
     /// `frozen 84.1 ms, dump 97.0 ms, persist 120.3 ms, publish 80.2 ms, total 310.0 ms,
-    /// 262.4 MiB` (the benchmark parses it).
+    /// 262.4 MiB` and `, streamed` for a streamed dump (the benchmark parses it).
     pub fn summary(&self) -> String {
         let frozen = self
             .frozen_ms
             .map(|f| format!("frozen {f:.1} ms, "))
             .unwrap_or_default();
         format!(
-            "{frozen}dump {:.1} ms, persist {:.1} ms, publish {:.1} ms, total {:.1} ms, {:.1} MiB",
+            "{frozen}dump {:.1} ms, persist {:.1} ms, publish {:.1} ms, total {:.1} ms, {:.1} MiB{}",
             self.dump_ms,
             self.persist_ms,
             self.publish_ms,
             self.total_ms,
-            self.bytes as f64 / (1024.0 * 1024.0)
+            self.bytes as f64 / (1024.0 * 1024.0),
+            if self.streamed { ", streamed" } else { "" }
         )
     }
 }

@@ -95,9 +95,16 @@ mod tests {
         // Without CRIU's statistics the server leaves `frozen` out.
         let without = SnapshotReport {
             frozen_ms: None,
-            ..report
+            ..report.clone()
         };
         assert_eq!(parse_cost(&without.summary()).unwrap().frozen_ms, None);
+        // A streamed dump says so at the end; the figures read the same.
+        let streamed = SnapshotReport {
+            streamed: true,
+            ..report
+        };
+        assert!(streamed.summary().ends_with("256.5 MiB, streamed"));
+        assert_eq!(parse_cost(&streamed.summary()).unwrap(), cost);
     }
 
     #[test]
