@@ -8,7 +8,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::net::TcpListener;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -23,13 +22,6 @@ use serde_json::{Value, json};
 const DART_KEY: &str = "artifacts-e2e-group-secret";
 /// The image every sandbox of the test runs (prepared by `UpServer`).
 const IMAGE: &str = "fastbox/busybox";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
 
 /// A running s3s-fs with a bucket, and the `--artifact-store` URL of a prefix in it.
 struct Origin {
@@ -193,7 +185,7 @@ fn snapshots_and_pauses_land_in_s3_and_gc_keeps_what_is_in_use() {
         }
         std::env::set_var("FASTBOX_DART_KEY", DART_KEY);
     }
-    let dart = format!("127.0.0.1:{}", free_port());
+    let dart = format!("127.0.0.1:{}", fastbox_testkit::server_port());
     let Some(server) = UpServer::start(
         'z',
         &[
@@ -394,12 +386,18 @@ fn a_start_with_an_unreachable_origin_fails_with_the_stores_message() {
     }
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
-    let endpoint = format!("http://127.0.0.1:{}", free_port());
+    let endpoint = format!("http://127.0.0.1:{}", fastbox_testkit::server_port());
     let started = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_fastbox"))
         .args(["up", "--no-default-images"])
-        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
-        .args(["--node-proxy-listen", &format!("127.0.0.1:{}", free_port())])
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{}", fastbox_testkit::server_port()),
+        ])
+        .args([
+            "--node-proxy-listen",
+            &format!("127.0.0.1:{}", fastbox_testkit::server_port()),
+        ])
         .args(["--data-dir", &data_dir.display().to_string()])
         .args(["--prefix", &fastbox_testkit::run_prefix("z")])
         .args(["--api-key", "unused"])

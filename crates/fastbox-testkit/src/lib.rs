@@ -8,6 +8,29 @@ pub mod s3;
 
 use std::path::PathBuf;
 
+/// A loopback port, free when picked, for a server a test starts by port number. It lies
+/// below the host's ephemeral range (`net.ipv4.ip_local_port_range`), so no outgoing
+/// connection of another test takes it between the pick and the server's bind (a port the
+/// kernel handed out for `127.0.0.1:0` could be: CI saw `fastbox up` fail with "Address
+/// already in use" that way).
+pub fn server_port() -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let from = low.saturating_sub(20_000).max(1024);
+    for _ in 0..200 {
+        let port = from + rand::random::<u16>() % low.saturating_sub(from).max(1);
+        if std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).is_ok() {
+            return port;
+        }
+    }
+    std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
 /// Why a privileged test cannot run here, or None when it can.
 pub fn privileged_unavailable() -> Option<String> {
     if !nix::unistd::geteuid().is_root() {

@@ -19,7 +19,7 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -116,7 +116,7 @@ impl S3Server {
         };
         let mut last_error = None;
         for _ in 0..START_ATTEMPTS {
-            server.port = free_port()?;
+            server.port = crate::server_port();
             match server.launch() {
                 Ok(()) => return Ok(server),
                 Err(error) => last_error = Some(error),
@@ -273,11 +273,4 @@ fn answers_http(address: &SocketAddr) -> bool {
         Ok(head.starts_with(b"HTTP/1."))
     };
     probe().unwrap_or(false)
-}
-
-/// A port free on the loopback address right now.
-fn free_port() -> io::Result<u16> {
-    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
-        .local_addr()?
-        .port())
 }

@@ -3,7 +3,6 @@
 //! deletes every sandbox through the API, stops the server, checks that nothing but the
 //! instance's nft table remained, purges the instance and checks the host is clean.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -30,13 +29,6 @@ pub struct UpServer {
 /// `a`-`e` (sandbox_e2e), `h` (fastlet template_artifact), `n`, `o` (runtime network
 /// tests), `s` (tests/sdk).
 pub const UP_SERVER_TAGS: &str = "gijklmpqrtuvwxyz";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
 
 /// The image cache the tests share (`FASTBOX_TEST_CACHE_DIR` when set).
 pub fn test_cache_dir() -> PathBuf {
@@ -77,7 +69,10 @@ impl UpServer {
             .tempdir()
             .expect("tempdir");
         let data_dir = dir.path().join("data");
-        let (api_port, node_port) = (free_port(), free_port());
+        let (api_port, node_port) = (
+            fastbox_testkit::server_port(),
+            fastbox_testkit::server_port(),
+        );
         let api_key = format!("key-{prefix}");
         let mut args: Vec<String> = vec![
             "up".into(),
