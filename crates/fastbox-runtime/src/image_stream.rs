@@ -1,4 +1,4 @@
-//! The capture side of `criu dump --stream` (`docs/snapshots.md`, "The freeze window").
+//! The capture side of `criu dump --stream` (`docs/snapshots.md`, "How a capture is taken").
 //!
 //! A plain dump splices every memory page into an image file on the staging tmpfs while the
 //! tree is frozen, and the file system allocates a page for each one: about 2 GB/s here. In
@@ -30,7 +30,7 @@ pub const SOCKET_NAME: &str = "streamer-capture.sock";
 const CHUNK: usize = 4 << 20;
 /// The first buffer of every image (most are a few KiB; pages images grow into the arena).
 const FIRST_CHUNK: usize = 64 << 10;
-/// The most one streamed file may hold (a request naming more is refused).
+/// The longest file name a request may carry (a longer request is refused).
 const MAX_NAME: usize = 4096;
 /// The size CRIU's pipes are given (the usual `fs.pipe-max-size`); fewer round trips.
 const PIPE_SIZE: i32 = 1 << 20;
