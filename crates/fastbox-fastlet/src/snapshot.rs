@@ -61,15 +61,18 @@ pub struct SnapshotReport {
 impl SnapshotReport {
     fn of(report: &CheckpointReport, total_ms: f64) -> Self {
         Self {
-            frozen_ms: report.stats.map(|s| s.frozen_time_us as f64 / 1000.0),
-            dump_ms: report.dump.as_secs_f64() * 1000.0,
+            frozen_ms: report
+                .dumped
+                .stats
+                .map(|s| s.frozen_time_us as f64 / 1000.0),
+            dump_ms: report.dumped.dump.as_secs_f64() * 1000.0,
             persist_ms: report.persist.as_secs_f64() * 1000.0,
             total_ms,
             publish_ms: 0.0,
             manifest: None,
             bytes: report.bytes,
-            stats: report.stats,
-            streamed: report.streamed,
+            stats: report.dumped.stats,
+            streamed: report.dumped.streamed,
         }
     }
 
@@ -361,7 +364,7 @@ impl Fastlet {
         let committed = commit(
             source,
             &dir,
-            &report.meta,
+            &report.dumped.meta,
             clock.elapsed().as_millis() as u64,
         )
         .and_then(|t| {

@@ -90,13 +90,8 @@ pub struct CheckpointOptions<'a> {
 /// What a checkpoint took and how big it is.
 #[derive(Debug, Clone)]
 pub struct CheckpointReport {
-    pub meta: CheckpointMeta,
-    /// CRIU's own account (`stats-dump`): `frozen_time_us` is how long the tree was stopped.
-    pub stats: Option<DumpStats>,
-    /// The `criu dump` run: freeze, dump, the writable layer's copy, thaw or kill.
-    pub dump: Duration,
-    /// Whether CRIU streamed the images ([`crate::image_stream`]).
-    pub streamed: bool,
+    /// The dump (its directory is where it was dumped).
+    pub dumped: Dumped,
     /// Moving the staged files to `out` and flushing them.
     pub persist: Duration,
     /// Bytes of the checkpoint (images and writable layer).
@@ -109,7 +104,7 @@ pub fn checkpoint(
     handle: &SandboxHandle,
     out: &Path,
 ) -> Result<CheckpointMeta, CheckpointError> {
-    checkpoint_with(criu, handle, out, CheckpointOptions::default()).map(|r| r.meta)
+    checkpoint_with(criu, handle, out, CheckpointOptions::default()).map(|r| r.dumped.meta)
 }
 
 /// Dump `handle` into `out` with its writable layer, which is copied while the tree is
@@ -297,10 +292,7 @@ pub fn persist(
         sync_filesystem(out).map_err(io_err("flush"))?;
     }
     Ok(CheckpointReport {
-        meta: dumped.meta.clone(),
-        stats: dumped.stats,
-        dump: dumped.dump,
-        streamed: dumped.streamed,
+        dumped: dumped.clone(),
         persist: clock.elapsed(),
         bytes: tree_bytes(out),
     })
