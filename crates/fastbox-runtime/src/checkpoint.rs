@@ -16,6 +16,7 @@ use crate::criu_stats::DumpStats;
 use crate::execd_binary::ExecdBinary;
 use crate::image_stream;
 use crate::lazy::restore::{Fetched, LazyError, LazyPages, LazySession, LazyTransfer};
+use crate::post_dump::{PostDumpError, PostDumpHook};
 use crate::rootfs::{Rootfs, RootfsError};
 use crate::sandbox::{SandboxHandle, process_start_ticks};
 
@@ -45,6 +46,8 @@ pub enum CheckpointError {
         id: String,
         source: image_stream::StreamError,
     },
+    #[error("checkpoint of {id}: {source}")]
+    PostDump { id: String, source: PostDumpError },
 }
 
 /// What `checkpoint.json` records.
@@ -193,44 +196,55 @@ pub fn dump_into(
     let capture = stream_bytes
         .filter(|&bytes| bytes >= STREAM_MIN_BYTES && image_stream::fits(bytes))
         .and_then(|bytes| {
-            image_stream::Capture::start(&images, &dir.join(DRAIN_FIFO), bytes)
+            image_stream::Capture::start(&images, bytes)
                 .inspect_err(|e| tracing::warn!(sandbox = %id, error = %e, "dumping without the image streamer"))
                 .ok()
         });
-    // The writable layer is copied by CRIU's post-dump action, while the tree is frozen; a
-    // streamed dump also waits there until the streamer holds every page. Bounded: with
-    // this process gone nobody answers, and the tree must not stay frozen (the dump fails
-    // and the tree runs on).
-    let drained = capture.as_ref().map_or(String::new(), |c| {
-        format!(
-            "drained=$(timeout {} head -n 1 {}); [ \"$drained\" = ok ] || exit 1\n",
-            image_stream::DRAIN_TIMEOUT.as_secs() + 10,
-            shell_quote(c.drained_fifo())
-        )
-    });
-    let script = dir.join(POST_DUMP_SCRIPT);
-    write_script(
-        &script,
-        &format!(
-            "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\ncp -a {} {} || exit 1\n{drained}",
-            shell_quote(&rootfs.upper),
-            shell_quote(&upper_dir(dir))
-        ),
-    )
-    .map_err(io_err("write", &script))?;
+    // The writable layer is copied at CRIU's post-dump action, while the tree is frozen; a
+    // streamed dump first waits there until the streamer holds every page.
+    let hook = {
+        let drain = capture.as_ref().map(image_stream::Capture::drain);
+        let (upper, copy) = (rootfs.upper.clone(), upper_dir(dir));
+        let source_id = id.clone();
+        PostDumpHook::start(move || {
+            let id = source_id;
+            if let Some(drain) = drain {
+                drain.wait().map_err(|source| CheckpointError::Stream {
+                    id: id.clone(),
+                    source,
+                })?;
+            }
+            fs::create_dir(&copy)
+                .map_err(|source| CheckpointError::Io {
+                    id: id.clone(),
+                    what: "create",
+                    path: copy.clone(),
+                    source,
+                })
+                .and_then(|()| copy_tree(&id, &upper, &copy))
+        })
+        .map_err(|source| CheckpointError::PostDump {
+            id: id.clone(),
+            source,
+        })?
+    };
     let dumped = criu.dump(&DumpRequest {
         init_pid: handle.init_pid,
         netns: &handle.netns,
         images: &images,
         leave_running,
-        post_dump: Some(&script),
+        post_dump: Some(&hook.script()),
         stream: capture.is_some(),
     });
-    let _ = fs::remove_file(&script);
+    let post_dump = hook.finish();
     let written = match (dumped, capture) {
-        (Err(source), _) => Err(CheckpointError::Criu {
-            id: id.clone(),
-            source,
+        (Err(source), _) => Err(match post_dump {
+            // The action's own failure says more than CRIU's exit status.
+            Some(Err(failed)) => failed,
+            _ => CheckpointError::Criu {
+                id: id.clone(),
+                source,
+            },
         }),
         (Ok(()), None) => Ok(false),
         (Ok(()), Some(capture)) => {
@@ -263,9 +277,6 @@ pub fn dump_into(
 /// streamer saves nothing and costs its fixed part (an idle Python, 25 MiB with the margin:
 /// frozen 38.4 ms streamed and 40.5 ms plain, the dump 68.9 against 52.5 ms).
 const STREAM_MIN_BYTES: u64 = 64 << 20;
-
-/// The FIFO a streamed dump's post-dump action waits at, in the checkpoint directory.
-const DRAIN_FIFO: &str = ".drained";
 
 /// Keeps checkpoint `dumped` in `out`: copied there when it was dumped elsewhere (the
 /// copy stays), and flushed to disk with `durable`.
@@ -321,21 +332,6 @@ pub fn read_meta(checkpoint: &Path) -> Result<CheckpointMeta, CheckpointError> {
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .ok_or_else(|| CheckpointError::BadMetadata(checkpoint.to_path_buf()))
-}
-
-/// The post-dump action script, in the directory the checkpoint is written to while the
-/// dump runs.
-const POST_DUMP_SCRIPT: &str = ".post-dump";
-
-fn write_script(path: &Path, text: &str) -> io::Result<()> {
-    use std::os::unix::fs::PermissionsExt as _;
-    fs::write(path, text)?;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o700))
-}
-
-/// `'path'` for `sh`.
-fn shell_quote(path: &Path) -> String {
-    format!("'{}'", path.to_string_lossy().replace('\'', "'\\''"))
 }
 
 /// Flushes the filesystem holding `path` to disk.

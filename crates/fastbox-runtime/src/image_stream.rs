@@ -11,14 +11,13 @@
 //! the other core while CRIU goes on, and writes the files out once the tree runs again.
 //!
 //! The pipes hold references to the sandbox's own pages until they are read: the dump's
-//! post-dump action waits at [`Capture::drained_fifo`] until every pages image has been read
-//! to its end, and only then may CRIU let the tree run.
+//! post-dump action waits on [`Capture::drain`] until every pages image has been read to its
+//! end, and only then may CRIU let the tree run.
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
@@ -46,6 +45,10 @@ pub enum StreamError {
     Protocol(&'static str),
     #[error("image streamer: a reader thread panicked")]
     Panicked,
+    #[error("image streamer: the pages were not read within {0:?}")]
+    DrainTimeout(std::time::Duration),
+    #[error("image streamer: reading a pages image failed")]
+    DrainFailed,
 }
 
 fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> StreamError {
@@ -200,16 +203,38 @@ struct Pending {
     drained: Condvar,
 }
 
-/// How long the drain waits for the pages to be read before it fails the dump (the post-dump
-/// action gives up a little later on its own, for a capture whose process is gone).
+/// How long the drain waits for the pages to be read before it fails the dump.
 pub const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// A running capture of one dump's images (see the module docs).
 pub struct Capture {
     images: PathBuf,
-    fifo: PathBuf,
     accept: Option<JoinHandle<Result<Vec<Image>, StreamError>>>,
-    drain: Option<JoinHandle<()>>,
+    pending: Arc<Pending>,
+}
+
+/// Waits for the pages of a [`Capture`] to be read ([`Capture::drain`]).
+#[derive(Clone)]
+pub struct Drain(Arc<Pending>);
+
+impl Drain {
+    /// Blocks until every pages image CRIU sent so far has been read to its end (at most
+    /// [`DRAIN_TIMEOUT`]). Called at post-dump, when CRIU has sent them all.
+    pub fn wait(&self) -> Result<(), StreamError> {
+        let left = self.0.pages.lock().expect("drain lock");
+        let (left, timeout) = self
+            .0
+            .drained
+            .wait_timeout_while(left, DRAIN_TIMEOUT, |(open, _)| *open > 0)
+            .expect("drain lock");
+        if timeout.timed_out() {
+            Err(StreamError::DrainTimeout(DRAIN_TIMEOUT))
+        } else if left.1 {
+            Err(StreamError::DrainFailed)
+        } else {
+            Ok(())
+        }
+    }
 }
 
 impl std::fmt::Debug for Capture {
@@ -222,18 +247,11 @@ impl std::fmt::Debug for Capture {
 
 impl Capture {
     /// Listens in `images` (CRIU's images directory) for a dump of about `bytes` of images,
-    /// with that much memory touched ahead; the drain FIFO is `fifo`.
-    pub fn start(images: &Path, fifo: &Path, bytes: u64) -> Result<Self, StreamError> {
+    /// with that much memory touched ahead.
+    pub fn start(images: &Path, bytes: u64) -> Result<Self, StreamError> {
         std::fs::create_dir_all(images).map_err(io_err("create the images directory"))?;
         let socket = images.join(SOCKET_NAME);
         let _ = std::fs::remove_file(&socket);
-        let _ = std::fs::remove_file(fifo);
-        nix::unistd::mkfifo(fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).map_err(
-            |e| StreamError::Io {
-                what: "make the drain FIFO",
-                source: e.into(),
-            },
-        )?;
         let listener = UnixListener::bind(&socket).map_err(io_err("listen"))?;
         let arena = Arc::new(Arena::new(usize::try_from(bytes).unwrap_or(usize::MAX)));
         let pending = Arc::new(Pending::default());
@@ -244,29 +262,20 @@ impl Capture {
                 .spawn(move || serve(&listener, &arena, &pending))
                 .map_err(io_err("start"))?
         };
-        let drain = {
-            let (pending, fifo) = (Arc::clone(&pending), fifo.to_path_buf());
-            std::thread::Builder::new()
-                .name("fastbox-drain".into())
-                .spawn(move || answer_drain(&fifo, &pending))
-                .map_err(io_err("start"))?
-        };
         Ok(Self {
             images: images.to_path_buf(),
-            fifo: fifo.to_path_buf(),
             accept: Some(accept),
-            drain: Some(drain),
+            pending,
         })
     }
 
-    /// The FIFO the post-dump action reads one line from: `ok` once every pages image CRIU
-    /// sent so far has been read to its end.
-    pub fn drained_fifo(&self) -> &Path {
-        &self.fifo
+    /// What the post-dump action waits on: every pages image read to its end.
+    pub fn drain(&self) -> Drain {
+        Drain(Arc::clone(&self.pending))
     }
 
     /// After the dump: every image written into the images directory as a file (the socket
-    /// and the FIFO removed). Returns the bytes written.
+    /// removed). Returns the bytes written.
     pub fn finish(mut self) -> Result<u64, StreamError> {
         let images = self.collect()?;
         let mut total = 0;
@@ -295,24 +304,7 @@ impl Capture {
         }
         let read = accept.join().map_err(|_| StreamError::Panicked)?;
         let _ = std::fs::remove_file(&socket);
-        self.release_drain();
         read
-    }
-
-    /// Lets the drain thread go when no post-dump action came for its answer.
-    fn release_drain(&mut self) {
-        if let Some(drain) = self.drain.take() {
-            // A read end open until the thread ends lets its open return, whenever it comes.
-            let reader = (!drain.is_finished()).then(|| {
-                std::fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_NONBLOCK)
-                    .open(&self.fifo)
-            });
-            let _ = drain.join();
-            drop(reader);
-        }
-        let _ = std::fs::remove_file(&self.fifo);
     }
 }
 
@@ -467,26 +459,6 @@ fn read_image(name: String, mut pipe: File, arena: &Arc<Arena>) -> Result<Image,
             Err(e) => return Err(io_err("read an image")(e)),
         }
     }
-}
-
-/// The drain thread: once the post-dump action opens the FIFO, waits until no pages image is
-/// still being read, then answers `ok`.
-fn answer_drain(fifo: &Path, pending: &Pending) {
-    let Ok(mut out) = std::fs::OpenOptions::new().write(true).open(fifo) else {
-        return;
-    };
-    let left = pending.pages.lock().expect("drain lock");
-    let (left, timeout) = pending
-        .drained
-        .wait_timeout_while(left, DRAIN_TIMEOUT, |(open, _)| *open > 0)
-        .expect("drain lock");
-    let answer: &[u8] = if timeout.timed_out() || left.1 {
-        b"failed\n"
-    } else {
-        b"ok\n"
-    };
-    drop(left);
-    let _ = out.write_all(answer);
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ pub mod init;
 pub mod lazy;
 pub mod loopdev;
 pub mod net;
+pub mod post_dump;
 pub mod rootfs;
 pub mod sandbox;
 pub mod seccomp;

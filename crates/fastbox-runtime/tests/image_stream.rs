@@ -9,29 +9,22 @@ use std::time::{Duration, Instant};
 
 use fastbox_runtime::criu_stats;
 use fastbox_runtime::image_stream::Capture;
+use fastbox_runtime::post_dump::PostDumpHook;
 
 mod common;
 use common::*;
 
 /// Dumps the holder on `pid` with `--leave-running --stream` into `dir/images`, its post-dump
-/// action waiting at the capture's drain FIFO as fastbox's does; returns whether CRIU
-/// succeeded and the capture's bytes.
+/// action waiting on the capture's drain as fastbox's does; returns whether CRIU succeeded
+/// and the capture's bytes.
 fn streamed_dump(criu: &Path, pid: i32, dir: &Path) -> (bool, u64) {
     for sub in ["images", "work"] {
         std::fs::create_dir_all(dir.join(sub)).unwrap();
     }
-    let capture = Capture::start(&dir.join("images"), &dir.join("drained"), 48 << 20).unwrap();
-    let script = dir.join("post-dump.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\nread -r drained < '{}'; [ \"$drained\" = ok ]\n",
-            capture.drained_fifo().display()
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let capture = Capture::start(&dir.join("images"), 48 << 20).unwrap();
+    let drain = capture.drain();
+    let hook = PostDumpHook::start(move || drain.wait()).unwrap();
+    let script = hook.script();
     let pid = pid.to_string();
     let dumped = spawn(
         criu,
@@ -51,6 +44,12 @@ fn streamed_dump(criu: &Path, pid: i32, dir: &Path) -> (bool, u64) {
     )
     .wait()
     .is_ok_and(|s| s.success());
+    let drained = hook.finish();
+    assert_eq!(
+        drained.is_some_and(|d| d.is_ok()),
+        dumped,
+        "the action answers ok exactly when the dump succeeds"
+    );
     let bytes = if dumped {
         capture.finish().unwrap()
     } else {
@@ -84,7 +83,6 @@ fn a_streamed_live_dump_restores_with_the_memory_it_had() {
             .join(fastbox_runtime::image_stream::SOCKET_NAME)
             .exists()
     );
-    assert!(!dir.path().join("drained").exists());
     let pages: u64 = std::fs::read_dir(&images)
         .unwrap()
         .flatten()
@@ -146,7 +144,7 @@ fn a_dump_that_never_streams_lets_the_capture_go() {
     // No CRIU: the capture is made and dropped, and cleans up after itself.
     let dir = tempfile::tempdir().unwrap();
     let images = dir.path().join("images");
-    let capture = Capture::start(&images, &dir.path().join("drained"), 1 << 20).unwrap();
+    let capture = Capture::start(&images, 1 << 20).unwrap();
     assert!(
         images
             .join(fastbox_runtime::image_stream::SOCKET_NAME)
@@ -158,5 +156,4 @@ fn a_dump_that_never_streams_lets_the_capture_go() {
             .join(fastbox_runtime::image_stream::SOCKET_NAME)
             .exists()
     );
-    assert!(!dir.path().join("drained").exists());
 }

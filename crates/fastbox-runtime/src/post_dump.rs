@@ -1,0 +1,277 @@
+//! CRIU's post-dump action, served by this process. CRIU runs the action once the images
+//! are complete and before it lets the tree run again: what must match the memory (the
+//! writable layer) is captured then.
+//!
+//! Every process the action starts is part of the freeze (about 1-2.5 ms each here: `cp`,
+//! `timeout`, `head`). So the action is a `sh` script that starts nothing on its path: it
+//! asks over one FIFO (`echo` into it) and waits for the answer on another (`read`), both
+//! shell built-ins, while a thread of this process does the work ([`PostDumpHook::start`])
+//! and answers `ok` or `failed`. This process holds both FIFOs open (read-write) from the
+//! start, so the script never waits to open one. They live in a private directory under the
+//! temporary directory, never in the checkpoint (a FIFO left there by a crash would be
+//! read as part of it).
+//!
+//! Should this process die, the tree must not stay frozen: a watchdog started by the script
+//! (in the background, off its path) answers `gone` once the process no longer exists, the
+//! action fails, and CRIU fails the dump and lets the tree run. A process that is alive
+//! but never answers is not waited out: the work given must bound itself (the streamer's
+//! drain does).
+
+use std::fs::{self, File};
+use std::io::{self, BufRead as _, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+
+/// The script, and the FIFOs it asks and is answered on, in the hook's directory.
+const SCRIPT: &str = ".post-dump";
+const ASK_FIFO: &str = ".post-dump.ask";
+const ANSWER_FIFO: &str = ".post-dump.answer";
+/// What the script asks with, and the answer that lets the dump succeed.
+const ASK: &str = "post-dump";
+const OK: &str = "ok";
+/// What [`PostDumpHook::finish`] writes to end a thread no action asked.
+const STOP: &str = "stop";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PostDumpError {
+    #[error("post-dump action: {what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+}
+
+/// A post-dump action being served (see the module docs); its work's error is `E`.
+pub struct PostDumpHook<E> {
+    dir: tempfile::TempDir,
+    /// The ask FIFO, also open in the thread: [`STOP`] is written through it.
+    ask: File,
+    /// The answer FIFO, open until the hook ends: an answer written before the script opens
+    /// the FIFO stays there for it (a FIFO that nobody holds open loses its data).
+    _answer: File,
+    thread: Option<JoinHandle<Option<Result<(), E>>>>,
+}
+
+impl<E> std::fmt::Debug for PostDumpHook<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostDumpHook")
+            .field("dir", &self.dir.path())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E: Send + 'static> PostDumpHook<E> {
+    /// Writes the action script and its FIFOs and serves them: `work` runs when CRIU's
+    /// post-dump action asks (the tree frozen, the images complete).
+    pub fn start(
+        work: impl FnOnce() -> Result<(), E> + Send + 'static,
+    ) -> Result<Self, PostDumpError> {
+        let temp = std::env::temp_dir();
+        let dir = tempfile::Builder::new()
+            .prefix("fastbox-post-dump.")
+            .tempdir_in(&temp)
+            .map_err(io_err("make a directory in", &temp))?;
+        let path = dir.path();
+        let ask = open_fifo(&path.join(ASK_FIFO))?;
+        let answer = open_fifo(&path.join(ANSWER_FIFO))?;
+        let script = path.join(SCRIPT);
+        write_script(
+            &script,
+            &script_text(
+                std::process::id(),
+                &path.join(ASK_FIFO),
+                &path.join(ANSWER_FIFO),
+            ),
+        )
+        .map_err(io_err("write", &script))?;
+        let asked = ask
+            .try_clone()
+            .map_err(io_err("open", &path.join(ASK_FIFO)))?;
+        let answering = answer
+            .try_clone()
+            .map_err(io_err("open", &path.join(ANSWER_FIFO)))?;
+        let thread = std::thread::Builder::new()
+            .name("fastbox-post-dump".into())
+            .spawn(move || serve(asked, answering, work))
+            .map_err(io_err("start a thread for", path))?;
+        Ok(Self {
+            dir,
+            ask,
+            _answer: answer,
+            thread: Some(thread),
+        })
+    }
+
+    /// The executable to give CRIU (`--action-script`).
+    pub fn script(&self) -> PathBuf {
+        self.dir.path().join(SCRIPT)
+    }
+
+    /// After the dump: what the work returned, or `None` when no post-dump action asked
+    /// (the dump failed before). The script and FIFOs go with the hook.
+    pub fn finish(mut self) -> Option<Result<(), E>> {
+        self.end()
+    }
+}
+
+impl<E> PostDumpHook<E> {
+    fn end(&mut self) -> Option<Result<(), E>> {
+        let thread = self.thread.take()?;
+        // Unread when the action asked first; it only ends a thread still waiting.
+        let _ = writeln!(self.ask, "{STOP}");
+        thread.join().ok().flatten()
+    }
+}
+
+impl<E> Drop for PostDumpHook<E> {
+    fn drop(&mut self) {
+        let _ = self.end();
+    }
+}
+
+/// The thread: waits for the first line on the ask FIFO; runs `work` when it is the
+/// action's and answers.
+fn serve<E>(
+    ask: File,
+    mut answer: File,
+    work: impl FnOnce() -> Result<(), E>,
+) -> Option<Result<(), E>> {
+    let mut line = String::new();
+    BufReader::new(ask).read_line(&mut line).ok()?;
+    if line.trim_end() != ASK {
+        return None;
+    }
+    let done = work();
+    let reply = if done.is_ok() { OK } else { "failed" };
+    let _ = writeln!(answer, "{reply}");
+    Some(done)
+}
+
+/// The action script for server `pid` (see the module docs). The watchdog holds the answer
+/// FIFO open from its start to its end, so its answer is never lost to a FIFO nobody holds,
+/// and the script's `read` never waits to open it. Its `sleep 1` (orphaned when the
+/// watchdog is killed) holds nothing and ends within a second.
+fn script_text(pid: u32, ask: &Path, answer: &Path) -> String {
+    let (ask, answer) = (shell_quote(ask), shell_quote(answer));
+    format!(
+        "#!/bin/sh\n\
+         # fastbox: CRIU's post-dump action, answered by process {pid}.\n\
+         [ \"$CRTOOLS_SCRIPT_ACTION\" = {ASK} ] || exit 0\n\
+         (exec 3<>{answer} </dev/null >/dev/null 2>&1; while kill -0 {pid}; do sleep 1 3>&-; done; echo gone >&3; exec sleep 60) &\n\
+         echo {ASK} 1<>{ask}\n\
+         read -r answer <{answer}\n\
+         kill $! 2>/dev/null\n\
+         [ \"$answer\" = {OK} ]\n"
+    )
+}
+
+/// Makes FIFO `path` and opens it read-write: never blocks, and keeps it open for both ends.
+fn open_fifo(path: &Path) -> Result<File, PostDumpError> {
+    nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600))
+        .map_err(|e| io_err("make", path)(e.into()))?;
+    fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io_err("open", path))
+}
+
+fn write_script(path: &Path, text: &str) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::write(path, text)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o700))
+}
+
+/// `'path'` for `sh`.
+fn shell_quote(path: &Path) -> String {
+    format!("'{}'", path.to_string_lossy().replace('\'', "'\\''"))
+}
+
+fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> PostDumpError {
+    let path = path.to_path_buf();
+    move |source| PostDumpError::Io { what, path, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+    use std::time::{Duration, Instant};
+
+    /// Runs the script as CRIU does, for `action`; its exit status and how long it took.
+    fn run_action(script: &Path, action: &str) -> (bool, Duration) {
+        let clock = Instant::now();
+        let status = Command::new(script)
+            .env("CRTOOLS_SCRIPT_ACTION", action)
+            .status()
+            .unwrap();
+        (status.success(), clock.elapsed())
+    }
+
+    #[test]
+    fn the_action_runs_the_work_and_succeeds_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("copied");
+        let hook = {
+            let marker = marker.clone();
+            PostDumpHook::start(move || fs::write(&marker, "x")).unwrap()
+        };
+        let script = hook.script();
+        assert!(run_action(&hook.script(), "network-lock").0);
+        assert!(!marker.exists(), "only the post-dump action runs the work");
+        assert!(run_action(&hook.script(), "post-dump").0);
+        assert!(marker.exists());
+        assert!(hook.finish().unwrap().is_ok());
+        assert!(
+            !script.parent().unwrap().exists(),
+            "the hook's files stayed"
+        );
+    }
+
+    #[test]
+    fn failed_work_fails_the_action_and_is_returned() {
+        let hook = PostDumpHook::start(|| Err("no room")).unwrap();
+        assert!(!run_action(&hook.script(), "post-dump").0);
+        assert_eq!(hook.finish(), Some(Err("no room")));
+    }
+
+    #[test]
+    fn a_dump_without_the_action_lets_the_thread_go() {
+        let hook = PostDumpHook::<()>::start(|| panic!("never asked")).unwrap();
+        let script = hook.script();
+        assert!(hook.finish().is_none());
+        assert!(!script.exists());
+        // Dropped unfinished, too.
+        let hook = PostDumpHook::<()>::start(|| Ok(())).unwrap();
+        let script = hook.script();
+        drop(hook);
+        assert!(!script.parent().unwrap().exists());
+    }
+
+    #[test]
+    fn a_server_that_is_gone_does_not_leave_the_tree_frozen() {
+        // The FIFOs exist but nobody holds them, and the server's pid is a process that
+        // has ended: the watchdog answers instead, and the action fails.
+        let dir = tempfile::tempdir().unwrap();
+        let (ask, answer) = (dir.path().join(ASK_FIFO), dir.path().join(ANSWER_FIFO));
+        for fifo in [&ask, &answer] {
+            nix::unistd::mkfifo(
+                fifo.as_path(),
+                nix::sys::stat::Mode::from_bits_truncate(0o600),
+            )
+            .unwrap();
+        }
+        let mut gone = Command::new("true").spawn().unwrap();
+        let pid = gone.id();
+        gone.wait().unwrap();
+        let script = dir.path().join(SCRIPT);
+        write_script(&script, &script_text(pid, &ask, &answer)).unwrap();
+        // Repeated: the watchdog's answer must never be lost, however the two race.
+        for _ in 0..20 {
+            let (ok, took) = run_action(&script, "post-dump");
+            assert!(!ok, "the action succeeded without its server");
+            assert!(took < Duration::from_secs(5), "took {took:?}");
+        }
+    }
+}
