@@ -11,11 +11,14 @@
 //! temporary directory, never in the checkpoint (a FIFO left there by a crash would be
 //! read as part of it).
 //!
-//! Should this process die, the tree must not stay frozen: a watchdog started by the script
-//! (in the background, off its path) answers `gone` once the process no longer exists, the
-//! action fails, and CRIU fails the dump and lets the tree run. A process that is alive
-//! but never answers is not waited out: the work given must bound itself (the streamer's
-//! drain does).
+//! Should this process die, the tree must not stay frozen. The script reads the answer
+//! through a read-only descriptor of its own and holds no write end, so once this process
+//! (the only writer) is gone, before the script's read or during it, the read ends with
+//! nothing: the action fails, and CRIU fails the dump and lets the tree run. The script
+//! starts no process (a watchdog in the background, tried first, held CRIU's descriptors and
+//! the slot's network namespace for a second after the dump). A process that is alive but
+//! never answers is not waited out: the work given must bound itself (the streamer's drain
+//! does).
 
 use std::fs::{self, File};
 use std::io::{self, BufRead as _, BufReader, Write as _};
@@ -78,11 +81,7 @@ impl<E: Send + 'static> PostDumpHook<E> {
         let script = path.join(SCRIPT);
         write_script(
             &script,
-            &script_text(
-                std::process::id(),
-                &path.join(ASK_FIFO),
-                &path.join(ANSWER_FIFO),
-            ),
+            &script_text(&path.join(ASK_FIFO), &path.join(ANSWER_FIFO)),
         )
         .map_err(io_err("write", &script))?;
         let asked = ask
@@ -148,21 +147,20 @@ fn serve<E>(
     Some(done)
 }
 
-/// The action script for server `pid` (see the module docs). The watchdog holds the answer
-/// FIFO open from its start to its end, so its answer is never lost to a FIFO nobody holds,
-/// and the script's `read` never waits to open it. Its `sleep 1` (orphaned when the
-/// watchdog is killed) holds nothing and ends within a second.
-fn script_text(pid: u32, ask: &Path, answer: &Path) -> String {
+/// The action script (see the module docs). It opens the answer FIFO read-write first, so
+/// the read-only open that follows never waits for a writer, then closes the read-write one:
+/// the writers left are this process's.
+fn script_text(ask: &Path, answer: &Path) -> String {
     let (ask, answer) = (shell_quote(ask), shell_quote(answer));
     format!(
         "#!/bin/sh\n\
          # fastbox: CRIU's post-dump action, answered by process {pid}.\n\
          [ \"$CRTOOLS_SCRIPT_ACTION\" = {ASK} ] || exit 0\n\
-         (exec 3<>{answer} </dev/null >/dev/null 2>&1; while kill -0 {pid}; do sleep 1 3>&-; done; echo gone >&3; exec sleep 60) &\n\
          echo {ASK} 1<>{ask}\n\
-         read -r answer <{answer}\n\
-         kill $! 2>/dev/null\n\
-         [ \"$answer\" = {OK} ]\n"
+         exec 3<>{answer} 4<{answer} 3>&-\n\
+         read -r answer <&4\n\
+         [ \"$answer\" = {OK} ]\n",
+        pid = std::process::id()
     )
 }
 
@@ -249,12 +247,9 @@ mod tests {
         assert!(!script.parent().unwrap().exists());
     }
 
-    #[test]
-    fn a_server_that_is_gone_does_not_leave_the_tree_frozen() {
-        // The FIFOs exist but nobody holds them, and the server's pid is a process that
-        // has ended: the watchdog answers instead, and the action fails.
-        let dir = tempfile::tempdir().unwrap();
-        let (ask, answer) = (dir.path().join(ASK_FIFO), dir.path().join(ANSWER_FIFO));
+    /// FIFOs as [`PostDumpHook::start`] makes them, held by nobody, and the script.
+    fn unserved(dir: &Path) -> (PathBuf, PathBuf) {
+        let (ask, answer) = (dir.join(ASK_FIFO), dir.join(ANSWER_FIFO));
         for fifo in [&ask, &answer] {
             nix::unistd::mkfifo(
                 fifo.as_path(),
@@ -262,16 +257,46 @@ mod tests {
             )
             .unwrap();
         }
-        let mut gone = Command::new("true").spawn().unwrap();
-        let pid = gone.id();
-        gone.wait().unwrap();
-        let script = dir.path().join(SCRIPT);
-        write_script(&script, &script_text(pid, &ask, &answer)).unwrap();
-        // Repeated: the watchdog's answer must never be lost, however the two race.
-        for _ in 0..20 {
-            let (ok, took) = run_action(&script, "post-dump");
-            assert!(!ok, "the action succeeded without its server");
-            assert!(took < Duration::from_secs(5), "took {took:?}");
-        }
+        let script = dir.join(SCRIPT);
+        write_script(&script, &script_text(&ask, &answer)).unwrap();
+        (script, answer)
+    }
+
+    #[test]
+    fn a_server_that_is_gone_does_not_leave_the_tree_frozen() {
+        // Gone before the action: nobody holds the FIFOs.
+        let dir = tempfile::tempdir().unwrap();
+        let (script, answer) = unserved(dir.path());
+        let (ok, took) = run_action(&script, "post-dump");
+        assert!(!ok, "the action succeeded without its server");
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+
+        // Gone while the action waits: a stand-in server holds the answer FIFO, then dies.
+        let mut server = Command::new("sh")
+            .arg("-c")
+            .arg(format!("exec 3<>{}; exec sleep 30", shell_quote(&answer)))
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let mut action = Command::new(&script)
+            .env("CRTOOLS_SCRIPT_ACTION", "post-dump")
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            action.try_wait().unwrap().is_none(),
+            "the action did not wait for its answer"
+        );
+        server.kill().unwrap();
+        server.wait().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let status = loop {
+            if let Some(status) = action.try_wait().unwrap() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "the action outlived its server");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(!status.success(), "the action succeeded without its server");
     }
 }
