@@ -81,7 +81,7 @@ pub struct UpArgs {
     #[arg(long, env = "FASTBOX_POOL_MAX")]
     pub pool_max: Option<usize>,
     /// Network slots with an empty writable layer kept made ahead of demand, so a restore
-    /// only mounts an overlay and runs CRIU; 0 makes each slot at its restore [default: 8].
+    /// only mounts an overlay and runs CRIU; 0 makes each slot at its restore [default: 10].
     #[arg(long, env = "FASTBOX_SPARE_SLOTS")]
     pub spare_slots: Option<usize>,
     /// Clones of a snapshot (creates from it, forks) and resumes whose memory is at least

@@ -152,10 +152,11 @@ pub const DEFAULT_IMAGE: &str = "python:3.12";
 /// idle, up to ten (a 10-way burst) while creates keep coming.
 pub const DEFAULT_POOL_MIN: usize = 2;
 pub const DEFAULT_POOL_MAX: usize = 10;
-/// Spare slots by default: enough for a burst of on-demand restores (10 concurrent creates
-/// with the pool off) on a small machine; each costs a network namespace, a veth pair and a
-/// loop-mounted sparse layer (a few MiB of disk).
-pub const DEFAULT_SPARE_SLOTS: usize = 8;
+/// Spare slots by default: enough for a burst of on-demand restores on a small machine, a
+/// fork of 10 included (each clone takes one; a clone that finds none makes its slot during
+/// the fork, about 100 ms more while the others restore); each costs a network namespace, a
+/// veth pair, a loop-mounted sparse layer (a few MiB of disk) and a waiting launcher.
+pub const DEFAULT_SPARE_SLOTS: usize = 10;
 /// The node block cache's budget by default: 4 GiB, room for a handful of templates and
 /// checkpoints of a few hundred MiB each (the cache is only used with a remote store).
 pub const DEFAULT_BLOCK_CACHE_MIB: u64 = 4096;
