@@ -241,6 +241,89 @@ fn a_checkpointed_sandbox_restores_into_a_new_root_and_network_namespace() {
 }
 
 #[test]
+fn a_checkpoint_naming_the_network_namespace_as_external_still_restores() {
+    // Checkpoints taken before CRIU joined the slot's namespace name it as external
+    // (`net[<inode>]:fastbox-net`): paused sandboxes and snapshots of an older fastbox.
+    skip_unless!(unavailable());
+    let Some(criu_path) = fastbox_testkit::criu_path() else {
+        eprintln!("skipped: no CRIU (run scripts/setup.sh)");
+        return;
+    };
+    let criu = fastbox_runtime::criu::Criu::at(&criu_path).expect("CRIU >= 4.2");
+    let f = fixture("f", 8);
+    let sb = f.start(0, StartOptions::default());
+    let (code, _, _) = Fixture::sh(
+        &sb,
+        "echo on-disk > /marker; (while sleep 1; do :; done) >/dev/null 2>&1 & echo started",
+    );
+    assert_eq!(code, 0);
+    // A checkpoint as today's (metadata, writable layer), the sandbox left running; then its
+    // images replaced by a dump the way fastbox made them before.
+    let checkpoint = f.dir.path().join("old-ckpt");
+    let opts = fastbox_runtime::checkpoint::CheckpointOptions {
+        leave_running: true,
+        ..Default::default()
+    };
+    fastbox_runtime::checkpoint::checkpoint_with(&criu, &sb.handle, &checkpoint, opts)
+        .expect("checkpoint");
+    let images = fastbox_runtime::checkpoint::images_dir(&checkpoint);
+    std::fs::remove_dir_all(&images).unwrap();
+    std::fs::create_dir(&images).unwrap();
+    let inode = sb.slot.netns_inode().unwrap();
+    let dumped = std::process::Command::new(&criu_path)
+        .args([
+            "dump",
+            "--tree",
+            &sb.handle.init_pid.to_string(),
+            "--images-dir",
+        ])
+        .arg(&images)
+        .args(["--log-file", "dump.log", "-v2", "--external"])
+        .arg(format!("net[{inode}]:fastbox-net"))
+        .arg("--external")
+        .arg(format!(
+            "mnt[{}]:fastbox-execd",
+            fastbox_runtime::spec::EXECD_SANDBOX_PATH
+        ))
+        .args([
+            "--manage-cgroups=ignore",
+            "--tcp-established",
+            "--file-locks",
+            "--network-lock",
+            "skip",
+        ])
+        .status()
+        .unwrap();
+    assert!(
+        dumped.success(),
+        "{}",
+        std::fs::read_to_string(images.join("dump.log")).unwrap_or_default()
+    );
+    let names: Vec<String> = std::fs::read_dir(&images)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.starts_with("netns-")),
+        "the old dump holds the namespace: {names:?}"
+    );
+    f.destroy(&sb);
+
+    let restored = f.restore(&criu, &checkpoint, 1, &format!("{}-r", f.prefix));
+    let (code, out, _) = Fixture::sh(
+        &restored,
+        "cat /marker; ps -o args | grep 'while sleep' | grep -v grep | wc -l",
+    );
+    assert_eq!(code, 0);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "on-disk");
+    assert_eq!(lines[1].trim(), "1", "the background process was restored");
+    f.destroy(&restored);
+    f.finish();
+}
+
+#[test]
 fn sandboxes_cannot_reach_the_host_or_each_other() {
     skip_unless!(unavailable());
     let f = fixture("e", 5);
