@@ -204,7 +204,7 @@ struct Pending {
 }
 
 /// How long the drain waits for the pages to be read before it fails the dump.
-pub const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// A running capture of one dump's images (see the module docs).
 pub struct Capture {
