@@ -6,21 +6,22 @@
 //! (`<images>/streamer-capture.sock`: a `u32` length and a protobuf `img_streamer_request_entry`
 //! naming the file, then the pipe's read end over `SCM_RIGHTS`), and splices the pages into
 //! that pipe, which moves page references without copying. [`Capture`] reads every pipe on a
-//! thread of its own into memory mapped and touched before the dump (copying into touched
-//! memory runs at about 10 GB/s here, into fresh memory at 1.4 GB/s), so the copy runs on
-//! the other core while CRIU goes on, and writes the files out once the tree runs again.
+//! reader thread (as many as CRIU has images open at once) into memory mapped and touched
+//! before the dump, so the copy runs on the other core while CRIU goes on, and writes the
+//! files out once the tree runs again. The copy is bound by memory bandwidth: 256 MiB from a
+//! pipe into touched memory cost a C reader 70-77 ms here, the pages not in cache (into
+//! fresh memory it is slower still: every page is allocated as it is written).
 //!
 //! The pipes hold references to the sandbox's own pages until they are read: the dump's
 //! post-dump action waits on [`Capture::drain`] until every pages image has been read to its
 //! end, and only then may CRIU let the tree run.
 
-use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::thread::JoinHandle;
 
 /// The socket CRIU connects to, in its images directory.
@@ -314,42 +315,120 @@ impl Drop for Capture {
     }
 }
 
-/// Accepts CRIU's connection and reads every image it sends, one thread per image.
+/// Accepts CRIU's connection and reads every image it sends ([`Readers`]).
 fn serve(
     listener: &UnixListener,
     arena: &Arc<Arena>,
     pending: &Arc<Pending>,
 ) -> Result<Vec<Image>, StreamError> {
     let (mut conn, _) = listener.accept().map_err(io_err("accept"))?;
-    let mut readers = VecDeque::new();
+    let mut readers = Readers::new(Arc::clone(arena), Arc::clone(pending));
     let result = loop {
         match next_request(&mut conn) {
             Ok(Some((name, pipe))) => {
-                let is_pages = name.starts_with("pages-");
-                if is_pages {
-                    pending.pages.lock().expect("drain lock").0 += 1;
+                if let Err(e) = readers.read(name, pipe) {
+                    break Err(e);
                 }
-                let (arena, pending) = (Arc::clone(arena), Arc::clone(pending));
-                readers.push_back(std::thread::spawn(move || {
-                    let read = read_image(name, pipe, &arena);
-                    if is_pages {
-                        let mut left = pending.pages.lock().expect("drain lock");
-                        left.0 -= 1;
-                        left.1 |= read.is_err();
-                        pending.drained.notify_all();
-                    }
-                    read
-                }));
             }
             Ok(None) => break Ok(()),
             Err(e) => break Err(e),
         }
     };
-    let mut images = Vec::new();
-    for reader in readers {
-        images.push(reader.join().map_err(|_| StreamError::Panicked)??);
+    let images = readers.finish();
+    result.and(images)
+}
+
+/// The images whose end the drain waits for.
+const PAGES_PREFIX: &str = "pages-";
+
+/// The threads that read the images. CRIU keeps few images open at a time (a task's pagemap
+/// and pages together), so a reader that finished its image takes the next one, and a new
+/// thread starts only when every reader is busy: a tree of many processes does not start a
+/// thread per image while it is frozen.
+struct Readers {
+    jobs: Option<mpsc::Sender<(String, File)>>,
+    queue: Arc<Mutex<mpsc::Receiver<(String, File)>>>,
+    /// Readers waiting for an image.
+    idle: Arc<Mutex<usize>>,
+    threads: Vec<JoinHandle<Vec<Result<Image, StreamError>>>>,
+    arena: Arc<Arena>,
+    pending: Arc<Pending>,
+}
+
+impl Readers {
+    fn new(arena: Arc<Arena>, pending: Arc<Pending>) -> Self {
+        let (jobs, queue) = mpsc::channel();
+        Self {
+            jobs: Some(jobs),
+            queue: Arc::new(Mutex::new(queue)),
+            idle: Arc::new(Mutex::new(0)),
+            threads: Vec::new(),
+            arena,
+            pending,
+        }
     }
-    result.map(|()| images)
+
+    /// Hands image `name`, arriving through `pipe`, to an idle reader or a new one; a pages
+    /// image is pending for the drain until read to its end.
+    fn read(&mut self, name: String, pipe: File) -> Result<(), StreamError> {
+        if name.starts_with(PAGES_PREFIX) {
+            self.pending.pages.lock().expect("drain lock").0 += 1;
+        }
+        {
+            let mut idle = self.idle.lock().expect("readers lock");
+            if *idle > 0 {
+                *idle -= 1;
+            } else {
+                let (queue, idle) = (Arc::clone(&self.queue), Arc::clone(&self.idle));
+                let (arena, pending) = (Arc::clone(&self.arena), Arc::clone(&self.pending));
+                let thread = std::thread::Builder::new()
+                    .name("fastbox-stream-read".into())
+                    .spawn(move || read_images(&queue, &idle, &arena, &pending))
+                    .map_err(io_err("start a reader"))?;
+                self.threads.push(thread);
+            }
+        }
+        let jobs = self.jobs.as_ref().expect("readers running");
+        jobs.send((name, pipe)).map_err(|_| StreamError::Panicked)
+    }
+
+    /// Waits for every reader; what they read.
+    fn finish(mut self) -> Result<Vec<Image>, StreamError> {
+        drop(self.jobs.take());
+        let mut images = Vec::new();
+        for thread in self.threads.drain(..) {
+            for read in thread.join().map_err(|_| StreamError::Panicked)? {
+                images.push(read?);
+            }
+        }
+        Ok(images)
+    }
+}
+
+/// A reader: reads the images it is handed until there are no more.
+fn read_images(
+    queue: &Mutex<mpsc::Receiver<(String, File)>>,
+    idle: &Mutex<usize>,
+    arena: &Arc<Arena>,
+    pending: &Pending,
+) -> Vec<Result<Image, StreamError>> {
+    let mut done = Vec::new();
+    loop {
+        let next = queue.lock().expect("readers lock").recv();
+        let Ok((name, pipe)) = next else {
+            return done;
+        };
+        let is_pages = name.starts_with(PAGES_PREFIX);
+        let read = read_image(name, pipe, arena);
+        if is_pages {
+            let mut left = pending.pages.lock().expect("drain lock");
+            left.0 -= 1;
+            left.1 |= read.is_err();
+            pending.drained.notify_all();
+        }
+        done.push(read);
+        *idle.lock().expect("readers lock") += 1;
+    }
 }
 
 /// The next file CRIU streams: its name and the pipe it comes through; `None` at the end.
@@ -477,5 +556,75 @@ mod tests {
         ] {
             assert!(request_name(bad).is_err(), "{bad:?}");
         }
+    }
+
+    fn readers() -> (Readers, Arc<Pending>) {
+        let pending = Arc::new(Pending::default());
+        let arena = Arc::new(Arena::new(CHUNK * 2));
+        (Readers::new(arena, Arc::clone(&pending)), pending)
+    }
+
+    /// The contents of `images` by name.
+    fn contents(images: Vec<Image>) -> std::collections::BTreeMap<String, Vec<u8>> {
+        images
+            .into_iter()
+            .map(|image| {
+                let bytes = image
+                    .chunks
+                    .iter()
+                    .flat_map(|c| c.bytes().to_vec())
+                    .collect();
+                (image.name, bytes)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn images_one_after_another_share_one_reader() {
+        let (mut readers, pending) = readers();
+        for i in 0..20 {
+            let (from, mut to) = std::io::pipe().unwrap();
+            to.write_all(format!("image {i}").as_bytes()).unwrap();
+            drop(to);
+            readers
+                .read(format!("pages-{i}.img"), File::from(OwnedFd::from(from)))
+                .unwrap();
+            // The reader is idle again before the next image comes.
+            while *readers.idle.lock().unwrap() == 0 {
+                std::thread::yield_now();
+            }
+        }
+        assert_eq!(readers.threads.len(), 1);
+        let images = contents(readers.finish().unwrap());
+        assert_eq!(images.len(), 20);
+        assert_eq!(images["pages-7.img"], b"image 7");
+        assert_eq!(*pending.pages.lock().unwrap(), (0, false));
+    }
+
+    #[test]
+    fn images_open_at_once_get_a_reader_each() {
+        // CRIU writes a task's pagemap and pages images in turns: neither may wait for the
+        // other's end.
+        let (mut readers, _) = readers();
+        let (pagemap, mut pagemap_in) = std::io::pipe().unwrap();
+        let (pages, mut pages_in) = std::io::pipe().unwrap();
+        readers
+            .read("pagemap-1.img".into(), File::from(OwnedFd::from(pagemap)))
+            .unwrap();
+        readers
+            .read("pages-1.img".into(), File::from(OwnedFd::from(pages)))
+            .unwrap();
+        pages_in.write_all(&[7u8; 100_000]).unwrap();
+        pagemap_in.write_all(b"entries").unwrap();
+        pages_in.write_all(&[8u8; 100_000]).unwrap();
+        drop((pagemap_in, pages_in));
+        assert_eq!(readers.threads.len(), 2);
+        let images = contents(readers.finish().unwrap());
+        assert_eq!(images["pagemap-1.img"], b"entries");
+        let pages = &images["pages-1.img"];
+        assert_eq!(pages.len(), 200_000);
+        assert!(
+            pages[..100_000].iter().all(|&b| b == 7) && pages[100_000..].iter().all(|&b| b == 8)
+        );
     }
 }
