@@ -206,7 +206,7 @@ pub fn dump_into(
         let drain = capture.as_ref().map(image_stream::Capture::drain);
         let (upper, copy) = (rootfs.upper.clone(), upper_dir(dir));
         let source_id = id.clone();
-        PostDumpHook::start(move || {
+        PostDumpHook::start(dir, move || {
             let id = source_id;
             if let Some(drain) = drain {
                 drain.wait().map_err(|source| CheckpointError::Stream {

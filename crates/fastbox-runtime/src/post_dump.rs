@@ -7,9 +7,10 @@
 //! asks over one FIFO (`echo` into it) and waits for the answer on another (`read`), both
 //! shell built-ins, while a thread of this process does the work ([`PostDumpHook::start`])
 //! and answers `ok` or `failed`. This process holds both FIFOs open (read-write) from the
-//! start, so the script never waits to open one. They live in a private directory under the
-//! temporary directory, never in the checkpoint (a FIFO left there by a crash would be
-//! read as part of it).
+//! start, so the script never waits to open one. They live in a private directory beside the
+//! checkpoint, on its file system as the script of old did (CRIU executes the script, so a
+//! `noexec` temporary directory would not do), never in it (a FIFO left there by a crash
+//! would be read as part of the checkpoint).
 //!
 //! Should this process die, the tree must not stay frozen. The script reads the answer
 //! through a read-only descriptor of its own and holds no write end, so once this process
@@ -65,16 +66,21 @@ impl<E> std::fmt::Debug for PostDumpHook<E> {
 }
 
 impl<E: Send + 'static> PostDumpHook<E> {
-    /// Writes the action script and its FIFOs and serves them: `work` runs when CRIU's
-    /// post-dump action asks (the tree frozen, the images complete).
+    /// Writes the action script and its FIFOs into a new directory beside `beside` (the
+    /// checkpoint directory; the temporary directory when it has no parent) and serves them:
+    /// `work` runs when CRIU's post-dump action asks (the tree frozen, the images complete).
     pub fn start(
+        beside: &Path,
         work: impl FnOnce() -> Result<(), E> + Send + 'static,
     ) -> Result<Self, PostDumpError> {
-        let temp = std::env::temp_dir();
+        let parent = beside
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map_or_else(std::env::temp_dir, Path::to_path_buf);
         let dir = tempfile::Builder::new()
-            .prefix("fastbox-post-dump.")
-            .tempdir_in(&temp)
-            .map_err(io_err("make a directory in", &temp))?;
+            .prefix(".post-dump.")
+            .tempdir_in(&parent)
+            .map_err(io_err("make a directory in", &parent))?;
         let path = dir.path();
         let ask = open_fifo(&path.join(ASK_FIFO))?;
         let answer = open_fifo(&path.join(ANSWER_FIFO))?;
@@ -211,10 +217,12 @@ mod tests {
     fn the_action_runs_the_work_and_succeeds_with_it() {
         let dir = tempfile::tempdir().unwrap();
         let marker = dir.path().join("copied");
+        let checkpoint = dir.path().join("checkpoint");
         let hook = {
             let marker = marker.clone();
-            PostDumpHook::start(move || fs::write(&marker, "x")).unwrap()
+            PostDumpHook::start(&checkpoint, move || fs::write(&marker, "x")).unwrap()
         };
+        assert_eq!(hook.script().parent().unwrap().parent(), Some(dir.path()));
         let script = hook.script();
         assert!(run_action(&hook.script(), "network-lock").0);
         assert!(!marker.exists(), "only the post-dump action runs the work");
@@ -229,19 +237,22 @@ mod tests {
 
     #[test]
     fn failed_work_fails_the_action_and_is_returned() {
-        let hook = PostDumpHook::start(|| Err("no room")).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let hook = PostDumpHook::start(&dir.path().join("c"), || Err("no room")).unwrap();
         assert!(!run_action(&hook.script(), "post-dump").0);
         assert_eq!(hook.finish(), Some(Err("no room")));
     }
 
     #[test]
     fn a_dump_without_the_action_lets_the_thread_go() {
-        let hook = PostDumpHook::<()>::start(|| panic!("never asked")).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let beside = dir.path().join("c");
+        let hook = PostDumpHook::<()>::start(&beside, || panic!("never asked")).unwrap();
         let script = hook.script();
         assert!(hook.finish().is_none());
         assert!(!script.exists());
         // Dropped unfinished, too.
-        let hook = PostDumpHook::<()>::start(|| Ok(())).unwrap();
+        let hook = PostDumpHook::<()>::start(&beside, || Ok(())).unwrap();
         let script = hook.script();
         drop(hook);
         assert!(!script.parent().unwrap().exists());

@@ -23,7 +23,7 @@ fn streamed_dump(criu: &Path, pid: i32, dir: &Path) -> (bool, u64) {
     }
     let capture = Capture::start(&dir.join("images"), 48 << 20).unwrap();
     let drain = capture.drain();
-    let hook = PostDumpHook::start(move || drain.wait()).unwrap();
+    let hook = PostDumpHook::start(&dir.join("images"), move || drain.wait()).unwrap();
     let script = hook.script();
     let pid = pid.to_string();
     let dumped = spawn(
