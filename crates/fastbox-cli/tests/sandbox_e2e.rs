@@ -193,23 +193,36 @@ fn memory_pids_and_disk_limits_hold_inside_the_sandbox() {
     f.finish();
 }
 
-#[test]
-fn a_checkpointed_sandbox_restores_into_a_new_root_and_network_namespace() {
-    skip_unless!(unavailable());
-    let Some(criu_path) = fastbox_testkit::criu_path() else {
+/// The CRIU the checkpoint tests use; `None` (the test skipped, with the reason) without one.
+fn criu_or_skip() -> Option<(std::path::PathBuf, fastbox_runtime::criu::Criu)> {
+    let Some(path) = fastbox_testkit::criu_path() else {
         eprintln!("skipped: no CRIU (run scripts/setup.sh)");
-        return;
+        return None;
     };
-    let criu = fastbox_runtime::criu::Criu::at(&criu_path).expect("CRIU >= 4.2");
-    let f = fixture("d", 4);
+    let criu = fastbox_runtime::criu::Criu::at(&path).expect("CRIU >= 4.2");
+    Some((path, criu))
+}
+
+/// A sandbox in slot 0 with state to carry across a checkpoint: a file in the writable
+/// layer (`/marker`) and a process holding a value in memory only (`while sleep`).
+fn start_with_state(f: &Fixture) -> fastbox_cli::local_sandbox::LocalSandbox {
     let sb = f.start(0, StartOptions::default());
-    // State to carry across: a file in the writable layer and a process holding a value in
-    // memory only.
     let (code, _, _) = Fixture::sh(
         &sb,
         "echo on-disk > /marker; (secret=in-memory-$$; while sleep 1; do :; done) >/dev/null 2>&1 & echo started",
     );
     assert_eq!(code, 0);
+    sb
+}
+
+#[test]
+fn a_checkpointed_sandbox_restores_into_a_new_root_and_network_namespace() {
+    skip_unless!(unavailable());
+    let Some((_, criu)) = criu_or_skip() else {
+        return;
+    };
+    let f = fixture("d", 4);
+    let sb = start_with_state(&f);
     let (_, before, _) = Fixture::sh(
         &sb,
         "ps -o pid,args | grep 'while sleep' | grep -v grep | wc -l",
@@ -245,18 +258,11 @@ fn a_checkpoint_naming_the_network_namespace_as_external_still_restores() {
     // Checkpoints taken before CRIU joined the slot's namespace name it as external
     // (`net[<inode>]:fastbox-net`): paused sandboxes and snapshots of an older fastbox.
     skip_unless!(unavailable());
-    let Some(criu_path) = fastbox_testkit::criu_path() else {
-        eprintln!("skipped: no CRIU (run scripts/setup.sh)");
+    let Some((criu_path, criu)) = criu_or_skip() else {
         return;
     };
-    let criu = fastbox_runtime::criu::Criu::at(&criu_path).expect("CRIU >= 4.2");
     let f = fixture("f", 8);
-    let sb = f.start(0, StartOptions::default());
-    let (code, _, _) = Fixture::sh(
-        &sb,
-        "echo on-disk > /marker; (while sleep 1; do :; done) >/dev/null 2>&1 & echo started",
-    );
-    assert_eq!(code, 0);
+    let sb = start_with_state(&f);
     // A checkpoint as today's (metadata, writable layer), the sandbox left running; then its
     // images replaced by a dump the way fastbox made them before.
     let checkpoint = f.dir.path().join("old-ckpt");
