@@ -7,6 +7,7 @@
 
 pub mod cgroup;
 pub mod checkpoint;
+pub mod confine;
 pub mod criu;
 pub mod criu_stats;
 pub mod execd_binary;
