@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::cgroup::{Cgroup, CgroupError, CgroupRoot};
+use crate::confine::{ConfineError, Dir};
 use crate::init::{HELPER_ARG, InitConfig, InitReport};
 use crate::rootfs::{Rootfs, RootfsError};
 use crate::spec::{EXECD_PORT, EXECD_SANDBOX_PATH, SandboxSpec};
@@ -28,6 +29,14 @@ pub enum SandboxError {
     },
     #[error("sandbox {id}: start failed: {message}")]
     Start { id: String, message: String },
+    /// The sandbox's tree refused a host write (a symlink, a node or a swap where fastbox
+    /// writes): the tree is the tenant's, so this fails closed.
+    #[error("sandbox {id}: {what}: {source}")]
+    Confined {
+        id: String,
+        what: &'static str,
+        source: ConfineError,
+    },
     #[error("sandbox {id}: did not exit within {timeout:?} after SIGKILL")]
     StuckAfterKill { id: String, timeout: Duration },
 }
@@ -214,19 +223,22 @@ fn execd_argv(spec: &SandboxSpec) -> Vec<String> {
 }
 
 /// `/etc/hostname`, `/etc/hosts` and `/etc/resolv.conf` of this sandbox, written into its
-/// writable layer (a symlink in the image is replaced, never followed).
+/// root through the confinement module: `/etc` is resolved inside the root (a symlinked
+/// `/etc` or parent stays in the sandbox), and each file is replaced, never followed or
+/// opened (a symlink, FIFO or device node there is replaced by a regular file).
 fn write_identity(
     root: &Path,
     id: &str,
     hostname: &str,
     resolv_conf: Option<&str>,
 ) -> Result<(), SandboxError> {
-    let etc = root.join("etc");
-    let io_err = |what: String| {
+    let confined = |what: &'static str| {
         let id = id.to_string();
-        move |source| SandboxError::Io { id, what, source }
+        move |source| SandboxError::Confined { id, what, source }
     };
-    fs::create_dir_all(&etc).map_err(io_err(format!("create {}", etc.display())))?;
+    let etc = Dir::open_root(root)
+        .and_then(|root| root.create_dir_all("etc", 0o755))
+        .map_err(confined("open /etc"))?;
     let hosts = format!(
         "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n"
     );
@@ -235,11 +247,8 @@ fn write_identity(
         files.push(("resolv.conf", resolv.to_string()));
     }
     for (name, content) in files {
-        let path = etc.join(name);
-        if path.is_symlink() {
-            fs::remove_file(&path).map_err(io_err(format!("remove {}", path.display())))?;
-        }
-        fs::write(&path, content).map_err(io_err(format!("write {}", path.display())))?;
+        etc.write_file(name, content.as_bytes(), 0o644)
+            .map_err(confined("write the identity files"))?;
     }
     Ok(())
 }
