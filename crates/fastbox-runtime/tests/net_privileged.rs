@@ -5,7 +5,9 @@
 //! host-wide name carries a per-run prefix (`FASTBOX_TEST_PREFIX`, else `fbt` + 4 random
 //! hex digits, plus one letter per test), and a guard purges that prefix even when a test
 //! fails. Traffic stays on this host: loopback, slots, and a test "internet" namespace
-//! wired to the host by its own veth (not a slot), with addresses from a random 10.x/24.
+//! wired to the host by its own veth (not a slot), with addresses from a random 10.x/24
+//! for the links and one from 203.0.113.64/26 (documentation range) for the internet server
+//! that slots reach: private addresses are denied to every sandbox.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
@@ -64,9 +66,10 @@ fn test_prefix(letter: char) -> String {
 }
 
 /// A random `10.x.y.0/24` for the test: slots in the low half, the rest for test links.
+/// Never 10.200.x.y: fastbox-egress's `tests/private_network.rs` routes 10.200.0.1.
 fn test_net() -> [u8; 2] {
     let [a, b] = random_bytes::<2>();
-    [200 + a % 50, b]
+    [201 + a % 49, b]
 }
 
 /// Purges everything carrying the prefix when dropped, also on panic.
@@ -298,6 +301,7 @@ fn slots_are_isolated_and_reach_the_outside_through_nat_and_dns_through_the_forw
         prefix: prefix.clone(),
         pool: format!("10.{n1}.{n2}.0/25").parse().unwrap(),
         dns_port: forwarder.port(),
+        sandbox_reach: Vec::new(),
     };
     let host = HostNetwork::try_new(cfg).unwrap();
     assert_eq!(
@@ -313,7 +317,9 @@ fn slots_are_isolated_and_reach_the_outside_through_nat_and_dns_through_the_forw
     assert!(a.netns_inode().unwrap() != b.netns_inode().unwrap());
 
     // The test "internet": its own netns behind its own veth (not a slot), with no route
-    // back to the pool, so answers only arrive if the host masquerades.
+    // back to the pool, so answers only arrive if the host masquerades. Its server is
+    // reached at a documentation-range address (public to the firewall); its link address
+    // is private.
     let inet_ns = format!("{prefix}_inet");
     let uplink = format!("{prefix}_up");
     let inet_path = netns::create(&inet_ns).unwrap();
@@ -324,22 +330,26 @@ fn slots_are_isolated_and_reach_the_outside_through_nat_and_dns_through_the_forw
     ip(&["link", "set", &uplink, "up"]);
     let [r1, r2] = random_bytes::<2>();
     let link_local = Ipv4Addr::new(169, 254, 1 + r1 % 168, 1 + r2 % 250); // never .169.254
+    let inet = Ipv4Addr::new(203, 0, 113, 65 + r1 % 62);
     for cmd in [
         format!("addr add {}/30 dev up0", net(254)),
         "link set up0 up".into(),
         "link set lo up".into(),
         format!("addr add {link_local}/32 dev lo"),
+        format!("addr add {inet}/32 dev lo"),
     ] {
         let args: Vec<&str> = cmd.split(' ').collect();
         ip(&[&["-n", &inet_ns][..], &args].concat());
     }
-    ip(&[
-        "route",
-        "add",
-        &format!("{link_local}/32"),
-        "via",
-        &net(254).to_string(),
-    ]);
+    for routed in [link_local, inet] {
+        ip(&[
+            "route",
+            "add",
+            &format!("{routed}/32"),
+            "via",
+            &net(254).to_string(),
+        ]);
+    }
     let inet_server = in_netns(&inet_path, || {
         TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap()
     })
@@ -365,14 +375,16 @@ fn slots_are_isolated_and_reach_the_outside_through_nat_and_dns_through_the_forw
         read_all(TcpStream::connect(at(b.address, b_port)).unwrap()),
         b.gateway.to_string()
     );
-    assert_eq!(
-        read_all(TcpStream::connect(at(link_local, inet_port)).unwrap()),
-        net(253).to_string()
-    );
+    for target in [link_local, net(254)] {
+        assert_eq!(
+            read_all(TcpStream::connect(at(target, inet_port)).unwrap()),
+            net(253).to_string()
+        );
+    }
     TcpStream::connect(at(a.gateway, host_port)).unwrap();
 
     // Outside through NAT: the server sees the host's address on its link.
-    let seen = read_all(connect_from(&a.netns_path, at(net(254), inet_port), None).unwrap());
+    let seen = read_all(connect_from(&a.netns_path, at(inet, inet_port), None).unwrap());
     assert_eq!(
         seen,
         net(253).to_string(),
@@ -383,10 +395,7 @@ fn slots_are_isolated_and_reach_the_outside_through_nat_and_dns_through_the_forw
         Command::new("bash")
             .args([
                 "-c",
-                &format!(
-                    "read -r line < /dev/tcp/{}/{inet_port}; echo \"$line\"",
-                    net(254)
-                ),
+                &format!("read -r line < /dev/tcp/{inet}/{inet_port}; echo \"$line\""),
             ])
             .output()
             .unwrap()
@@ -429,6 +438,12 @@ fn slots_are_isolated_and_reach_the_outside_through_nat_and_dns_through_the_forw
         "link-local",
         connect_from(&a.netns_path, at(link_local, inet_port), None),
     );
+    // A private address, routed exactly like the internet server: only the private-range
+    // rule stops it.
+    assert_dropped(
+        "private address",
+        connect_from(&a.netns_path, at(net(254), inet_port), None),
+    );
 
     // Anti-spoofing: A using B's address as source gets nowhere.
     ip(&[
@@ -442,7 +457,7 @@ fn slots_are_isolated_and_reach_the_outside_through_nat_and_dns_through_the_forw
     ]);
     assert_dropped(
         "spoofed source",
-        connect_from(&a.netns_path, at(net(254), inet_port), Some(b.address)),
+        connect_from(&a.netns_path, at(inet, inet_port), Some(b.address)),
     );
     ip(&[
         "-n",
@@ -527,6 +542,7 @@ fn slots_are_created_and_destroyed_quickly_and_leave_nothing_behind() {
         prefix: prefix.clone(),
         pool: format!("10.{n1}.{n2}.0/24").parse().unwrap(),
         dns_port: forwarder.port(),
+        sandbox_reach: Vec::new(),
     };
     // Installing twice replaces the table rather than duplicating it.
     HostNetwork::try_new(cfg.clone()).unwrap();

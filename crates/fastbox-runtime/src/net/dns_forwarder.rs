@@ -17,8 +17,10 @@
 //! not change it) and the name, whether it is forwarded or refused with NXDOMAIN (refused
 //! names never reach an upstream). Before an answer is returned, the hook sees its A records
 //! and TTLs (so egress enforcement can open those addresses first); if it fails, the client
-//! gets SERVFAIL instead of addresses it might not reach. A query whose question cannot be
-//! read as a host name gets FORMERR.
+//! gets SERVFAIL instead of addresses it might not reach. The hook may also withhold an
+//! answer (egress enforcement does for addresses in the fixed private ranges, against DNS
+//! rebinding): the client then gets NOERROR without any record. A query whose question
+//! cannot be read as a host name gets FORMERR.
 
 pub mod message;
 
@@ -52,6 +54,16 @@ pub enum QueryVerdict {
     Refuse,
 }
 
+/// What the hook says about an answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AnswerVerdict {
+    /// Return the answer as the upstream gave it.
+    Pass,
+    /// Return NOERROR with no record at all ("no address for this name"): the answer named
+    /// addresses the client must not be given.
+    Withhold,
+}
+
 /// Why a hook could not take an answer in (the client then gets SERVFAIL).
 pub type DnsHookError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -63,13 +75,14 @@ pub trait DnsHook: Send + Sync {
 
     /// The A records (address, TTL in seconds) of the answer to `client`'s query for `name`,
     /// before the answer is returned to it; called for every forwarded answer, also with no
-    /// records. An error turns the answer into SERVFAIL.
+    /// records. [`AnswerVerdict::Withhold`] empties the answer; an error turns it into
+    /// SERVFAIL.
     fn on_answer(
         &self,
         client: IpAddr,
         name: &str,
         addresses: &[(Ipv4Addr, u32)],
-    ) -> Result<(), DnsHookError>;
+    ) -> Result<AnswerVerdict, DnsHookError>;
 }
 
 /// How to run the forwarder.
@@ -396,7 +409,10 @@ fn respond(
         .map_err(DnsHookError::from)
         .and_then(|addresses| hook.on_answer(client, &question.name, &addresses));
     match learned {
-        Ok(()) => reply,
+        Ok(AnswerVerdict::Pass) => reply,
+        Ok(AnswerVerdict::Withhold) => {
+            message::reply_with_rcode(query, question.end, message::NOERROR)
+        }
         Err(e) => {
             tracing::warn!(%client, name = %question.name, error = %e, "dns answer withheld (servfail)");
             servfail(query)
@@ -560,11 +576,13 @@ mod tests {
     /// One answer a hook saw: client, name, A records.
     type SeenAnswer = (IpAddr, String, Vec<(Ipv4Addr, u32)>);
 
-    /// A name policy that refuses one name, records what it sees, and can fail answers.
+    /// A name policy that refuses one name, records what it sees, and can fail or withhold
+    /// answers.
     #[derive(Default)]
     struct FakeHook {
         refuse: &'static str,
         fail_answers: bool,
+        withhold: &'static str,
         queries: std::sync::Mutex<Vec<(IpAddr, String)>>,
         answers: std::sync::Mutex<Vec<SeenAnswer>>,
     }
@@ -584,7 +602,7 @@ mod tests {
             client: IpAddr,
             name: &str,
             addresses: &[(Ipv4Addr, u32)],
-        ) -> Result<(), DnsHookError> {
+        ) -> Result<AnswerVerdict, DnsHookError> {
             if self.fail_answers {
                 return Err("set is full".into());
             }
@@ -592,7 +610,10 @@ mod tests {
                 .lock()
                 .unwrap()
                 .push((client, name.to_owned(), addresses.to_vec()));
-            Ok(())
+            if name == self.withhold {
+                return Ok(AnswerVerdict::Withhold);
+            }
+            Ok(AnswerVerdict::Pass)
         }
     }
 
@@ -669,6 +690,38 @@ mod tests {
         let r = ask_forwarder_udp(fwd.local_addr(), &query(9, "ok.test")).unwrap();
         assert_eq!(rcode(&r), 2, "SERVFAIL");
         assert_eq!(&r[12..], &query(9, "ok.test")[12..], "no answer records");
+    }
+
+    #[test]
+    fn a_withheld_answer_becomes_noerror_without_records() {
+        let hook = Arc::new(FakeHook {
+            withhold: "rebind.test",
+            ..FakeHook::default()
+        });
+        let fwd = forwarder_with_hook(fake_upstream([10, 200, 0, 1]), hook.clone());
+        let q = query(0x0909, "rebind.test");
+        let r = ask_forwarder_udp(fwd.local_addr(), &q).unwrap();
+        assert_eq!((&r[..2], rcode(&r)), (&q[..2], 0), "NOERROR");
+        assert_eq!(
+            &r[4..12],
+            &[0, 1, 0, 0, 0, 0, 0, 0],
+            "the question, no record"
+        );
+        assert_eq!(&r[12..], &q[12..], "the question is echoed");
+        assert_eq!(message::a_records(&r).unwrap(), []);
+        let mut s = TcpStream::connect(fwd.local_addr()).unwrap();
+        write_framed(&mut s, &q).unwrap();
+        assert_eq!(read_framed(&mut s).unwrap().unwrap(), r);
+        // The hook saw the addresses; other names pass untouched.
+        assert_eq!(
+            hook.answers.lock().unwrap()[0].2,
+            [(Ipv4Addr::new(10, 200, 0, 1), 60)]
+        );
+        let other = query(0x0a0a, "ok.test");
+        assert_eq!(
+            ask_forwarder_udp(fwd.local_addr(), &other).unwrap(),
+            answer(&other, [10, 200, 0, 1])
+        );
     }
 
     #[test]

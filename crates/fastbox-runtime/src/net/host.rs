@@ -107,7 +107,7 @@ impl HostNetwork {
             sys.write_sysctl(IP_FORWARD, "1")?;
         }
         sys.run("nft", &["-f", "-"], Some(&nft::install_script(&cfg)))?;
-        tracing::debug!(prefix = %cfg.prefix, pool = %cfg.pool, dns_port = cfg.dns_port, "host network ready");
+        tracing::debug!(prefix = %cfg.prefix, pool = %cfg.pool, dns_port = cfg.dns_port, sandbox_reach = ?cfg.sandbox_reach, "host network ready");
         Ok(Self { cfg, sys })
     }
 
@@ -436,6 +436,7 @@ mod tests {
             prefix: "fbu".into(),
             pool: "10.66.0.0/24".parse().unwrap(),
             dns_port: 5300,
+            sandbox_reach: Vec::new(),
         }
     }
 

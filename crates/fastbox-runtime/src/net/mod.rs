@@ -4,8 +4,10 @@
 //! `eth0` is one end of a veth pair; the other end stays on the host with the slot's
 //! gateway address. Each slot owns a `/31` of the instance's pool ([`Ipv4Pool`]). One nft
 //! table per instance ([`HostNetwork`]) confines every slot by interface-name wildcard:
-//! no sandbox reaches another, the host (except the DNS forwarder), or link-local
-//! addresses; everything else leaves masqueraded. DNS goes to a [`DnsForwarder`].
+//! no sandbox reaches another, the host (except the DNS forwarder), or the private,
+//! loopback, link-local and other special ranges of [`ranges`] (unless the operator lists
+//! them in [`NetConfig::sandbox_reach`]); everything else leaves masqueraded. DNS goes to a
+//! [`DnsForwarder`].
 //!
 //! Why subprocesses: `ip` and `nft` (text through `nft -f -`) keep this module small and
 //! its effects readable in `ip`/`nft` terms; each costs a few milliseconds. They are
@@ -23,6 +25,7 @@ pub mod names;
 pub mod netns;
 pub mod nft;
 mod pool;
+pub mod ranges;
 pub mod route;
 mod sys;
 
@@ -36,6 +39,7 @@ pub use host::{
 };
 pub use netns::{enter_netns, in_netns, netns_inode};
 pub use pool::{Ipv4Pool, SLOT_PREFIX_LEN, SlotAddresses};
+pub use ranges::{Ipv4Net, PRIVATE_RANGES};
 pub use sys::{NetSys, RealNetSys};
 
 /// An instance's network configuration.
@@ -50,6 +54,11 @@ pub struct NetConfig {
     pub pool: Ipv4Pool,
     /// Port of the running DNS forwarder that the table redirects port 53 to.
     pub dns_port: u16,
+    /// Networks inside [`PRIVATE_RANGES`] that sandboxes may reach after all (the operator's
+    /// `--sandbox-reach`): they lift only that fixed deny, each sandbox's egress policy
+    /// still applies. Empty by default.
+    #[serde(default)]
+    pub sandbox_reach: Vec<Ipv4Net>,
 }
 
 impl NetConfig {
@@ -140,7 +149,13 @@ mod tests {
         let cfg: NetConfig =
             serde_json::from_str(r#"{"prefix":"fb1a2b","dns_port":5353}"#).unwrap();
         assert_eq!(cfg.pool, Ipv4Pool::default());
+        assert!(cfg.sandbox_reach.is_empty());
         assert!(cfg.validate().is_ok());
+        let reach: NetConfig = serde_json::from_str(
+            r#"{"prefix":"fb","dns_port":1,"sandbox_reach":["10.200.0.0/24"]}"#,
+        )
+        .unwrap();
+        assert_eq!(reach.sandbox_reach, ["10.200.0.0/24".parse().unwrap()]);
         assert!(
             serde_json::from_str::<NetConfig>(r#"{"prefix":"fb","dns_port":1,"x":1}"#).is_err()
         );

@@ -6,6 +6,11 @@
 //! `slot_egress` (interface name -> `jump <chain>`), consulted after the fixed denies; the
 //! egress layer adds one chain and one map element per slot.
 //!
+//! The first rule a slot's forwarded packet meets drops it when its destination is in the
+//! interval set `private_ranges` ([`super::ranges::PRIVATE_RANGES`]) and not in the set
+//! `sandbox_reach` (the operator's exceptions): on every packet, not only a connection's
+//! first, so no tracked flow and no policy rule ever reaches those ranges.
+//!
 //! Installing replaces the whole table in one transaction (`add table; delete table;
 //! table { .. }` in a single `nft -f`), so a re-install never opens a window without rules.
 
@@ -13,12 +18,16 @@ use std::fmt::Write as _;
 
 use super::NetConfig;
 use super::names::slot_ifname_glob;
+use super::ranges::{Ipv4Net, PRIVATE_RANGES};
 
 /// Name of the verdict map keyed by slot interface name (the per-slot egress hook).
 pub const SLOT_EGRESS_MAP: &str = "slot_egress";
 
-/// Link-local addresses (cloud metadata services live at 169.254.169.254).
-pub const LINK_LOCAL: &str = "169.254.0.0/16";
+/// Name of the interval set of [`PRIVATE_RANGES`].
+pub const PRIVATE_SET: &str = "private_ranges";
+
+/// Name of the interval set of the operator's exceptions ([`NetConfig::sandbox_reach`]).
+pub const REACH_SET: &str = "sandbox_reach";
 
 /// `nft -f` input that atomically (re)creates the instance table.
 pub fn install_script(cfg: &NetConfig) -> String {
@@ -43,12 +52,30 @@ pub fn table_text(cfg: &NetConfig) -> String {
     let slots = slot_ifname_glob(&cfg.prefix);
     let pool = cfg.pool;
     let dns = cfg.dns_port;
+    let private = elements(&PRIVATE_RANGES);
+    let reach = elements(&cfg.sandbox_reach);
     format!(
         r#"table inet {table} {{
 	# Per-slot egress policy: slot interface -> jump to that slot's chain.
 	# Filled by the egress layer; consulted after the fixed denies.
 	map {SLOT_EGRESS_MAP} {{
 		type ifname : verdict
+	}}
+
+	# Private, shared (CGNAT), loopback, link-local, multicast and reserved networks: no
+	# sandbox reaches them, whatever its policy ...
+	set {PRIVATE_SET} {{
+		type ipv4_addr
+		flags interval
+		{private}
+	}}
+
+	# ... except those the operator lists (--sandbox-reach), where the policy decides.
+	set {REACH_SET} {{
+		type ipv4_addr
+		flags interval
+		auto-merge
+		{reach}
 	}}
 
 	# Before anything else: slots speak IPv4 only, and only from their own address
@@ -88,12 +115,13 @@ pub fn table_text(cfg: &NetConfig) -> String {
 		oifname "{slots}" drop
 	}}
 
-	# Sandbox -> elsewhere: established first, fixed denies that no policy overrides,
-	# then the slot's egress policy, then accept (NAT below).
+	# Sandbox -> elsewhere: the private ranges on every packet, then established, the
+	# other fixed denies that no policy overrides, the slot's egress policy, accept (NAT
+	# below).
 	chain slot_forward {{
+		ip daddr @{PRIVATE_SET} ip daddr != @{REACH_SET} drop
 		ct state established,related accept
 		oifname "{slots}" drop
-		ip daddr {LINK_LOCAL} drop
 		fib daddr type {{ local, broadcast, multicast }} drop
 		meta nfproto ipv6 drop
 		# DNS over TLS: names are resolved through the forwarder, whatever the policy.
@@ -111,6 +139,15 @@ pub fn table_text(cfg: &NetConfig) -> String {
     )
 }
 
+/// The `elements = { .. }` line of an interval set; empty for no networks (an empty set).
+fn elements(nets: &[Ipv4Net]) -> String {
+    if nets.is_empty() {
+        return String::new();
+    }
+    let list: Vec<String> = nets.iter().map(Ipv4Net::to_string).collect();
+    format!("elements = {{ {} }}", list.join(", "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,7 +157,20 @@ mod tests {
             prefix: "fbx1".into(),
             pool: "10.77.0.0/24".parse().unwrap(),
             dns_port: 40053,
+            sandbox_reach: Vec::new(),
         }
+    }
+
+    /// The body of chain `name` in `t`.
+    fn chain<'a>(t: &'a str, name: &str) -> &'a str {
+        let from = &t[t.find(&format!("chain {name} ")).unwrap()..];
+        &from[..from.find("\n\t}").unwrap()]
+    }
+
+    /// The body of set `name` in `t`.
+    fn set<'a>(t: &'a str, name: &str) -> &'a str {
+        let from = &t[t.find(&format!("set {name} ")).unwrap()..];
+        &from[..from.find("\n\t}").unwrap()]
     }
 
     #[test]
@@ -140,7 +190,7 @@ mod tests {
         ));
         assert!(t.contains("ip saddr 10.77.0.0/24 oifname != \"fbx1-*\" masquerade"));
         assert!(t.contains("th dport 40053 ct status dnat accept"));
-        assert!(t.contains("ip daddr 169.254.0.0/16 drop"));
+        assert!(t.contains("ip daddr @private_ranges ip daddr != @sandbox_reach drop"));
         assert!(t.contains("iifname vmap @slot_egress"));
         assert!(!t.contains("fbx1_"), "non-slot names must not be matched");
     }
@@ -154,19 +204,63 @@ mod tests {
                 .find(needle)
                 .unwrap_or_else(|| panic!("{needle} missing"))
         };
+        // The private ranges come first of all, before established flows are accepted.
+        assert!(
+            pos("ip daddr @private_ranges ip daddr != @sandbox_reach drop")
+                < pos("ct state established,related accept")
+        );
         assert!(pos("ct state established,related accept") < pos("oifname \"fbx1-*\" drop"));
         assert!(pos("oifname \"fbx1-*\" drop") < pos("vmap @slot_egress"));
-        assert!(pos("169.254.0.0/16 drop") < pos("vmap @slot_egress"));
+        assert!(pos("@private_ranges") < pos("vmap @slot_egress"));
         assert!(pos("fib daddr type") < pos("vmap @slot_egress"));
         assert!(pos("th dport 853 drop") < pos("vmap @slot_egress"));
         assert!(pos("vmap @slot_egress") < pos("\t\taccept\n"));
     }
 
     #[test]
+    fn the_private_set_holds_every_fixed_range_whatever_the_reach() {
+        for reach in [vec![], vec!["10.200.0.0/24".parse().unwrap()]] {
+            let t = table_text(&NetConfig {
+                sandbox_reach: reach,
+                ..cfg()
+            });
+            let private = set(&t, "private_ranges");
+            assert!(private.contains("flags interval"), "{private}");
+            assert!(
+                private.contains(
+                    "elements = { 0.0.0.0/8, 10.0.0.0/8, 100.64.0.0/10, 127.0.0.0/8, \
+                     169.254.0.0/16, 172.16.0.0/12, 192.168.0.0/16, 224.0.0.0/4, 240.0.0.0/4 }"
+                ),
+                "{private}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_reach_set_is_empty_by_default_and_lists_the_operators_networks() {
+        let t = table_text(&cfg());
+        let reach = set(&t, "sandbox_reach");
+        assert!(reach.contains("flags interval") && reach.contains("auto-merge"));
+        assert!(!reach.contains("elements"), "{reach}");
+        let t = table_text(&NetConfig {
+            sandbox_reach: vec![
+                "10.200.0.0/24".parse().unwrap(),
+                "169.254.169.254".parse().unwrap(),
+            ],
+            ..cfg()
+        });
+        assert!(
+            set(&t, "sandbox_reach").contains("elements = { 10.200.0.0/24, 169.254.169.254/32 }"),
+            "{t}"
+        );
+        // Reach lifts only the private-range rule: it appears nowhere else.
+        assert_eq!(t.matches("@sandbox_reach").count(), 1);
+        assert!(!chain(&t, "slot_forward").contains("10.200.0.0"));
+    }
+    #[test]
     fn slot_input_ends_in_drop() {
         let t = table_text(&cfg());
-        let chain = &t[t.find("chain slot_input").unwrap()..];
-        let body = &chain[..chain.find("\n\t}").unwrap()];
+        let body = chain(&t, "slot_input");
         assert_eq!(body.trim_end().lines().last().unwrap().trim(), "drop");
     }
 }

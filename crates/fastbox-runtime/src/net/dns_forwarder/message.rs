@@ -9,6 +9,8 @@ use std::net::Ipv4Addr;
 
 /// Length of the header.
 pub const HEADER_LEN: usize = 12;
+/// RCODE: no error.
+pub const NOERROR: u8 = 0;
 /// RCODE: format error.
 pub const FORMERR: u8 = 1;
 /// RCODE: no such name.
