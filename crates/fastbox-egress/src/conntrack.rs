@@ -5,6 +5,10 @@
 //! the slot's entries (original source = the slot's address) and deletes those to
 //! destinations the new policy denies. A deleted TCP entry turns the connection's next
 //! packet into a new one, which the slot's chain then drops.
+//!
+//! Entries outlive the slot's veth (an established TCP entry lives for days), so a released
+//! slot's entries are all deleted ([`forget_address`]): the next sandbox given the address
+//! must not inherit a flow that skips its policy.
 
 use std::net::Ipv4Addr;
 
@@ -59,7 +63,22 @@ pub fn delete(sys: &dyn NetSys, src: Ipv4Addr, dst: Ipv4Addr) -> Result<(), Conn
         "-d",
         &dst.to_string(),
     ];
-    match run(sys, &args) {
+    delete_matching(sys, &args)
+}
+
+/// Deletes every IPv4 entry whose original source or original destination is `addr`: the
+/// flows a slot's sandbox opened (outbound, and DNS redirected to the forwarder) and those
+/// opened to it (the node proxy's). None to delete is not an error.
+pub fn forget_address(sys: &dyn NetSys, addr: Ipv4Addr) -> Result<(), ConntrackError> {
+    let addr = addr.to_string();
+    for direction in ["-s", "-d"] {
+        delete_matching(sys, &["-D", "-f", "ipv4", direction, &addr])?;
+    }
+    Ok(())
+}
+
+fn delete_matching(sys: &dyn NetSys, args: &[&str]) -> Result<(), ConntrackError> {
+    match run(sys, args) {
         // conntrack exits 1 when it deleted nothing (the connection ended meanwhile).
         Err(ConntrackError::Command(NetError::Command { stderr, .. }))
             if stderr.contains("0 flow entries have been deleted") =>

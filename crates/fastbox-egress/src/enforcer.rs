@@ -3,9 +3,16 @@
 //!
 //! One enforcer per instance. The node agent creates it before the DNS forwarder (it is
 //! the forwarder's [`DnsHook`]) and calls [`EgressEnforcer::apply`] for every slot before
-//! the sandbox in it may run (create, claim, policy change), and
-//! [`EgressEnforcer::remove`] when the slot is destroyed. A slot is keyed by its address,
-//! which is also the source address of the sandbox's DNS queries.
+//! the sandbox in it may run (create, claim, policy change), [`EgressEnforcer::remove`]
+//! when the slot is destroyed, and [`EgressEnforcer::forget_connections`] once it is gone.
+//! A slot is keyed by its address, which is also the source address of the sandbox's DNS
+//! queries.
+//!
+//! DNS answers naming an address in the fixed private ranges
+//! ([`fastbox_runtime::net::PRIVATE_RANGES`]) outside the operator's `sandbox_reach`
+//! ([`EgressEnforcer::with_reach`]) are withheld whole and teach the learned set nothing:
+//! an allowed name cannot open what the instance table never lets through (DNS
+//! rebinding).
 //!
 //! Fail closed: every error is returned. After an error from `apply` the slot's previous
 //! state (no policy, or the previous one) is either fully in force or, when only cutting
@@ -18,8 +25,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Instant;
 
-use fastbox_runtime::net::dns_forwarder::{DnsHook, DnsHookError, QueryVerdict};
-use fastbox_runtime::net::{NetError, NetSlot, NetSys, RealNetSys, names};
+use fastbox_runtime::net::dns_forwarder::{AnswerVerdict, DnsHook, DnsHookError, QueryVerdict};
+use fastbox_runtime::net::{Ipv4Net, NetError, NetSlot, NetSys, RealNetSys, names, ranges};
 
 use crate::conntrack::{self, ConntrackError, Flow};
 use crate::learned::LearnedAddresses;
@@ -123,6 +130,9 @@ pub struct EgressEnforcer {
     table: String,
     sys: Arc<dyn NetSys>,
     slots: RwLock<Slots>,
+    /// The operator's exceptions to the fixed private ranges (the instance table's
+    /// `sandbox_reach`).
+    reach: Vec<Ipv4Net>,
 }
 
 /// Registered slots by address.
@@ -150,6 +160,7 @@ impl std::fmt::Debug for EgressEnforcer {
         f.debug_struct("EgressEnforcer")
             .field("table", &self.table)
             .field("slots", &read(&self.slots).len())
+            .field("reach", &self.reach)
             .finish()
     }
 }
@@ -171,7 +182,21 @@ impl EgressEnforcer {
             table: prefix.to_owned(),
             sys,
             slots: RwLock::new(HashMap::new()),
+            reach: Vec::new(),
         })
+    }
+
+    /// The same enforcer for an instance whose sandboxes may reach `reach` inside the fixed
+    /// private ranges: the `sandbox_reach` of the instance's `NetConfig`, which must be the
+    /// same (DNS answers naming those networks pass and are learned).
+    pub fn with_reach(mut self, reach: Vec<Ipv4Net>) -> Self {
+        self.reach = reach;
+        self
+    }
+
+    /// The networks inside the fixed private ranges that sandboxes may reach after all.
+    pub fn reach(&self) -> &[Ipv4Net] {
+        &self.reach
     }
 
     /// Installs `policy` on `slot`, or replaces its policy, in one nft transaction; then cuts
@@ -241,6 +266,22 @@ impl EgressEnforcer {
             self.nft(&slot.ifname, &nft::remove_script(&self.table, &slot.ifname))?;
         }
         tracing::debug!(slot = %slot.ifname, "egress policy removed");
+        Ok(())
+    }
+
+    /// Deletes every connection tracking entry from or to the slot's address. For a slot
+    /// being released, after [`EgressEnforcer::remove`] and once its veth is gone (no new
+    /// flow of the address can start then): tracked flows outlive the veth, and an
+    /// established one passes the instance table without meeting any policy, so the next
+    /// sandbox given the address would inherit it.
+    pub fn forget_connections(&self, slot: &SlotRef) -> Result<(), EgressError> {
+        conntrack::forget_address(self.sys.as_ref(), slot.address).map_err(|source| {
+            EgressError::Conntrack {
+                ifname: slot.ifname.clone(),
+                source,
+            }
+        })?;
+        tracing::debug!(slot = %slot.ifname, address = %slot.address, "tracked connections forgotten");
         Ok(())
     }
 
@@ -316,7 +357,7 @@ impl EgressEnforcer {
         let denied: BTreeSet<Ipv4Addr> = conntrack::flows_from(self.sys.as_ref(), slot.address)
             .map_err(conntrack_err)?
             .into_iter()
-            .filter(|flow| !flow_allowed(policy, &state.learned, now, flow))
+            .filter(|flow| !flow_allowed(policy, &state.learned, &self.reach, now, flow))
             .map(|flow| flow.dst)
             .collect();
         for dst in &denied {
@@ -338,16 +379,19 @@ impl EgressEnforcer {
 }
 
 /// Whether a tracked connection may live on under `policy`: DNS is the forwarder's
-/// business, DNS over TLS never passes, the rest as a new connection would be decided.
+/// business, DNS over TLS and the fixed private ranges outside `reach` never pass, the rest
+/// as a new connection would be decided.
 fn flow_allowed(
     policy: &EgressPolicy,
     learned: &LearnedAddresses,
+    reach: &[Ipv4Net],
     now: Instant,
     flow: &Flow,
 ) -> bool {
     match flow.dport {
         Some(DNS_PORT) => true,
         Some(nft::DOT_PORT) if flow.proto == "tcp" || flow.proto == "udp" => false,
+        _ if ranges::is_denied(flow.dst, reach) => false,
         _ => policy.allows_connection(flow.dst, learned.contains(now, flow.dst)),
     }
 }
@@ -372,7 +416,7 @@ impl DnsHook for EgressEnforcer {
         client: IpAddr,
         name: &str,
         addresses: &[(Ipv4Addr, u32)],
-    ) -> Result<(), DnsHookError> {
+    ) -> Result<AnswerVerdict, DnsHookError> {
         let not_allowed = || EgressError::AnswerNotAllowed {
             client,
             name: name.to_owned(),
@@ -386,6 +430,18 @@ impl DnsHook for EgressEnforcer {
         if !allowed {
             return Err(not_allowed().into());
         }
+        // DNS rebinding: an allowed name answered with an address the table never lets
+        // through. The whole answer is withheld (a public address beside a private one is
+        // the classic rebinding answer) and nothing of it is learned.
+        let private: Vec<Ipv4Addr> = addresses
+            .iter()
+            .map(|(addr, _)| *addr)
+            .filter(|addr| ranges::is_denied(*addr, &self.reach))
+            .collect();
+        if !private.is_empty() {
+            tracing::info!(slot = %entry.ifname, %name, addresses = ?private, "dns answer withheld: it names private addresses");
+            return Ok(AnswerVerdict::Withhold);
+        }
         let now = Instant::now();
         let writes = state
             .learned
@@ -396,14 +452,14 @@ impl DnsHook for EgressEnforcer {
             })?;
         if !state.installed {
             // Allow-all: no set to write; the addresses are remembered for a later policy.
-            return Ok(());
+            return Ok(AnswerVerdict::Pass);
         }
         let script = nft::learn_script(&self.table, &entry.ifname, &writes);
         if let Err(e) = self.nft(&entry.ifname, &script) {
             state.learned.unwritten(now, &writes);
             return Err(e.into());
         }
-        Ok(())
+        Ok(AnswerVerdict::Pass)
     }
 }
 
@@ -421,8 +477,243 @@ fn write(slots: &RwLock<Slots>) -> std::sync::RwLockWriteGuard<'_, Slots> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
     use crate::policy::Rule;
+
+    /// Records every command; every command succeeds (conntrack deletes nothing).
+    #[derive(Default)]
+    struct RecordingSys {
+        calls: Mutex<Vec<String>>,
+    }
+
+    impl RecordingSys {
+        fn calls(&self) -> Vec<String> {
+            self.calls.lock().unwrap().clone()
+        }
+    }
+
+    impl NetSys for RecordingSys {
+        fn run(
+            &self,
+            program: &str,
+            args: &[&str],
+            stdin: Option<&str>,
+        ) -> Result<String, NetError> {
+            let mut call = format!("{program} {}", args.join(" "));
+            if let Some(input) = stdin {
+                call = format!("{call} <<{input}");
+            }
+            self.calls.lock().unwrap().push(call);
+            Ok(String::new())
+        }
+        fn create_netns(&self, _: &str) -> Result<PathBuf, NetError> {
+            unimplemented!()
+        }
+        fn remove_netns(&self, _: &str) -> Result<(), NetError> {
+            unimplemented!()
+        }
+        fn netns_exists(&self, _: &str) -> bool {
+            false
+        }
+        fn link_exists(&self, _: &str) -> bool {
+            false
+        }
+        fn list_netns(&self) -> Result<Vec<String>, NetError> {
+            Ok(Vec::new())
+        }
+        fn list_links(&self) -> Result<Vec<String>, NetError> {
+            Ok(Vec::new())
+        }
+        fn write_sysctl(&self, _: &str, _: &str) -> Result<(), NetError> {
+            Ok(())
+        }
+        fn read_sysctl(&self, _: &str) -> Result<String, NetError> {
+            Ok(String::new())
+        }
+    }
+
+    fn enforcer(reach: &[&str]) -> (Arc<RecordingSys>, EgressEnforcer, SlotRef) {
+        let sys = Arc::new(RecordingSys::default());
+        let reach = reach.iter().map(|r| r.parse().unwrap()).collect();
+        let enforcer = EgressEnforcer::with_sys("fbu", sys.clone())
+            .unwrap()
+            .with_reach(reach);
+        let slot = SlotRef {
+            ifname: "fbu-3".into(),
+            address: Ipv4Addr::new(10, 66, 0, 7),
+        };
+        (sys, enforcer, slot)
+    }
+
+    fn learn_calls(sys: &RecordingSys) -> Vec<String> {
+        sys.calls()
+            .into_iter()
+            .filter(|c| c.contains("add element inet fbu learned_fbu-3"))
+            .collect()
+    }
+
+    #[test]
+    fn answers_naming_private_addresses_are_withheld_and_teach_nothing() {
+        let (sys, enforcer, slot) = enforcer(&[]);
+        let policy = EgressPolicy::from_pairs(
+            Action::Deny,
+            &[("allow", "rebind.test"), ("allow", "ok.test")],
+        )
+        .unwrap();
+        enforcer.apply_to_new(&slot, &policy).unwrap();
+        let client = IpAddr::from(slot.address);
+        let public = (Ipv4Addr::new(198, 51, 100, 7), 300);
+        for private in [
+            [10, 200, 0, 1],
+            [172, 16, 0, 1],
+            [192, 168, 1, 1],
+            [100, 64, 0, 1],
+            [169, 254, 169, 254],
+            [127, 0, 0, 1],
+            [0, 0, 0, 0],
+            [224, 0, 0, 1],
+            [255, 255, 255, 255],
+        ] {
+            let private = (Ipv4Addr::from(private), 300);
+            for answer in [vec![private], vec![public, private]] {
+                assert_eq!(
+                    enforcer.on_answer(client, "rebind.test", &answer).unwrap(),
+                    AnswerVerdict::Withhold,
+                    "{answer:?}"
+                );
+            }
+        }
+        assert!(learn_calls(&sys).is_empty(), "{:#?}", sys.calls());
+        assert_eq!(
+            enforcer.on_answer(client, "ok.test", &[public]).unwrap(),
+            AnswerVerdict::Pass
+        );
+        assert_eq!(learn_calls(&sys).len(), 1, "{:#?}", sys.calls());
+        assert!(learn_calls(&sys)[0].contains("198.51.100.7 timeout"));
+        // A name the policy does not allow is still an error (SERVFAIL), private or not.
+        assert!(
+            enforcer
+                .on_answer(client, "other.test", &[(Ipv4Addr::new(10, 0, 0, 1), 60)])
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn answers_inside_the_operators_reach_are_learned() {
+        let (sys, enforcer, slot) = enforcer(&["10.200.0.0/24"]);
+        let policy = EgressPolicy::from_pairs(Action::Deny, &[("allow", "db.test")]).unwrap();
+        enforcer.apply_to_new(&slot, &policy).unwrap();
+        let client = IpAddr::from(slot.address);
+        let inside = (Ipv4Addr::new(10, 200, 0, 1), 60);
+        assert_eq!(
+            enforcer.on_answer(client, "db.test", &[inside]).unwrap(),
+            AnswerVerdict::Pass
+        );
+        assert!(learn_calls(&sys)[0].contains("10.200.0.1 timeout"));
+        let outside = (Ipv4Addr::new(10, 200, 1, 1), 60);
+        assert_eq!(
+            enforcer.on_answer(client, "db.test", &[outside]).unwrap(),
+            AnswerVerdict::Withhold
+        );
+    }
+
+    #[test]
+    fn allow_all_slots_are_filtered_too() {
+        let (_sys, enforcer, slot) = enforcer(&[]);
+        enforcer
+            .apply_to_new(&slot, &EgressPolicy::allow_all())
+            .unwrap();
+        let client = IpAddr::from(slot.address);
+        assert_eq!(
+            enforcer
+                .on_answer(client, "any.test", &[(Ipv4Addr::new(192, 168, 0, 10), 60)])
+                .unwrap(),
+            AnswerVerdict::Withhold
+        );
+        assert_eq!(
+            enforcer
+                .on_answer(client, "any.test", &[(Ipv4Addr::new(203, 0, 113, 10), 60)])
+                .unwrap(),
+            AnswerVerdict::Pass
+        );
+    }
+
+    #[test]
+    fn forgetting_connections_deletes_both_directions_of_the_address() {
+        let (sys, enforcer, slot) = enforcer(&[]);
+        enforcer.forget_connections(&slot).unwrap();
+        let calls = sys.calls();
+        assert_eq!(
+            &calls[calls.len() - 2..],
+            [
+                "conntrack -D -f ipv4 -s 10.66.0.7",
+                "conntrack -D -f ipv4 -d 10.66.0.7"
+            ]
+        );
+    }
+
+    #[test]
+    fn tracked_flows_to_private_ranges_never_live_on_unless_reached() {
+        let now = Instant::now();
+        let learned = LearnedAddresses::default();
+        let open = EgressPolicy::allow_all();
+        let explicit = EgressPolicy::try_new(
+            Action::Deny,
+            vec![Rule::parse(0, "allow", "10.200.0.1").unwrap()],
+        )
+        .unwrap();
+        let reach: Vec<Ipv4Net> = vec!["10.200.0.0/24".parse().unwrap()];
+        let to = |dst| flow("tcp", dst, Some(80));
+        for policy in [&open, &explicit] {
+            assert!(!flow_allowed(
+                policy,
+                &learned,
+                &[],
+                now,
+                &to([10, 200, 0, 1])
+            ));
+            assert!(flow_allowed(
+                policy,
+                &learned,
+                &reach,
+                now,
+                &to([10, 200, 0, 1])
+            ));
+        }
+        assert!(!flow_allowed(
+            &open,
+            &learned,
+            &reach,
+            now,
+            &to([10, 200, 1, 1])
+        ));
+        assert!(!flow_allowed(
+            &open,
+            &learned,
+            &[],
+            now,
+            &to([169, 254, 169, 254])
+        ));
+        // Reach lifts the fixed deny only: the policy still decides.
+        let deny = EgressPolicy::deny_all();
+        assert!(!flow_allowed(
+            &deny,
+            &learned,
+            &reach,
+            now,
+            &to([10, 200, 0, 1])
+        ));
+        // DNS to a private resolver is redirected to the forwarder: not a flow to cut.
+        assert!(flow_allowed(
+            &open,
+            &learned,
+            &[],
+            now,
+            &flow("udp", [10, 0, 0, 53], Some(53))
+        ));
+    }
 
     fn flow(proto: &str, dst: [u8; 4], dport: Option<u16>) -> Flow {
         Flow {
@@ -447,7 +738,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let allowed = |f: &Flow| flow_allowed(&policy, &learned, now, f);
+        let allowed = |f: &Flow| flow_allowed(&policy, &learned, &[], now, f);
         assert!(allowed(&flow("tcp", [192, 0, 2, 1], Some(443))), "learned");
         assert!(
             allowed(&flow("tcp", [198, 51, 100, 9], Some(22))),
@@ -468,12 +759,14 @@ mod tests {
         assert!(flow_allowed(
             &open,
             &learned,
+            &[],
             now,
             &flow("tcp", [203, 0, 113, 1], Some(80))
         ));
         assert!(!flow_allowed(
             &open,
             &learned,
+            &[],
             now,
             &flow("tcp", [203, 0, 113, 1], Some(853))
         ));

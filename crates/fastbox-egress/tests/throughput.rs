@@ -11,7 +11,8 @@
 //! ```
 //!
 //! Privileged (root, `ip`, `nft`, `conntrack`). Prefix tag `3` (see
-//! `fastbox_testkit::run_prefix`), addresses 10.219.51.0/24 (the lab's `10.219.<tag byte>`).
+//! `fastbox_testkit::run_prefix`), slots in 10.219.51.0/25 (the lab's `10.219.<tag byte>`),
+//! the sink in 198.51.100.128/26 (`testkit::hosts_block`).
 
 mod common;
 

@@ -29,6 +29,12 @@ impl Zone {
         self
     }
 
+    /// This zone with every record of `other` too (`other`'s win for a name in both).
+    pub fn merged(mut self, other: Zone) -> Self {
+        self.records.extend(other.records);
+        self
+    }
+
     /// The answer to `query`: A records for a known name (none for other types), NXDOMAIN
     /// for an unknown one; `None` for a query that cannot be read.
     pub fn answer(&self, query: &[u8]) -> Option<Vec<u8>> {

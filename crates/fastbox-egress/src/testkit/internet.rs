@@ -1,19 +1,27 @@
 //! The test "internet": a network namespace routed from the host that plays the outside
 //! world, with a DNS server and echo servers on many addresses.
 //!
-//! Layout, inside a test's own `10.a.b.0/24` (slots use the lower half):
-//! - `10.a.b.252/30` is the uplink: `{prefix}_up` on the host (`.253`), `up0` in the
-//!   namespace `{prefix}_inet` (`.254`);
-//! - `10.a.b.128/26` are the internet's hosts ([`TestInternet::host`]): a `local` route on
-//!   the namespace's `lo` makes every address of it answer, and the host routes it through
-//!   the uplink;
+//! Layout:
+//! - `10.a.b.252/30`, inside a test's own `10.a.b.0/24` (slots use the lower half), is the
+//!   uplink: `{prefix}_up` on the host (`.253`), `up0` in the namespace `{prefix}_inet`
+//!   (`.254`);
+//! - the internet's hosts ([`TestInternet::host`]) are a `/26` of the documentation ranges
+//!   (RFC 5737: 198.51.100.0/24, 203.0.113.0/24), one per test suite ([`hosts_block`]):
+//!   sandboxes never reach the private ranges, so "the internet" must lie outside them. A
+//!   `local` route on the namespace's `lo` makes every address of the block answer, and
+//!   the host routes the block through the uplink;
+//! - [`TestInternet::add_host`] gives the namespace more addresses (private ones, for tests
+//!   of the fixed denies), each routed from the host the same way;
 //! - the DNS server ([`TestDnsServer`]) listens on `host(1):53`, UDP and TCP;
-//! - echo servers ([`EchoServer`]) listen on every host address, on [`ECHO_PORTS`].
+//! - echo servers ([`EchoServer`]) listen on every address of the namespace, on
+//!   [`ECHO_PORTS`].
 //!
-//! The internet has no route back to the slots: replies only arrive when the host
-//! masquerades, as for real destinations. Both names carry the test's prefix, so a purge of
-//! the prefix (`HostNetwork::purge`) removes them too; dropping the [`TestInternet`] removes
-//! them itself.
+//! Every address of the internet lives in the namespace: a connection the firewall failed
+//! to stop ends there, never on the machine's real network. The internet has no route back
+//! to the slots: replies only arrive when the host masquerades, as for real destinations.
+//! Both names carry the test's prefix, so a purge of the prefix (`HostNetwork::purge`)
+//! removes them too (and the host's routes through the uplink with it); dropping the
+//! [`TestInternet`] removes them itself.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
@@ -31,6 +39,32 @@ pub const ECHO_PORTS: [u16; 2] = [80, 853];
 /// Name of the interface in the namespace.
 const INNER_IF: &str = "up0";
 
+/// The documentation-range `/26` of the internet's hosts of test suite `tag` (the suite's
+/// prefix tag, see `fastbox_testkit::run_prefix`), so suites running at once never route
+/// the same addresses. Panics for a suite without a block: add it here.
+///
+/// | tag | suite | hosts |
+/// |---|---|---|
+/// | `0` | fastbox-egress `tests/enforcement.rs` | 198.51.100.0/26 |
+/// | `f` | fastbox-egress `tests/egress_matrix.rs` | 198.51.100.64/26 |
+/// | `3` | fastbox-egress `tests/throughput.rs` | 198.51.100.128/26 |
+/// | `1` | fastbox-egress `tests/private_network.rs` | 198.51.100.192/26 |
+/// | `m` | fastbox-cli `tests/egress_e2e.rs` | 203.0.113.0/26 |
+///
+/// Taken without this function: 203.0.113.64/26 (fastbox-runtime `tests/net_privileged.rs`)
+/// and 203.0.113.192/26 (node addresses in `tests/private_network.rs`). 192.0.2.0/24 is
+/// left alone: some machines (this project's CI among them) use it for their real network.
+pub fn hosts_block(tag: char) -> Ipv4Addr {
+    match tag {
+        '0' => Ipv4Addr::new(198, 51, 100, 0),
+        'f' => Ipv4Addr::new(198, 51, 100, 64),
+        '3' => Ipv4Addr::new(198, 51, 100, 128),
+        '1' => Ipv4Addr::new(198, 51, 100, 192),
+        'm' => Ipv4Addr::new(203, 0, 113, 0),
+        other => panic!("test suite {other:?} has no test internet block (testkit::hosts_block)"),
+    }
+}
+
 /// What failed while building the internet.
 #[derive(Debug, thiserror::Error)]
 pub enum InternetError {
@@ -46,6 +80,7 @@ pub enum InternetError {
 /// the uplink.
 pub struct TestInternet {
     net: [u8; 3],
+    hosts: Ipv4Addr,
     ns_name: String,
     uplink: String,
     netns_path: PathBuf,
@@ -58,11 +93,24 @@ struct Servers {
 }
 
 impl TestInternet {
-    /// Builds the internet for a test whose names start with `prefix` (an instance prefix)
-    /// and whose addresses are `net.0/24` (`net` = the first three octets), serving `zone`.
-    pub fn start(prefix: &str, net: [u8; 3], zone: Zone) -> Result<Self, InternetError> {
+    /// Builds the internet for a test whose names start with `prefix` (an instance prefix),
+    /// whose own addresses are `net.0/24` (`net` = the first three octets; the uplink takes
+    /// `.252/30`) and whose internet hosts are the `/26` at `hosts` ([`hosts_block`]),
+    /// serving `zone`.
+    pub fn start(
+        prefix: &str,
+        net: [u8; 3],
+        hosts: Ipv4Addr,
+        zone: Zone,
+    ) -> Result<Self, InternetError> {
+        assert_eq!(
+            u32::from(hosts) & 63,
+            0,
+            "the hosts block {hosts} is not a /26"
+        );
         let mut internet = Self {
             net,
+            hosts,
             ns_name: format!("{prefix}_inet"),
             uplink: format!("{prefix}_up"),
             netns_path: PathBuf::new(),
@@ -79,7 +127,8 @@ impl TestInternet {
         self.netns_path = netns::create(&self.ns_name)?;
         let (ns, up) = (&self.ns_name, &self.uplink);
         let (host_side, inner_side) = (self.addr(253), self.addr(254));
-        let hosts = format!("{}/26", self.addr(128));
+        let hosts = format!("{}/26", self.hosts);
+        unrouted(&hosts)?;
         sys.run(
             "ip",
             &["-batch", "-"],
@@ -133,15 +182,48 @@ impl TestInternet {
         Ok(Servers { dns, _echo: echo })
     }
 
-    /// Internet host `n` (1..=62): `10.a.b.(128 + n)`.
+    /// Internet host `n` (1..=62): the `n`-th address of the hosts block.
     pub fn host(&self, n: u8) -> Ipv4Addr {
         assert!((1..=62).contains(&n), "internet hosts are 1..=62, not {n}");
-        self.addr(128 + n)
+        Ipv4Addr::from(u32::from(self.hosts) + u32::from(n))
     }
 
-    /// The network `10.a.b.(128 + first)/len`, for CIDR rules.
+    /// The network starting at host `first` with prefix length `len`, for CIDR rules.
     pub fn network(&self, first: u8, len: u8) -> String {
-        format!("{}/{len}", self.addr(128 + first))
+        format!(
+            "{}/{len}",
+            Ipv4Addr::from(u32::from(self.hosts) + u32::from(first))
+        )
+    }
+
+    /// Gives the internet one more address, `addr` (e.g. a private one, to prove the fixed
+    /// denies stop it): on the namespace's `lo`, so its echo servers answer there, and
+    /// routed from the host through the uplink. The host must have no route of its own
+    /// covering `addr` (checked: a test must not shadow the machine's real network). Gone
+    /// with the internet.
+    pub fn add_host(&self, addr: Ipv4Addr) -> Result<(), InternetError> {
+        let sys = RealNetSys;
+        let host = format!("{addr}/32");
+        unrouted(&host)?;
+        sys.run(
+            "ip",
+            &["-netns", &self.ns_name, "addr", "add", &host, "dev", "lo"],
+            None,
+        )?;
+        sys.run(
+            "ip",
+            &[
+                "route",
+                "add",
+                &host,
+                "via",
+                &self.addr(254).to_string(),
+                "dev",
+                &self.uplink,
+            ],
+            None,
+        )?;
+        Ok(())
     }
 
     /// The DNS server's address: `host(1):53`.
@@ -167,6 +249,37 @@ impl TestInternet {
     fn addr(&self, last: u8) -> Ipv4Addr {
         let [a, b, c] = self.net;
         Ipv4Addr::new(a, b, c, last)
+    }
+}
+
+/// Fails unless the host routes nothing more specific than a default route to any address
+/// of `net` (`a.b.c.d/len`), and has no address in it: a test's addresses must not shadow a
+/// real network (192.0.2.0/24, say, is the real network of some machines).
+pub fn unrouted(net: &str) -> Result<(), InternetError> {
+    let sys = RealNetSys;
+    let mut found = Vec::new();
+    // Routes containing the network (`match`) and inside it (`root`), in every table (the
+    // local table holds the host's own addresses).
+    for selector in ["match", "root"] {
+        let out = sys.run(
+            "ip",
+            &["-4", "route", "show", "table", "all", selector, net],
+            None,
+        )?;
+        found.extend(
+            out.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with("default"))
+                .map(str::to_owned),
+        );
+    }
+    if found.is_empty() {
+        Ok(())
+    } else {
+        Err(InternetError::Net(NetError::InvalidConfig(format!(
+            "test internet addresses {net} are already routed on this host ({}): pick another block",
+            found.join("; ")
+        ))))
     }
 }
 

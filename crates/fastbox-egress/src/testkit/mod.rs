@@ -13,7 +13,7 @@ mod server;
 pub mod sink;
 
 pub use dns_server::{TestDnsServer, Zone, a_query};
-pub use internet::{ECHO_PORTS, InternetError, TestInternet};
+pub use internet::{ECHO_PORTS, InternetError, TestInternet, hosts_block, unrouted};
 pub use probe::{
     DNS_TIMEOUT, DROP_TIMEOUT, DnsTransport, READ_TIMEOUT, Reach, Resolution, connect_from, echo,
     greeting, resolve_from,

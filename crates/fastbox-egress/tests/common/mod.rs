@@ -1,9 +1,11 @@
 //! The egress lab: one instance (nft table, DNS forwarder with the egress enforcer as its
 //! hook, slots) in front of a test internet, all under one per-test prefix.
 //!
-//! Prefix tags: this crate's tests use `f` (egress_matrix.rs) and `0` (enforcement.rs); see
-//! `fastbox_testkit::run_prefix` for the letters other suites use. Addresses:
-//! `10.219.<tag byte>.0/24`, slots in the lower half, the internet in the upper half.
+//! Prefix tags: this crate's tests use `f` (egress_matrix.rs), `0` (enforcement.rs), `3`
+//! (throughput.rs) and `1` (private_network.rs); see `fastbox_testkit::run_prefix` for the
+//! letters other suites use. Addresses: `10.219.<tag byte>.0/24` for the slots (lower half)
+//! and the uplink of the test internet, whose hosts are the suite's documentation-range
+//! block (`testkit::hosts_block`): sandboxes never reach private ranges.
 
 #![allow(dead_code)] // each test binary uses its own part
 
@@ -14,11 +16,11 @@ use std::sync::Arc;
 
 use fastbox_egress::testkit::{
     DnsTransport, EchoServer, Reach, Resolution, TestInternet, Zone, connect_from, greeting,
-    resolve_from,
+    hosts_block, resolve_from,
 };
 use fastbox_egress::{EgressEnforcer, EgressError, EgressPolicy, SlotRef};
 use fastbox_runtime::net::{
-    DnsForwarder, DnsForwarderConfig, HostNetwork, NetConfig, NetSlot, in_netns,
+    DnsForwarder, DnsForwarderConfig, HostNetwork, Ipv4Net, NetConfig, NetSlot, in_netns,
 };
 
 /// Names of the lab's zone and the internet host each resolves to.
@@ -87,6 +89,12 @@ impl Drop for PurgeOnDrop {
 impl Lab {
     /// Starts the lab for test `tag`; `None` (reason printed) when it cannot run here.
     pub fn start(tag: char) -> Option<Lab> {
+        Self::start_with(tag, Vec::new(), Zone::new())
+    }
+
+    /// [`Lab::start`] for an instance whose sandboxes may reach `reach` inside the private
+    /// ranges (`--sandbox-reach`), with `extra` names in the internet's zone.
+    pub fn start_with(tag: char, reach: Vec<Ipv4Net>, extra: Zone) -> Option<Lab> {
         if let Some(reason) = unavailable() {
             eprintln!("skipped: {reason}");
             return None;
@@ -95,8 +103,14 @@ impl Lab {
         assert!(prefix.len() <= 8, "prefix {prefix:?} is too long");
         let purge = PurgeOnDrop(prefix.clone());
         let net = [10, 219, tag as u8];
-        let internet = TestInternet::start(&prefix, net, zone_for(net)).expect("test internet");
-        let enforcer = Arc::new(EgressEnforcer::try_new(&prefix).expect("egress enforcer"));
+        let hosts = hosts_block(tag);
+        let internet = TestInternet::start(&prefix, net, hosts, zone_for(hosts).merged(extra))
+            .expect("test internet");
+        let enforcer = Arc::new(
+            EgressEnforcer::try_new(&prefix)
+                .expect("egress enforcer")
+                .with_reach(reach.clone()),
+        );
         let forwarder = DnsForwarder::start(
             DnsForwarderConfig::new(vec![internet.dns_addr()]).with_hook(enforcer.clone()),
         )
@@ -105,9 +119,13 @@ impl Lab {
             prefix: prefix.clone(),
             pool: format!("10.219.{}.0/25", tag as u8).parse().unwrap(),
             dns_port: forwarder.port(),
+            sandbox_reach: reach,
         })
         .expect("host network");
-        eprintln!("lab {prefix}: 10.219.{}.0/24", tag as u8);
+        eprintln!(
+            "lab {prefix}: slots 10.219.{}.0/25, internet {hosts}/26",
+            tag as u8
+        );
         Some(Lab {
             prefix,
             internet,
@@ -159,8 +177,8 @@ impl Lab {
     }
 }
 
-fn zone_for(net: [u8; 3]) -> Zone {
-    let host = |n: u8| Ipv4Addr::new(net[0], net[1], net[2], 128 + n);
+fn zone_for(hosts: Ipv4Addr) -> Zone {
+    let host = |n: u8| Ipv4Addr::from(u32::from(hosts) + u32::from(n));
     let mut zone = Zone::new();
     for (name, n) in [ALLOWED, WILD_SUB, WILD_DEEP, WILD_APEX, DENIED, NEVER] {
         zone = zone.with(name, &[host(n)], TTL);
