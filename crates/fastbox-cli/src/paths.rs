@@ -134,6 +134,7 @@ impl HostArgs {
             pool_max: 0,
             spare_slots: run.spare_slots,
             dns_upstreams: None,
+            sandbox_reach: Vec::new(),
             artifact_store: run.artifact_store,
             lazy_restore_min_bytes: None,
         })

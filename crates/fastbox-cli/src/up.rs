@@ -93,6 +93,16 @@ pub struct UpArgs {
     /// with [default: the host's resolvers from /etc/resolv.conf].
     #[arg(long = "dns-upstream")]
     pub dns_upstreams: Vec<std::net::SocketAddr>,
+    /// A network (`a.b.c.d/len` or an address, repeatable) that sandboxes may reach although
+    /// it lies in the private, loopback, link-local, CGNAT, multicast or reserved ranges
+    /// every sandbox is denied; each sandbox's egress policy still applies [default: none].
+    #[arg(
+        long = "sandbox-reach",
+        env = "FASTBOX_SANDBOX_REACH",
+        value_delimiter = ',',
+        value_name = "CIDR"
+    )]
+    pub sandbox_reach: Vec<String>,
     /// Where templates, snapshots and pause checkpoints are published: an absolute directory
     /// or `s3://BUCKET[/PREFIX]?endpoint=URL` (credentials from AWS_ACCESS_KEY_ID and
     /// AWS_SECRET_ACCESS_KEY) [default: DATA_DIR/artifacts].
@@ -151,6 +161,7 @@ impl UpArgs {
             spare_slots: self.spare_slots,
             lazy_restore_min_mib: self.lazy_restore_min_mib.clone(),
             dns_upstreams: (!self.dns_upstreams.is_empty()).then(|| self.dns_upstreams.clone()),
+            sandbox_reach: (!self.sandbox_reach.is_empty()).then(|| self.sandbox_reach.clone()),
             artifact_store: self.artifact_store.clone(),
             block_cache_mib: self.block_cache_mib,
             node_id: self.node_id.clone(),

@@ -3,9 +3,13 @@
 //! (node proxy and server proxy), refusals, and a server restart. Every reachability check is
 //! a real connection or name lookup made by Python inside the sandbox (through execd) to a
 //! test internet (`fastbox_egress::testkit`) whose DNS server is the forwarder's upstream.
+//! Also the private ranges: a private test host inside `--sandbox-reach` and one outside,
+//! and that a removed sandbox's tracked connections are forgotten.
 //!
-//! Prefix tag `m`: the instance's pool is 10.217.109.0/24 (see `common/server.rs`) and the
-//! test internet is 10.218.109.0/24 (hosts from .129, DNS on .129).
+//! Prefix tag `m`: the instance's pool is 10.217.109.0/24 (see `common/server.rs`), the test
+//! internet's uplink 10.218.109.252/30, its hosts 203.0.113.0/26 (`testkit::hosts_block`,
+//! DNS on .1) and two private test hosts in its namespace: 10.218.109.10 (inside
+//! `--sandbox-reach 10.218.109.0/28`) and 10.218.109.100 (outside).
 
 mod common;
 
@@ -17,7 +21,7 @@ use std::time::{Duration, Instant};
 use common::server::UpServer;
 use fastbox_api::lifecycle::Endpoint;
 use fastbox_cli::client::execd::{CommandOutcome, CommandRequest, ExecdClient};
-use fastbox_egress::testkit::{TestInternet, Zone};
+use fastbox_egress::testkit::{TestInternet, Zone, hosts_block};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -37,7 +41,23 @@ const OPENED_IP: u8 = 23;
 
 /// Internet host `n` (`TestInternet::host`, known before the internet exists).
 fn inet(n: u8) -> String {
-    Ipv4Addr::new(10, 218, TAG as u8, 128 + n).to_string()
+    Ipv4Addr::from(u32::from(hosts_block(TAG)) + u32::from(n)).to_string()
+}
+
+/// The test's own network (the internet's uplink and the private test hosts).
+const NET: [u8; 3] = [10, 218, TAG as u8];
+/// What the server is started with: `--sandbox-reach` of this network.
+const REACH_LEN: u8 = 28;
+/// A private test host inside the reach, and one outside it (both in the internet's
+/// namespace).
+const REACHED_HOST: u8 = 10;
+const PRIVATE_HOST: u8 = 100;
+/// Names answered with them.
+const REACHED_NAME: &str = "reached.test";
+const PRIVATE_NAME: &str = "private.test";
+
+fn private_host(last: u8) -> Ipv4Addr {
+    Ipv4Addr::new(NET[0], NET[1], NET[2], last)
 }
 
 /// What the sandbox runs: `reach TARGET...` prints `TARGET ok|blocked|unresolved` per target
@@ -88,6 +108,10 @@ def hold(go, targets):
 if sys.argv[1] == "reach":
     for t in sys.argv[2:]:
         print(t, reach(t), flush=True)
+elif sys.argv[1] == "addr":
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.connect(("198.51.100.1", 9))  # no packet: only picks the source address
+    print(s.getsockname()[0])
 else:
     hold(sys.argv[2], sys.argv[3:])
 "#;
@@ -160,6 +184,30 @@ impl Sandbox {
             .map(|(t, r)| (t.to_string(), r.to_string()))
             .collect();
         assert_eq!(got, want, "{what} (sandbox {})", self.id);
+    }
+
+    /// Opens a connection to `target` and holds it until the sandbox goes (whatever happens
+    /// to the command then is ignored).
+    fn hold_detached(&self, target: &str) -> std::thread::JoinHandle<()> {
+        let (tx, rx) = mpsc::channel();
+        let execd = self.execd.clone();
+        let request = CommandRequest {
+            command: format!("python3 /tmp/probe.py hold /tmp/never {target}"),
+            ..Default::default()
+        };
+        let thread = std::thread::spawn(move || {
+            let _ = execd.run(&request, |event| {
+                if event.kind == "stdout" {
+                    let _ = tx.send(event.text.clone().unwrap_or_default());
+                }
+            });
+        });
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(30)).as_deref(),
+            Ok("ready"),
+            "the held connection did not open"
+        );
+        thread
     }
 
     /// Opens a connection to each target and keeps them open until [`Held::release`].
@@ -242,16 +290,26 @@ fn zone() -> Zone {
     Zone::new()
         .with(ALLOWED.0, &[host(ALLOWED.1)], 300)
         .with(OTHER.0, &[host(OTHER.1)], 300)
+        .with(REACHED_NAME, &[private_host(REACHED_HOST)], 300)
+        .with(PRIVATE_NAME, &[private_host(PRIVATE_HOST)], 300)
 }
 
-/// A `fastbox up` (python image, warm pool of 2) whose DNS forwarder asks the test internet.
+/// A `fastbox up` (python image, warm pool of 2) whose DNS forwarder asks the test internet,
+/// and whose sandboxes may reach the first 16 addresses of the test's own network.
 fn start() -> Option<(UpServer, TestInternet)> {
     UpServer::start_with(TAG, |prefix| {
         let internet =
-            TestInternet::start(prefix, [10, 218, TAG as u8], zone()).expect("test internet");
+            TestInternet::start(prefix, NET, hosts_block(TAG), zone()).expect("test internet");
+        for last in [REACHED_HOST, PRIVATE_HOST] {
+            internet
+                .add_host(private_host(last))
+                .expect("private test host");
+        }
         let args = [
             "--dns-upstream",
             &internet.dns_addr().to_string(),
+            "--sandbox-reach",
+            &format!("{}/{REACH_LEN}", private_host(0)),
             "--default-image",
             IMAGE,
             "--pool-size",
@@ -261,6 +319,18 @@ fn start() -> Option<(UpServer, TestInternet)> {
         .to_vec();
         (internet, args)
     })
+}
+
+/// The conntrack entries whose original source is `addr` (`conntrack -L` lines).
+fn tracked_from(addr: &str) -> Vec<String> {
+    let out = std::process::Command::new("conntrack")
+        .args(["-L", "-f", "ipv4", "-s", addr])
+        .output()
+        .expect("run conntrack");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
 }
 
 fn policy_of(server: &UpServer, id: &str) -> Value {
@@ -330,17 +400,33 @@ fn egress_policies_through_the_api() {
         ),
     );
     let deny_all = Sandbox::create(&server, Some(json!({"defaultAction": "deny"})));
+    let (reached_ip, private_ip) = (
+        private_host(REACHED_HOST).to_string(),
+        private_host(PRIVATE_HOST).to_string(),
+    );
     deny_default.expect_reach(
         "deny default, allowed FQDN",
         &[
             (allowed, "ok"),
             (other, "unresolved"),
             (&free_ip, "blocked"),
+            // --sandbox-reach lifts the private deny only: the policy still decides.
+            (&reached_ip, "blocked"),
         ],
     );
     allow_default.expect_reach(
         "allow default, denied IP",
-        &[(&denied_ip, "blocked"), (&free_ip, "ok"), (other, "ok")],
+        &[
+            (&denied_ip, "blocked"),
+            (&free_ip, "ok"),
+            (other, "ok"),
+            // Private ranges: only what --sandbox-reach lists, by address and by name; a
+            // name answered with a private address outside it resolves to nothing.
+            (&reached_ip, "ok"),
+            (REACHED_NAME, "ok"),
+            (&private_ip, "blocked"),
+            (PRIVATE_NAME, "unresolved"),
+        ],
     );
     deny_all.expect_reach(
         "deny all",
@@ -585,6 +671,33 @@ fn egress_policies_through_the_api() {
         replaced["policy"]["defaultAction"], "deny",
         "rules without a default deny the rest"
     );
+
+    // --- a removed sandbox's tracked connections are forgotten with its slot (the next
+    // sandbox given its address must not inherit them)
+    let leaver = Sandbox::create(&server, None);
+    let address = leaver.run("python3 /tmp/probe.py addr").trim().to_string();
+    let held = leaver.hold_detached(&free_ip);
+    let tracked = tracked_from(&address);
+    assert!(
+        tracked
+            .iter()
+            .any(|l| l.contains(&format!("dst={free_ip} "))),
+        "no tracked connection of {address} to {free_ip}: {tracked:?}"
+    );
+    assert_eq!(server.delete(&format!("/v1/sandboxes/{}", leaver.id)), 204);
+    server.wait_state(&leaver.id, "Terminated");
+    // Without the flush the closed connection would stay listed (TIME_WAIT: 120 s); the
+    // slot's release runs in the background, so wait a little.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !tracked_from(&address).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        tracked_from(&address),
+        Vec::<String>::new(),
+        "tracked connections of the removed sandbox's address"
+    );
+    drop(held);
 
     // --- a restart keeps the policies and applies them again
     let recorded = [

@@ -55,6 +55,10 @@ pub struct FastletConfig {
     /// Where the DNS forwarder sends the names a policy allows (`None`: the host's
     /// resolvers from `/etc/resolv.conf`).
     pub dns_upstreams: Option<Vec<std::net::SocketAddr>>,
+    /// Networks inside the private ranges denied to every sandbox
+    /// (`fastbox_runtime::net::PRIVATE_RANGES`) that sandboxes may reach after all, subject
+    /// to their egress policy (`--sandbox-reach`; empty: none).
+    pub sandbox_reach: Vec<fastbox_runtime::net::Ipv4Net>,
     /// The node's artifact store: templates, snapshots and pause checkpoints are published
     /// into it ([`crate::node_store`] opens one: a local directory, by default
     /// `DATA_DIR/artifacts` ([`crate::node_store::open_local`]), or an S3 origin behind the
@@ -84,6 +88,7 @@ impl std::fmt::Debug for FastletConfig {
             .field("pool_max", &self.pool_max)
             .field("spare_slots", &self.spare_slots)
             .field("dns_upstreams", &self.dns_upstreams)
+            .field("sandbox_reach", &self.sandbox_reach)
             .field("artifact_store", &"<dyn ArtifactStore>")
             .field("lazy_restore_min_bytes", &self.lazy_restore_min_bytes)
             .finish()
@@ -292,15 +297,19 @@ impl Fastlet {
                 }
             })?;
         let host = match &cfg.dns_upstreams {
-            Some(upstreams) => LocalHost::with_upstreams(
+            Some(upstreams) => Ok(upstreams.clone()),
+            None => fastbox_runtime::net::system_upstreams().map_err(HostError::from),
+        }
+        .and_then(|upstreams| {
+            LocalHost::with_network(
                 &cfg.prefix,
                 &cfg.data_dir,
                 &cfg.helper,
                 cfg.pool,
-                upstreams.clone(),
-            ),
-            None => LocalHost::try_new(&cfg.prefix, &cfg.data_dir, &cfg.helper, cfg.pool),
-        }
+                upstreams,
+                cfg.sandbox_reach.clone(),
+            )
+        })
         .map_err(|e| FastletError::Setup(Box::new(e)))?;
         let slots = Mutex::new(SlotTable::new(cfg.pool.capacity()));
         let (pool_min, pool_max) = (cfg.pool_min, cfg.pool_max);

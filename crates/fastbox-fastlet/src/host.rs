@@ -11,7 +11,8 @@ use fastbox_runtime::criu::Criu;
 use fastbox_runtime::execd_binary::ExecdBinary;
 use fastbox_runtime::lazy::restore::LazyPages;
 use fastbox_runtime::net::{
-    DnsForwarder, DnsForwarderConfig, HostNetwork, Ipv4Pool, NetConfig, NetSlot, system_upstreams,
+    DnsForwarder, DnsForwarderConfig, HostNetwork, Ipv4Net, Ipv4Pool, NetConfig, NetSlot,
+    system_upstreams,
 };
 use fastbox_runtime::sandbox::{self, SandboxHandle};
 use fastbox_runtime::spec::{EXECD_PORT, SandboxSpec};
@@ -181,14 +182,29 @@ impl LocalHost {
         pool: Ipv4Pool,
         upstreams: Vec<std::net::SocketAddr>,
     ) -> Result<Self, HostError> {
+        Self::with_network(prefix, data_dir, helper, pool, upstreams, Vec::new())
+    }
+
+    /// [`LocalHost::with_upstreams`] whose sandboxes may reach `sandbox_reach` inside the
+    /// private ranges that are otherwise denied to every sandbox (`--sandbox-reach`:
+    /// `fastbox_runtime::net::ranges`).
+    pub fn with_network(
+        prefix: &str,
+        data_dir: &Path,
+        helper: &Path,
+        pool: Ipv4Pool,
+        upstreams: Vec<std::net::SocketAddr>,
+        sandbox_reach: Vec<Ipv4Net>,
+    ) -> Result<Self, HostError> {
         let cgroups = CgroupRoot::detect()?;
-        let egress = Arc::new(EgressEnforcer::try_new(prefix)?);
+        let egress = Arc::new(EgressEnforcer::try_new(prefix)?.with_reach(sandbox_reach.clone()));
         let dns =
             DnsForwarder::start(DnsForwarderConfig::new(upstreams).with_hook(egress.clone()))?;
         let cfg = NetConfig {
             prefix: prefix.to_string(),
             pool,
             dns_port: dns.port(),
+            sandbox_reach,
         };
         let network = HostNetwork::try_new(cfg)?;
         Ok(Self {
@@ -483,9 +499,23 @@ impl LocalHost {
         }
     }
 
-    /// Forget the slot's egress policy (a later occupant of the slot starts without one) and
-    /// remove the slot.
+    /// Forget the slot's egress policy (a later occupant of the slot starts without one),
+    /// remove the slot, then forget its tracked connections: they outlive the veth, and an
+    /// established one passes the instance table without meeting any policy, so the next
+    /// sandbox given the address would inherit it. For a slot whose index returns to the
+    /// pool; a paused sandbox, which keeps its index, uses
+    /// [`LocalHost::release_network_keeping_flows`].
     pub fn release_network(&self, slot: &NetSlot) -> Result<(), HostError> {
+        self.release_network_keeping_flows(slot)?;
+        self.egress.forget_connections(&SlotRef::from(slot))?;
+        Ok(())
+    }
+
+    /// [`LocalHost::release_network`] that keeps the address's tracked connections: for a
+    /// paused sandbox, which keeps its slot index (nobody else gets the address) and is
+    /// resumed with its TCP connections. Its removal releases the slot with
+    /// [`LocalHost::release_network`], which forgets them.
+    pub fn release_network_keeping_flows(&self, slot: &NetSlot) -> Result<(), HostError> {
         self.egress.remove(&SlotRef::from(slot))?;
         self.network.destroy_slot_lazily(slot)?;
         Ok(())

@@ -496,8 +496,10 @@ impl Fastlet {
             .and_then(|()| sandbox::destroy(&handle, &host.cgroups))
             .map_err(HostError::from)
             .and_then(|()| {
+                // The index stays the sandbox's: its tracked connections stay for its resume
+                // (they go when it is removed and the index is released).
                 let net = host.network.slot(slot)?;
-                host.release_network(&net)
+                host.release_network_keeping_flows(&net)
             });
         released.map_err(|source| FastletError::Remove {
             id: id.to_string(),

@@ -56,6 +56,9 @@ pub struct Settings {
     pub lazy_restore_min_mib: Option<String>,
     /// DNS servers (`address:port`) the forwarder asks for names a sandbox's policy allows.
     pub dns_upstreams: Option<Vec<std::net::SocketAddr>>,
+    /// Networks (`a.b.c.d/len`) inside the private ranges denied to every sandbox that
+    /// sandboxes may reach after all, subject to their egress policy.
+    pub sandbox_reach: Option<Vec<String>>,
     /// The node's artifact store: an absolute directory (`file://` optional) or
     /// `s3://bucket/prefix?endpoint=URL`.
     pub artifact_store: Option<String>,
@@ -99,6 +102,7 @@ impl Settings {
             spare_slots: self.spare_slots.or(lower.spare_slots),
             lazy_restore_min_mib: self.lazy_restore_min_mib.or(lower.lazy_restore_min_mib),
             dns_upstreams: self.dns_upstreams.or(lower.dns_upstreams),
+            sandbox_reach: self.sandbox_reach.or(lower.sandbox_reach),
             artifact_store: self.artifact_store.or(lower.artifact_store),
             block_cache_mib: self.block_cache_mib.or(lower.block_cache_mib),
             node_id: self.node_id.or(lower.node_id),
@@ -302,6 +306,17 @@ pub fn format_duration(duration: Duration) -> String {
     }
 }
 
+/// The networks of `--sandbox-reach`, each `a.b.c.d/len` (host bits zero) or an address.
+pub fn parse_sandbox_reach(texts: &[String]) -> Result<Vec<fastbox_runtime::net::Ipv4Net>, String> {
+    texts
+        .iter()
+        .map(|text| {
+            text.parse::<fastbox_runtime::net::Ipv4Net>()
+                .map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
 /// The configuration in force, every default applied.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -328,6 +343,9 @@ pub struct ServerConfig {
     pub lazy_restore_min_bytes: Option<u64>,
     /// The DNS forwarder's upstreams (`None`: the host's resolvers).
     pub dns_upstreams: Option<Vec<std::net::SocketAddr>>,
+    /// Networks inside the private ranges (`fastbox_runtime::net::PRIVATE_RANGES`) that
+    /// sandboxes may reach after all, subject to their egress policy (none by default).
+    pub sandbox_reach: Vec<fastbox_runtime::net::Ipv4Net>,
     /// How long a create waits for its image before answering `Pending` (an image that fails
     /// within this time is a 400).
     pub image_wait: Duration,
@@ -413,6 +431,10 @@ impl ServerConfig {
                 }
             },
             dns_upstreams: settings.dns_upstreams,
+            sandbox_reach: parse_sandbox_reach(
+                settings.sandbox_reach.as_deref().unwrap_or_default(),
+            )
+            .map_err(|e| invalid("sandbox_reach", e))?,
             image_wait: Duration::from_millis(settings.create_image_wait_ms.unwrap_or(1500)),
             create_wait: Duration::from_secs(20),
             reconcile_every: Duration::from_secs(2),
@@ -438,6 +460,42 @@ mod tests {
         assert_eq!(cfg.prefix, "xyz");
         assert_eq!(cfg.node_proxy_listen.to_string(), DEFAULT_NODE_PROXY_LISTEN);
         assert_eq!(cfg.default_images, vec![DEFAULT_IMAGE.to_string()]);
+    }
+
+    #[test]
+    fn sandbox_reach_comes_from_any_layer_and_is_checked() {
+        assert!(
+            ServerConfig::resolve(Settings::default())
+                .unwrap()
+                .sandbox_reach
+                .is_empty()
+        );
+        let file: Settings =
+            toml::from_str("sandbox_reach = [\"10.200.0.0/24\", \"169.254.169.254\"]").unwrap();
+        let cfg = ServerConfig::resolve(Settings::default().over(file.clone())).unwrap();
+        assert_eq!(
+            cfg.sandbox_reach
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+            ["10.200.0.0/24", "169.254.169.254/32"]
+        );
+        let flags = Settings {
+            sandbox_reach: Some(vec!["192.168.7.0/24".into()]),
+            ..Settings::default()
+        };
+        let cfg = ServerConfig::resolve(flags.over(file)).unwrap();
+        assert_eq!(cfg.sandbox_reach, ["192.168.7.0/24".parse().unwrap()]);
+        let bad = ServerConfig::resolve(Settings {
+            sandbox_reach: Some(vec!["10.0.0.1/8".into()]),
+            ..Settings::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            bad.starts_with("sandbox_reach:") && bad.contains("10.0.0.0/8"),
+            "{bad}"
+        );
     }
 
     #[test]

@@ -92,6 +92,7 @@ pub async fn run(
         pool_max: cfg.pool_max,
         spare_slots: cfg.spare_slots,
         dns_upstreams: cfg.dns_upstreams.clone(),
+        sandbox_reach: cfg.sandbox_reach.clone(),
         artifact_store: node_store.store(),
         lazy_restore_min_bytes: cfg.lazy_restore_min_bytes,
     };
