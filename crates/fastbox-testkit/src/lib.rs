@@ -54,7 +54,8 @@ macro_rules! skip_unless {
 /// `fbt` + 4 random hex digits. Tests append their own one-letter tag so parallel tests differ;
 /// a purge by prefix removes everything of the tag, so two suites must never share a letter:
 /// `a`-`e` sandbox_e2e, `n` `o` runtime network tests, `s` tests/sdk, `g` `h` artifact tests,
-/// `f` the egress matrix, `0` egress enforcement, `2` bench_restore, `3` egress throughput, `4` the
+/// `f` the egress matrix, `0` egress enforcement, `1` egress private network, `2` bench_restore,
+/// `3` egress throughput, `4` the
 /// fastlet purge test, the letters of
 /// `UP_SERVER_TAGS` (`crates/fastbox-cli/tests/common/server.rs`; `m` is the egress e2e)
 /// `fastbox up` tests.
