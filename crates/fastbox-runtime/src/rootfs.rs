@@ -91,7 +91,9 @@ impl Rootfs {
             &this.layer_image,
             &this.layer_mount,
             "ext4",
-            MsFlags::MS_NOATIME,
+            // The layer is the tenant's: nothing on it is a device or a set-id program for
+            // the host.
+            MsFlags::MS_NOATIME | MsFlags::MS_NODEV | MsFlags::MS_NOSUID,
         )
         .map_err(io("mount", &this.layer_image))?;
         create_dir(&this.layer_mount.join("work"))?;
@@ -131,7 +133,9 @@ impl Rootfs {
             Some("overlay"),
             &this.root,
             Some("overlay"),
-            MsFlags::empty(),
+            // Device nodes an image ships, or a sandbox makes, open nothing: the sandbox's
+            // devices are those of its own `/dev`, a mount of its own.
+            MsFlags::MS_NODEV,
             Some(options.as_str()),
         )
         .map_err(|source| RootfsError::Mount {

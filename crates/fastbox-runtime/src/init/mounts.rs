@@ -3,14 +3,13 @@
 //! execd, then `pivot_root` into the overlay and the kernel interfaces masked or made
 //! read-only as runc's default spec does.
 
-use std::fs;
-use std::os::unix::fs::{PermissionsExt, symlink};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
-use nix::sys::stat::{Mode, SFlag, makedev, mknod};
 
 use super::InitConfig;
+use crate::confine::{Dir, fd_proc_path};
 use crate::spec::EXECD_SANDBOX_PATH;
 
 /// Files hidden behind `/dev/null` (runc's default `maskedPaths`, files).
@@ -53,7 +52,6 @@ const DEVICES: &[(&str, u64, u64)] = &[
 ];
 
 pub(super) fn setup_root(config: &InitConfig) -> Result<(), String> {
-    let root = config.root.as_path();
     mount_at(
         None,
         Path::new("/"),
@@ -62,38 +60,44 @@ pub(super) fn setup_root(config: &InitConfig) -> Result<(), String> {
         None,
     )?;
 
+    // The root is the image and the writable layer: the tenant's. Until `pivot_root` every
+    // name in it is reached through the confinement module, and every mount target is the
+    // `/proc/self/fd` path of a directory opened without following symlinks; afterwards the
+    // host's tree is gone from this mount namespace and plain paths resolve inside the root.
+    let tree = Dir::open_root(&config.root).map_err(|e| e.to_string())?;
     let nosuid_noexec_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_NODEV;
     mount_at(
         Some("proc"),
-        &dir_in(root, "proc")?,
+        &own_dir(&tree, "proc", 0o555)?.proc_path(),
         Some("proc"),
         nosuid_noexec_nodev,
         None,
     )?;
     mount_at(
         Some("sysfs"),
-        &dir_in(root, "sys")?,
+        &own_dir(&tree, "sys", 0o555)?.proc_path(),
         Some("sysfs"),
         nosuid_noexec_nodev | MsFlags::MS_RDONLY,
         None,
     )?;
-    setup_dev(root)?;
+    populate_dev(&tree)?;
+    let tmp = tree
+        .create_dir_all("tmp", 0o1777)
+        .map_err(|e| e.to_string())?;
+    tmp.set_mode(0o1777).map_err(|e| e.to_string())?;
+    let execd = bind_execd(&tree, &config.execd_host)?;
+    own_dir(&tree, EMPTY_DIR, 0o555)?
+        .set_mode(0o555)
+        .map_err(|e| e.to_string())?;
 
-    let tmp = dir_in(root, "tmp")?;
-    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o1777))
-        .map_err(|e| format!("chmod /tmp: {e}"))?;
-
-    bind_execd(root, &config.execd_host)?;
-    let empty = root.join(EMPTY_DIR.trim_start_matches('/'));
-    fs::create_dir_all(&empty).map_err(|e| format!("create {EMPTY_DIR}: {e}"))?;
-    fs::set_permissions(&empty, fs::Permissions::from_mode(0o555))
-        .map_err(|e| format!("chmod {EMPTY_DIR}: {e}"))?;
-
-    std::env::set_current_dir(root).map_err(|e| format!("chdir {}: {e}", root.display()))?;
+    nix::unistd::fchdir(tree.as_fd().as_raw_fd()).map_err(|e| format!("chdir to the root: {e}"))?;
     nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
     umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detach old root: {e}"))?;
     std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
+    drop(execd);
 
+    finish_dev()?;
+    read_only(Path::new(EXECD_SANDBOX_PATH))?;
     mask_and_protect()
 }
 
@@ -102,31 +106,29 @@ pub(super) fn setup_root(config: &InitConfig) -> Result<(), String> {
 /// tmpfs that CRIU would otherwise run at every restore (about 5 ms).
 const DEV_DIR: &str = "/.fastbox/dev";
 
-fn setup_dev(root: &Path) -> Result<(), String> {
-    let source = root.join(DEV_DIR.trim_start_matches('/'));
-    fs::create_dir_all(&source).map_err(|e| format!("create {DEV_DIR}: {e}"))?;
-    fs::set_permissions(&source, fs::Permissions::from_mode(0o755))
-        .map_err(|e| format!("chmod {DEV_DIR}: {e}"))?;
+/// `name` of the root as a directory of fastbox's own: made if missing, refused if it is a
+/// symlink or not a directory (an image that makes `/proc` a symlink does not start).
+fn own_dir(tree: &Dir, name: &str, mode: u32) -> Result<Dir, String> {
+    tree.own_dir(name, mode)
+        .map_err(|e| format!("the sandbox root: {e}"))
+}
+
+/// The device nodes and links of `/.fastbox/dev`, bound at `/dev`.
+fn populate_dev(tree: &Dir) -> Result<(), String> {
+    let source = own_dir(tree, DEV_DIR, 0o755)?;
+    let fail = |e: crate::confine::ConfineError| format!("populate /dev: {e}");
+    source.set_mode(0o755).map_err(fail)?;
     for (name, major, minor) in DEVICES {
-        let path = source.join(name);
-        let _ = fs::remove_file(&path);
-        mknod(
-            &path,
-            SFlag::S_IFCHR,
-            Mode::from_bits_truncate(0o666),
-            makedev(*major, *minor),
-        )
-        .map_err(|e| format!("mknod /dev/{name}: {e}"))?;
-        // mknod honours the umask; the nodes must be usable by every user.
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o666))
-            .map_err(|e| format!("chmod /dev/{name}: {e}"))?;
+        source
+            .make_char_device(name, *major, *minor, 0o666)
+            .map_err(fail)?;
     }
     // `/dev/shm` is a directory (on the writable layer, bounded by its size) rather than a
     // tmpfs of its own: every tmpfs costs a restore a `tar` process.
-    let shm = dir_in(&source, "shm")?;
-    fs::set_permissions(&shm, fs::Permissions::from_mode(0o1777))
-        .map_err(|e| format!("chmod /dev/shm: {e}"))?;
-    dir_in(&source, "pts")?;
+    own_dir(&source, "shm", 0o1777)?
+        .set_mode(0o1777)
+        .map_err(fail)?;
+    own_dir(&source, "pts", 0o755)?;
     for (link, target) in [
         ("ptmx", "pts/ptmx"),
         ("fd", "/proc/self/fd"),
@@ -134,21 +136,25 @@ fn setup_dev(root: &Path) -> Result<(), String> {
         ("stdout", "/proc/self/fd/1"),
         ("stderr", "/proc/self/fd/2"),
     ] {
-        let path = source.join(link);
-        let _ = fs::remove_file(&path);
-        symlink(target, &path).map_err(|e| format!("symlink /dev/{link}: {e}"))?;
+        source.make_symlink(link, target).map_err(fail)?;
     }
-    let dev = dir_in(root, "dev")?;
+    let dev = own_dir(tree, "dev", 0o755)?;
     mount_at(
-        Some(source.to_str().unwrap_or_default()),
-        &dev,
+        Some(source.proc_path().to_str().unwrap_or_default()),
+        &dev.proc_path(),
         None,
         MsFlags::MS_BIND,
         None,
-    )?;
+    )
+}
+
+/// After `pivot_root`: `/dev` without set-id programs (its nodes are the only ones that work
+/// in a sandbox, every other mount is `nodev`), and its own devpts instance.
+fn finish_dev() -> Result<(), String> {
+    let dev = Path::new("/dev");
     mount_at(
         None,
-        &dev,
+        dev,
         None,
         MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID,
         None,
@@ -162,16 +168,28 @@ fn setup_dev(root: &Path) -> Result<(), String> {
     )
 }
 
-/// Bind the host's execd binary read-only at `EXECD_SANDBOX_PATH`.
-fn bind_execd(root: &Path, execd_host: &Path) -> Result<(), String> {
-    let target = root.join(EXECD_SANDBOX_PATH.trim_start_matches('/'));
-    if let Some(parent) = target.parent() {
-        fs::create_dir_all(parent).map_err(|e| format!("create {}: {e}", parent.display()))?;
-    }
-    if !target.exists() {
-        fs::write(&target, b"").map_err(|e| format!("create {}: {e}", target.display()))?;
-    }
-    bind_read_only(execd_host, &target)
+/// Bind the host's execd binary at `EXECD_SANDBOX_PATH` (made read-only after `pivot_root`);
+/// the target is a regular file of the root opened without following it. Returns the
+/// target's descriptor, to be kept until the bind is read-only.
+fn bind_execd(tree: &Dir, execd_host: &Path) -> Result<OwnedFd, String> {
+    let path = Path::new(EXECD_SANDBOX_PATH);
+    let (parent, name) = (
+        path.parent().unwrap_or(Path::new("/")),
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default(),
+    );
+    let target = own_dir(tree, &parent.to_string_lossy(), 0o755)?
+        .regular_file(name, 0o755)
+        .map_err(|e| format!("the execd mount point: {e}"))?;
+    mount_at(
+        Some(execd_host.to_str().unwrap_or_default()),
+        &fd_proc_path(target.as_fd()),
+        None,
+        MsFlags::MS_BIND,
+        None,
+    )?;
+    Ok(target)
 }
 
 fn mask_and_protect() -> Result<(), String> {
@@ -207,6 +225,11 @@ fn bind_read_only(source: &Path, target: &Path) -> Result<(), String> {
         MsFlags::MS_BIND | MsFlags::MS_REC,
         None,
     )?;
+    read_only(target)
+}
+
+/// Remount the bind mount at `target` read-only, without set-id programs or devices.
+fn read_only(target: &Path) -> Result<(), String> {
     mount_at(
         None,
         target,
@@ -218,13 +241,6 @@ fn bind_read_only(source: &Path, target: &Path) -> Result<(), String> {
             | MsFlags::MS_NODEV,
         None,
     )
-}
-
-/// `root/name`, created as a directory when missing.
-fn dir_in(root: &Path, name: &str) -> Result<std::path::PathBuf, String> {
-    let path = root.join(name);
-    fs::create_dir_all(&path).map_err(|e| format!("create {}: {e}", path.display()))?;
-    Ok(path)
 }
 
 fn mount_at(
