@@ -133,6 +133,42 @@ pub struct UpArgs {
     /// Objects written more recently than this are never collected [default: 24h].
     #[arg(long, env = "FASTBOX_ARTIFACT_GC_GRACE")]
     pub artifact_gc_grace: Option<String>,
+    /// A directory under which the API accepts local image references (`dir:`, `oci:`,
+    /// `oci-archive:`, `docker-archive:`, paths) from callers (repeatable); the server's own
+    /// --default-image and `fastbox sandbox run` need none [default: none: callers get 400].
+    #[arg(
+        long = "allow-local-images",
+        env = "FASTBOX_ALLOW_LOCAL_IMAGES",
+        value_delimiter = ',',
+        value_name = "DIR"
+    )]
+    pub allow_local_images: Option<Vec<PathBuf>>,
+    /// cpu of a create that names none (a quantity: `1`, `500m`) [default: 1].
+    #[arg(long, env = "FASTBOX_DEFAULT_CPU")]
+    pub default_cpu: Option<String>,
+    /// Memory of a create that names none [default: 512Mi].
+    #[arg(long, env = "FASTBOX_DEFAULT_MEMORY")]
+    pub default_memory: Option<String>,
+    /// Writable layer of a create that names none (sparse); another size than the default
+    /// keeps creates from using pooled sandboxes and spare slots [default: 10Gi].
+    #[arg(long, env = "FASTBOX_DEFAULT_DISK")]
+    pub default_disk: Option<String>,
+    /// pids limit of a create that names none [default: 1024].
+    #[arg(long, env = "FASTBOX_DEFAULT_PIDS")]
+    pub default_pids: Option<u64>,
+    /// Most cpu a create may ask for; more is a 400 [default: 4].
+    #[arg(long, env = "FASTBOX_MAX_CPU")]
+    pub max_cpu: Option<String>,
+    /// Most memory a create may ask for; more is a 400 [default: 16Gi].
+    #[arg(long, env = "FASTBOX_MAX_MEMORY")]
+    pub max_memory: Option<String>,
+    /// Largest writable layer a create may ask for; more (or more than the data directory's
+    /// file system has free) is a 400 [default: 64Gi].
+    #[arg(long, env = "FASTBOX_MAX_DISK")]
+    pub max_disk: Option<String>,
+    /// Highest pids limit a create may ask for; more is a 400 [default: 4096].
+    #[arg(long, env = "FASTBOX_MAX_PIDS")]
+    pub max_pids: Option<u64>,
 }
 
 impl UpArgs {
@@ -170,6 +206,15 @@ impl UpArgs {
             dart_key: self.dart_key.clone(),
             artifact_gc_interval: self.artifact_gc_interval.clone(),
             artifact_gc_grace: self.artifact_gc_grace.clone(),
+            allow_local_images: self.allow_local_images.clone(),
+            default_cpu: self.default_cpu.clone(),
+            default_memory: self.default_memory.clone(),
+            default_disk: self.default_disk.clone(),
+            default_pids: self.default_pids,
+            max_cpu: self.max_cpu.clone(),
+            max_memory: self.max_memory.clone(),
+            max_disk: self.max_disk.clone(),
+            max_pids: self.max_pids,
         }
     }
 }

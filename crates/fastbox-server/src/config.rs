@@ -77,6 +77,31 @@ pub struct Settings {
     pub artifact_gc_interval: Option<String>,
     /// How recently written objects a collection never deletes (`24h`).
     pub artifact_gc_grace: Option<String>,
+    /// Directories under which the API accepts local image references (`dir:`, `oci:`,
+    /// `oci-archive:`, `docker-archive:`, paths); none by default.
+    pub allow_local_images: Option<Vec<PathBuf>>,
+    /// A create's cpu when it names none (a quantity: `1`, `500m`).
+    #[serde(default, deserialize_with = "number_or_text")]
+    pub default_cpu: Option<String>,
+    /// A create's memory when it names none (`512Mi`).
+    #[serde(default, deserialize_with = "number_or_text")]
+    pub default_memory: Option<String>,
+    /// A create's writable layer when it names none (`10Gi`).
+    #[serde(default, deserialize_with = "number_or_text")]
+    pub default_disk: Option<String>,
+    /// A create's pids limit when it names none.
+    pub default_pids: Option<u64>,
+    /// The most cpu a create may ask for.
+    #[serde(default, deserialize_with = "number_or_text")]
+    pub max_cpu: Option<String>,
+    /// The most memory a create may ask for.
+    #[serde(default, deserialize_with = "number_or_text")]
+    pub max_memory: Option<String>,
+    /// The largest writable layer a create may ask for.
+    #[serde(default, deserialize_with = "number_or_text")]
+    pub max_disk: Option<String>,
+    /// The highest pids limit a create may ask for.
+    pub max_pids: Option<u64>,
 }
 
 impl Settings {
@@ -111,6 +136,15 @@ impl Settings {
             dart_key: self.dart_key.or(lower.dart_key),
             artifact_gc_interval: self.artifact_gc_interval.or(lower.artifact_gc_interval),
             artifact_gc_grace: self.artifact_gc_grace.or(lower.artifact_gc_grace),
+            allow_local_images: self.allow_local_images.or(lower.allow_local_images),
+            default_cpu: self.default_cpu.or(lower.default_cpu),
+            default_memory: self.default_memory.or(lower.default_memory),
+            default_disk: self.default_disk.or(lower.default_disk),
+            default_pids: self.default_pids.or(lower.default_pids),
+            max_cpu: self.max_cpu.or(lower.max_cpu),
+            max_memory: self.max_memory.or(lower.max_memory),
+            max_disk: self.max_disk.or(lower.max_disk),
+            max_pids: self.max_pids.or(lower.max_pids),
         }
     }
 
@@ -169,6 +203,205 @@ pub const DEFAULT_BLOCK_CACHE_MIB: u64 = 4096;
 /// collection is off by default and is turned on for one node (or run with
 /// `fastbox artifacts gc`).
 pub const DEFAULT_LOCAL_GC_INTERVAL: Duration = Duration::from_secs(24 * 3600);
+
+/// A create's cpu, memory, disk and pids when it names none, or the most it may ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resources {
+    /// Thousandths of a CPU.
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    /// The writable layer (sparse: it costs what the sandbox writes).
+    pub disk_bytes: u64,
+    pub pids: u64,
+}
+
+/// Limits of creates that name none: one CPU, 512 MiB, the runtime's writable layer
+/// (10 GiB, sparse; pooled sandboxes and spare slots are made with it) and its pids limit.
+pub const DEFAULT_RESOURCES: Resources = Resources {
+    cpu_millis: 1000,
+    memory_bytes: 512 << 20,
+    disk_bytes: fastbox_runtime::spec::DEFAULT_DISK_BYTES,
+    pids: fastbox_runtime::spec::DEFAULT_PIDS,
+};
+
+/// The most a create may ask for by default.
+pub const DEFAULT_MAX_RESOURCES: Resources = Resources {
+    cpu_millis: 4000,
+    memory_bytes: 16 << 30,
+    disk_bytes: 64 << 30,
+    pids: 4096,
+};
+
+/// The smallest limits a create may ask for (less cannot run a sandbox).
+pub const MIN_RESOURCES: Resources = Resources {
+    cpu_millis: fastbox_runtime::cgroup::MIN_CPU_MILLIS,
+    memory_bytes: 16 << 20,
+    disk_bytes: 64 << 20,
+    pids: 16,
+};
+
+/// What a create gets when it names no limit, and the most it may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResourcePolicy {
+    pub defaults: Resources,
+    pub max: Resources,
+}
+
+impl Default for ResourcePolicy {
+    fn default() -> Self {
+        Self {
+            defaults: DEFAULT_RESOURCES,
+            max: DEFAULT_MAX_RESOURCES,
+        }
+    }
+}
+
+impl ResourcePolicy {
+    fn resolve(settings: &Settings) -> Result<Self, ConfigError> {
+        let invalid = |field, message: String| ConfigError::Invalid { field, message };
+        let cpu = |field, text: &Option<String>, default| match text {
+            None => Ok(default),
+            Some(t) => fastbox_api::quantity::parse_cpu_millis(t)
+                .map_err(|e| invalid(field, e.to_string())),
+        };
+        let bytes = |field, text: &Option<String>, default| match text {
+            None => Ok(default),
+            Some(t) => {
+                fastbox_api::quantity::parse_bytes(t).map_err(|e| invalid(field, e.to_string()))
+            }
+        };
+        let policy = ResourcePolicy {
+            defaults: Resources {
+                cpu_millis: cpu(
+                    "default_cpu",
+                    &settings.default_cpu,
+                    DEFAULT_RESOURCES.cpu_millis,
+                )?,
+                memory_bytes: bytes(
+                    "default_memory",
+                    &settings.default_memory,
+                    DEFAULT_RESOURCES.memory_bytes,
+                )?,
+                disk_bytes: bytes(
+                    "default_disk",
+                    &settings.default_disk,
+                    DEFAULT_RESOURCES.disk_bytes,
+                )?,
+                pids: settings.default_pids.unwrap_or(DEFAULT_RESOURCES.pids),
+            },
+            max: Resources {
+                cpu_millis: cpu(
+                    "max_cpu",
+                    &settings.max_cpu,
+                    DEFAULT_MAX_RESOURCES.cpu_millis,
+                )?,
+                memory_bytes: bytes(
+                    "max_memory",
+                    &settings.max_memory,
+                    DEFAULT_MAX_RESOURCES.memory_bytes,
+                )?,
+                disk_bytes: bytes(
+                    "max_disk",
+                    &settings.max_disk,
+                    DEFAULT_MAX_RESOURCES.disk_bytes,
+                )?,
+                pids: settings.max_pids.unwrap_or(DEFAULT_MAX_RESOURCES.pids),
+            },
+        };
+        type Field = (
+            &'static str,
+            &'static str,
+            fn(&Resources) -> u64,
+            fn(u64) -> String,
+        );
+        let fields: [Field; 4] = [
+            ("default_cpu", "max_cpu", |r| r.cpu_millis, format_cpu),
+            (
+                "default_memory",
+                "max_memory",
+                |r| r.memory_bytes,
+                format_bytes,
+            ),
+            ("default_disk", "max_disk", |r| r.disk_bytes, format_bytes),
+            ("default_pids", "max_pids", |r| r.pids, |n| n.to_string()),
+        ];
+        for (default_field, max_field, get, show) in fields {
+            let (default, max, min) =
+                (get(&policy.defaults), get(&policy.max), get(&MIN_RESOURCES));
+            if max < min {
+                return Err(invalid(
+                    max_field,
+                    format!(
+                        "{} is below the least a sandbox needs, {}",
+                        show(max),
+                        show(min)
+                    ),
+                ));
+            }
+            if default < min {
+                return Err(invalid(
+                    default_field,
+                    format!(
+                        "{} is below the least a sandbox needs, {}",
+                        show(default),
+                        show(min)
+                    ),
+                ));
+            }
+            if default > max {
+                return Err(invalid(
+                    default_field,
+                    format!("{} is above {max_field} ({})", show(default), show(max)),
+                ));
+            }
+        }
+        Ok(policy)
+    }
+}
+
+/// Millicores as a cpu quantity: whole CPUs when they are (`2`), else millicores (`500m`).
+pub fn format_cpu(millis: u64) -> String {
+    if millis.is_multiple_of(1000) {
+        format!("{}", millis / 1000)
+    } else {
+        format!("{millis}m")
+    }
+}
+
+/// Bytes as a quantity in the largest binary unit that divides them (`16Gi`, `512Mi`, `1000`).
+pub fn format_bytes(bytes: u64) -> String {
+    for (shift, unit) in [
+        (60, "Ei"),
+        (50, "Pi"),
+        (40, "Ti"),
+        (30, "Gi"),
+        (20, "Mi"),
+        (10, "Ki"),
+    ] {
+        if bytes != 0 && bytes.is_multiple_of(1u64 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+/// The operator's directories of local images, each resolved (symlinks, `..`) as it is now.
+fn canonical_dirs(dirs: &[PathBuf]) -> Result<Vec<PathBuf>, ConfigError> {
+    dirs.iter()
+        .map(|dir| {
+            let invalid = |message: String| ConfigError::Invalid {
+                field: "allow_local_images",
+                message,
+            };
+            let canonical = std::fs::canonicalize(dir)
+                .map_err(|e| invalid(format!("{}: {e}", dir.display())))?;
+            if !canonical.is_dir() {
+                return Err(invalid(format!("{}: not a directory", dir.display())));
+            }
+            Ok(canonical)
+        })
+        .collect()
+}
 
 /// The node's artifact store and its garbage collection.
 #[derive(Debug, Clone)]
@@ -356,6 +589,10 @@ pub struct ServerConfig {
     pub reconcile_every: Duration,
     /// The node's artifact store (origin, block cache, DART) and its garbage collection.
     pub artifacts: ArtifactConfig,
+    /// Directories (canonical) under which the API accepts local image references.
+    pub allow_local_images: Vec<PathBuf>,
+    /// Limits of creates that name none, and the most a create may name.
+    pub resources: ResourcePolicy,
 }
 
 impl ServerConfig {
@@ -367,6 +604,9 @@ impl ServerConfig {
             .clone()
             .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
         let artifacts = ArtifactConfig::resolve(&settings, &data_dir)?;
+        let resources = ResourcePolicy::resolve(&settings)?;
+        let allow_local_images =
+            canonical_dirs(settings.allow_local_images.as_deref().unwrap_or_default())?;
         let pool_text = settings.pool.unwrap_or_else(|| DEFAULT_POOL.to_string());
         let pool = pool_text
             .parse::<Ipv4Pool>()
@@ -439,6 +679,8 @@ impl ServerConfig {
             create_wait: Duration::from_secs(20),
             reconcile_every: Duration::from_secs(2),
             artifacts,
+            allow_local_images,
+            resources,
         })
     }
 }
@@ -647,6 +889,110 @@ mod tests {
             let cfg = ServerConfig::resolve(settings).unwrap();
             assert_eq!(cfg.lazy_restore_min_bytes, want, "{toml_text}");
         }
+    }
+
+    #[test]
+    fn resource_defaults_and_maximums_come_from_the_layers_and_are_checked() {
+        let cfg = ServerConfig::resolve(Settings::default()).unwrap();
+        assert_eq!(cfg.resources, ResourcePolicy::default());
+        assert_eq!(cfg.resources.defaults.memory_bytes, 512 << 20);
+        assert_eq!(cfg.resources.max.memory_bytes, 16 << 30);
+        assert!(cfg.allow_local_images.is_empty(), "none allowed by default");
+        let file: Settings = toml::from_str(
+            "default_cpu = 2\ndefault_memory = \"1Gi\"\nmax_cpu = \"8\"\nmax_disk = \"128Gi\"\nmax_pids = 8192\n",
+        )
+        .unwrap();
+        let flags = Settings {
+            default_memory: Some("768Mi".into()),
+            default_pids: Some(256),
+            ..Default::default()
+        };
+        let r = ServerConfig::resolve(flags.over(file)).unwrap().resources;
+        assert_eq!(
+            (
+                r.defaults.cpu_millis,
+                r.defaults.memory_bytes,
+                r.defaults.pids
+            ),
+            (2000, 768 << 20, 256)
+        );
+        assert_eq!(
+            (
+                r.max.cpu_millis,
+                r.max.disk_bytes,
+                r.max.pids,
+                r.max.memory_bytes
+            ),
+            (8000, 128 << 30, 8192, DEFAULT_MAX_RESOURCES.memory_bytes)
+        );
+        let bad = |s: Settings| ServerConfig::resolve(s).unwrap_err().to_string();
+        let e = bad(Settings {
+            default_memory: Some("32Gi".into()),
+            ..Default::default()
+        });
+        assert!(
+            e.starts_with("default_memory:") && e.contains("max_memory (16Gi)"),
+            "{e}"
+        );
+        let e = bad(Settings {
+            max_cpu: Some("lots".into()),
+            ..Default::default()
+        });
+        assert!(e.starts_with("max_cpu:"), "{e}");
+        let e = bad(Settings {
+            max_pids: Some(4),
+            ..Default::default()
+        });
+        assert!(e.starts_with("max_pids:"), "{e}");
+    }
+
+    #[test]
+    fn local_image_directories_are_resolved_at_start() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = tmp.path().join("images");
+        std::fs::create_dir(&real).unwrap();
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let cfg = ServerConfig::resolve(Settings {
+            allow_local_images: Some(vec![link, real.join("../images")]),
+            ..Default::default()
+        })
+        .unwrap();
+        let canonical = std::fs::canonicalize(&real).unwrap();
+        assert_eq!(cfg.allow_local_images, vec![canonical.clone(), canonical]);
+        for missing in [
+            tmp.path().join("missing"),
+            tmp.path().join("images/../nope"),
+        ] {
+            let e = ServerConfig::resolve(Settings {
+                allow_local_images: Some(vec![missing]),
+                ..Default::default()
+            })
+            .unwrap_err()
+            .to_string();
+            assert!(e.starts_with("allow_local_images:"), "{e}");
+        }
+        let file = tmp.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        let e = ServerConfig::resolve(Settings {
+            allow_local_images: Some(vec![file]),
+            ..Default::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("not a directory"), "{e}");
+        let settings: Settings =
+            toml::from_str("allow_local_images = [\"/srv/a\", \"/srv/b\"]").unwrap();
+        assert_eq!(settings.allow_local_images.unwrap().len(), 2);
+    }
+
+    #[test]
+    fn quantities_print_in_their_largest_whole_unit() {
+        assert_eq!(format_bytes(16 << 30), "16Gi");
+        assert_eq!(format_bytes(512 << 20), "512Mi");
+        assert_eq!(format_bytes(1000), "1000");
+        assert_eq!(format_cpu(4000), "4");
+        assert_eq!(format_cpu(1500), "1500m");
     }
 
     #[test]

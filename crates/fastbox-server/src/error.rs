@@ -13,6 +13,33 @@ pub enum ApiError {
     InvalidMetadata(String),
     #[error("{0}")]
     NotSupported(String),
+    /// A local image reference (`dir:`, `oci:`, `oci-archive:`, `docker-archive:`, a path)
+    /// outside the operator's `--allow-local-images` directories. The message is the same
+    /// whatever the reason (outside, missing, relative, none allowed), so the API is no
+    /// oracle for the host's files.
+    #[error(
+        "image {reference:?}: local image references (dir:, oci:, oci-archive:, docker-archive:, paths) are accepted only for existing paths under a directory the operator allows with --allow-local-images; use a registry image"
+    )]
+    LocalImageRefused { reference: String },
+    /// A limit above the operator's maximum (`--max-cpu`, ...).
+    #[error(
+        "resourceLimits.{resource} {requested:?} is above this server's maximum of {maximum} (the operator's {setting})"
+    )]
+    AboveMaximum {
+        resource: String,
+        requested: String,
+        maximum: String,
+        setting: &'static str,
+    },
+    /// A writable layer larger than the free space of the data directory's file system.
+    #[error(
+        "resourceLimits.{resource} {requested:?} is more than the {free} free on this server's disk; ask for less"
+    )]
+    InsufficientDisk {
+        resource: String,
+        requested: String,
+        free: String,
+    },
     #[error(
         "Authentication credentials are missing. Provide API key via OPEN-SANDBOX-API-KEY header."
     )]
@@ -54,9 +81,14 @@ pub enum ApiError {
 impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::InvalidParameter(_) | Self::InvalidMetadata(_) | Self::NotSupported(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            Self::InvalidParameter(_)
+            | Self::InvalidMetadata(_)
+            | Self::NotSupported(_)
+            | Self::LocalImageRefused { .. }
+            | Self::AboveMaximum { .. }
+            // The request is what is wrong for this server (507 is WebDAV's; clients treat
+            // a 5xx as a server fault worth retrying, which this is not).
+            | Self::InsufficientDisk { .. } => StatusCode::BAD_REQUEST,
             Self::MissingApiKey | Self::InvalidApiKey => StatusCode::UNAUTHORIZED,
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::SandboxNotFound(_)
@@ -75,7 +107,10 @@ impl ApiError {
 
     pub fn code(&self) -> &'static str {
         match self {
-            Self::InvalidParameter(_) => "SANDBOX::INVALID_PARAMETER",
+            Self::InvalidParameter(_)
+            | Self::LocalImageRefused { .. }
+            | Self::AboveMaximum { .. }
+            | Self::InsufficientDisk { .. } => "SANDBOX::INVALID_PARAMETER",
             Self::InvalidMetadata(_) => "SANDBOX::INVALID_METADATA_LABEL",
             Self::NotSupported(_) => "SANDBOX::API_NOT_SUPPORTED",
             Self::MissingApiKey => "MISSING_API_KEY",

@@ -14,7 +14,7 @@ use crate::error::ApiError;
 use crate::record::SandboxRecord;
 
 use super::lifecycle::Lifecycle;
-use super::plan::{CreatePlan, limits_of};
+use super::plan::{CreatePlan, recorded_limits};
 
 /// `extensions` key of a create: `"off"` restores on demand instead of taking a pooled
 /// sandbox (benchmarks measure the restore path with it).
@@ -464,20 +464,23 @@ impl Lifecycle {
                 fastlet.remove(&rid, placement.as_ref(), slot)
             })
             .await;
-            let plan = limits_of(&record.resource_limits).map(|(limits, disk_bytes)| CreatePlan {
-                image: record.image.clone(),
-                entrypoint: record.entrypoint.clone(),
-                env: record.env.clone(),
-                metadata: record.metadata.clone(),
-                resource_limits: record.resource_limits.clone(),
-                limits,
-                disk_bytes,
-                timeout_secs: None,
-                extensions: record.extensions.clone(),
-                template_id: record.template_id.clone(),
-                policy: record.policy(),
-                snapshot_id: record.snapshot_id.clone(),
-            });
+            let plan = recorded_limits(&record.resource_limits, &this.cfg.resources)
+                .map(|(limits, disk_bytes)| CreatePlan {
+                    image: record.image.clone(),
+                    entrypoint: record.entrypoint.clone(),
+                    env: record.env.clone(),
+                    metadata: record.metadata.clone(),
+                    resource_limits: record.resource_limits.clone(),
+                    limits,
+                    disk_bytes,
+                    timeout_secs: None,
+                    extensions: record.extensions.clone(),
+                    template_id: record.template_id.clone(),
+                    policy: record.policy(),
+                    snapshot_id: record.snapshot_id.clone(),
+                })
+                // The operator may have withdrawn the image's directory since.
+                .and_then(|plan| this.check_local_image(&plan.image.uri).map(|()| plan));
             match (cleaned, plan) {
                 (Ok(_), Ok(plan)) => {
                     // remove() freed the slot: take it again for the retry.

@@ -19,7 +19,7 @@ use crate::error::ApiError;
 use crate::record::SandboxRecord;
 use crate::store::Store;
 
-use super::plan::{plan, plan_from_snapshot, plan_from_template};
+use super::plan::{Rules, plan, plan_from_snapshot, plan_from_template};
 
 /// The execd header that carries the per-sandbox token.
 pub const EXECD_TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
@@ -225,17 +225,17 @@ impl Lifecycle {
 
     /// `POST /v1/sandboxes`: validate, admit into a slot, record the intent, start.
     pub async fn create(self: &Arc<Self>, req: CreateSandboxRequest) -> Result<Sandbox, ApiError> {
-        let max_timeout = self.cfg.max_timeout.as_secs();
+        let rules = Rules::of(&self.cfg);
         let plan = match (req.template_id.clone(), req.snapshot_id.clone()) {
             (Some(template_id), _) => {
                 let template = self.ready_template(&template_id)?;
-                plan_from_template(req, &template, max_timeout)?
+                plan_from_template(req, &template, &rules)?
             }
             (None, Some(snapshot_id)) => {
                 let snapshot = self.ready_snapshot(&snapshot_id).await?;
-                plan_from_snapshot(req, &snapshot, max_timeout)?
+                plan_from_snapshot(req, &snapshot, &rules)?
             }
-            (None, None) => plan(req, max_timeout)?,
+            (None, None) => plan(req, &rules)?,
         };
         let id = self.admit_and_record(&plan).await?;
         self.start_create(id.clone(), plan).await?;
@@ -251,6 +251,9 @@ impl Lifecycle {
         self.fastlet
             .check_image(&plan.image.uri)
             .map_err(|e| ApiError::InvalidParameter(format!("image: {e}")))?;
+        // Every create comes here (from an image, a template, a snapshot, a fork): a local
+        // image is refused unless the operator allows its directory now.
+        self.check_local_image(&plan.image.uri)?;
         let slot = self.admit().await.map_err(|e| ApiError::Capacity {
             message: e.to_string(),
             retry_after: 5,
@@ -296,6 +299,16 @@ impl Lifecycle {
             return Err(e);
         }
         Ok(id)
+    }
+
+    /// A caller's image reference naming a host path outside `--allow-local-images` is a 400
+    /// (`service::local_images`).
+    pub(super) fn check_local_image(&self, reference: &str) -> Result<(), ApiError> {
+        super::local_images::check(
+            reference,
+            &self.cfg.allow_local_images,
+            &self.fastlet.config().images,
+        )
     }
 
     /// `GET /v1/sandboxes/{id}`.

@@ -5,6 +5,7 @@ mod artifact_refs;
 mod converge;
 mod egress;
 mod lifecycle;
+pub mod local_images;
 pub mod plan;
 mod snapshots;
 mod templates;

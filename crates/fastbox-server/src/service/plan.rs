@@ -1,14 +1,17 @@
 //! Turns a `CreateSandboxRequest` into what the node needs, or a 400 that says what is wrong.
 //! Nothing is created before a request passed here.
 
+use std::path::Path;
+
 use fastbox_api::lifecycle::{CreateSandboxRequest, ImageSpec, StringMap};
 use fastbox_api::quantity::{parse_bytes, parse_cpu_millis};
 use fastbox_api::templates::Template;
-use fastbox_runtime::cgroup::{CgroupLimits, MIN_CPU_MILLIS};
-use fastbox_runtime::spec::DEFAULT_PIDS;
+use fastbox_runtime::cgroup::CgroupLimits;
+use fastbox_runtime::spec::DEFAULT_DISK_BYTES;
 
 use fastbox_egress::EgressPolicy;
 
+use crate::config::{MIN_RESOURCES, ResourcePolicy, ServerConfig, format_bytes, format_cpu};
 use crate::error::ApiError;
 use crate::record::SnapshotRecord;
 
@@ -38,6 +41,28 @@ pub struct CreatePlan {
     pub snapshot_id: Option<String>,
 }
 
+/// What a create is validated against: this server's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Rules<'a> {
+    /// Upper bound of `timeout`.
+    pub max_timeout_secs: u64,
+    /// Limits of creates that name none, and the most a create may name.
+    pub resources: ResourcePolicy,
+    /// Where writable layers are made: a disk larger than its file system's free space is
+    /// refused.
+    pub data_dir: &'a Path,
+}
+
+impl<'a> Rules<'a> {
+    pub fn of(cfg: &'a ServerConfig) -> Self {
+        Rules {
+            max_timeout_secs: cfg.max_timeout.as_secs(),
+            resources: cfg.resources,
+            data_dir: &cfg.data_dir,
+        }
+    }
+}
+
 fn invalid(message: impl Into<String>) -> ApiError {
     ApiError::InvalidParameter(message.into())
 }
@@ -47,7 +72,8 @@ fn unsupported(message: impl Into<String>) -> ApiError {
 }
 
 /// Validates `req` against the API's rules and this server's limits.
-pub fn plan(req: CreateSandboxRequest, max_timeout_secs: u64) -> Result<CreatePlan, ApiError> {
+pub fn plan(req: CreateSandboxRequest, rules: &Rules) -> Result<CreatePlan, ApiError> {
+    let max_timeout_secs = rules.max_timeout_secs;
     if req.snapshot_id.is_some() {
         return Err(invalid(
             "give exactly one of image, snapshotId and templateId",
@@ -118,7 +144,7 @@ pub fn plan(req: CreateSandboxRequest, max_timeout_secs: u64) -> Result<CreatePl
         )));
     }
     let resource_limits = req.resource_limits.unwrap_or_default();
-    let (limits, disk_bytes) = limits_of(&resource_limits)?;
+    let (limits, disk_bytes) = limits_of(&resource_limits, rules)?;
     Ok(CreatePlan {
         image,
         entrypoint,
@@ -140,8 +166,9 @@ pub fn plan(req: CreateSandboxRequest, max_timeout_secs: u64) -> Result<CreatePl
 pub fn plan_from_template(
     req: CreateSandboxRequest,
     template: &Template,
-    max_timeout_secs: u64,
+    rules: &Rules,
 ) -> Result<CreatePlan, ApiError> {
+    let max_timeout_secs = rules.max_timeout_secs;
     let refused = [
         ("image", req.image.is_some()),
         ("snapshotId", req.snapshot_id.is_some()),
@@ -159,7 +186,7 @@ pub fn plan_from_template(
     let timeout_secs = timeout_of(req.timeout, max_timeout_secs)?
         .ok_or_else(|| invalid("timeout is required with templateId"))?;
     let resource_limits = template.resource_limits.clone().unwrap_or_default();
-    let (limits, disk_bytes) = limits_of(&resource_limits)?;
+    let (limits, disk_bytes) = limits_of(&resource_limits, rules)?;
     let policy = policy_of(req.network_policy.as_ref())?;
     Ok(CreatePlan {
         image: ImageSpec {
@@ -191,8 +218,9 @@ pub fn plan_from_template(
 pub fn plan_from_snapshot(
     req: CreateSandboxRequest,
     snapshot: &SnapshotRecord,
-    max_timeout_secs: u64,
+    rules: &Rules,
 ) -> Result<CreatePlan, ApiError> {
+    let max_timeout_secs = rules.max_timeout_secs;
     let refused = [
         ("image", req.image.is_some()),
         ("templateId", req.template_id.is_some()),
@@ -230,7 +258,7 @@ pub fn plan_from_snapshot(
             resource_limits.insert(key.to_string(), disk.clone());
         }
     }
-    let (limits, disk_bytes) = limits_of(&resource_limits)?;
+    let (limits, disk_bytes) = limits_of(&resource_limits, rules)?;
     let metadata = match req.metadata {
         Some(m) if !m.is_empty() => metadata_of(Some(m))?,
         _ => snapshot.metadata.clone(),
@@ -304,45 +332,60 @@ fn host_arch() -> &'static str {
     }
 }
 
+/// One limit of a `resourceLimits` map: its key as given, its text and its value.
+#[derive(Debug, Clone, Copy)]
+struct Given<'m> {
+    key: &'m str,
+    text: &'m str,
+    value: u64,
+}
+
+/// The limits a `resourceLimits` map names, each checked against the least a sandbox needs.
+#[derive(Debug, Default)]
+struct Named<'m> {
+    cpu: Option<Given<'m>>,
+    memory: Option<Given<'m>>,
+    disk: Option<Given<'m>>,
+    pids: Option<Given<'m>>,
+}
+
 /// `resourceLimits`: `cpu`, `memory`, `disk` (alias `ephemeral-storage`), `pids`.
-pub fn limits_of(map: &StringMap) -> Result<(CgroupLimits, Option<u64>), ApiError> {
-    let mut limits = CgroupLimits {
-        cpu_millis: None,
-        memory_bytes: None,
-        pids: Some(DEFAULT_PIDS),
-    };
-    let mut disk = None;
+fn named_limits(map: &StringMap) -> Result<Named<'_>, ApiError> {
+    let mut named = Named::default();
     for (key, value) in map {
         let bad =
             |e: &dyn std::fmt::Display| invalid(format!("resourceLimits.{key} {value:?}: {e}"));
+        let given = |n| {
+            Some(Given {
+                key,
+                text: value,
+                value: n,
+            })
+        };
+        let at_least = |n: u64, min: u64, show: fn(u64) -> String| {
+            if n < min {
+                Err(bad(&format!("at least {}", show(min))))
+            } else {
+                Ok(n)
+            }
+        };
         match key.as_str() {
             "cpu" => {
                 let millis = parse_cpu_millis(value).map_err(|e| bad(&e))?;
-                if millis < MIN_CPU_MILLIS {
-                    return Err(bad(&format!("at least {MIN_CPU_MILLIS}m")));
-                }
-                limits.cpu_millis = Some(millis);
+                let millis = at_least(millis, MIN_RESOURCES.cpu_millis, |m| format!("{m}m"))?;
+                named.cpu = given(millis);
             }
             "memory" => {
                 let bytes = parse_bytes(value).map_err(|e| bad(&e))?;
-                if bytes < 16 << 20 {
-                    return Err(bad(&"at least 16Mi"));
-                }
-                limits.memory_bytes = Some(bytes);
+                named.memory = given(at_least(bytes, MIN_RESOURCES.memory_bytes, format_bytes)?);
             }
             "disk" | "ephemeral-storage" => {
                 let bytes = parse_bytes(value).map_err(|e| bad(&e))?;
-                if bytes < 64 << 20 {
-                    return Err(bad(&"at least 64Mi"));
-                }
-                disk = Some(bytes);
+                named.disk = given(at_least(bytes, MIN_RESOURCES.disk_bytes, format_bytes)?);
             }
             "pids" => {
                 let n: u64 = value.parse().map_err(|e| bad(&e))?;
-                if n < 16 {
-                    return Err(bad(&"at least 16"));
-                }
-                limits.pids = Some(n);
+                named.pids = given(at_least(n, MIN_RESOURCES.pids, |n| n.to_string())?);
             }
             "gpu" | "nvidia.com/gpu" if value == "0" => {}
             "gpu" | "nvidia.com/gpu" => {
@@ -355,7 +398,98 @@ pub fn limits_of(map: &StringMap) -> Result<(CgroupLimits, Option<u64>), ApiErro
             }
         }
     }
-    Ok((limits, disk))
+    Ok(named)
+}
+
+/// The limits `named` gives, the defaults of `resources` for the others. The disk is `None`
+/// when it is the runtime's own default size (what pooled sandboxes and spare slots have).
+fn with_defaults(named: &Named, resources: &ResourcePolicy) -> (CgroupLimits, Option<u64>) {
+    let defaults = &resources.defaults;
+    let value = |g: Option<Given>| g.map(|g| g.value);
+    let limits = CgroupLimits {
+        cpu_millis: Some(value(named.cpu).unwrap_or(defaults.cpu_millis)),
+        memory_bytes: Some(value(named.memory).unwrap_or(defaults.memory_bytes)),
+        pids: Some(value(named.pids).unwrap_or(defaults.pids)),
+    };
+    let disk = value(named.disk).unwrap_or(defaults.disk_bytes);
+    (limits, (disk != DEFAULT_DISK_BYTES).then_some(disk))
+}
+
+/// A named limit, the maximum, the setting that sets it, how the maximum is written.
+type Check<'m> = (Option<Given<'m>>, u64, &'static str, fn(u64) -> String);
+
+/// A create's `resourceLimits` (the request's, its template's or its snapshot's): checked
+/// against the operator's maximums, a named disk against the free space of the data
+/// directory's file system, and the operator's defaults for what it does not name.
+pub fn limits_of(map: &StringMap, rules: &Rules) -> Result<(CgroupLimits, Option<u64>), ApiError> {
+    let named = named_limits(map)?;
+    let max = &rules.resources.max;
+    let checks: [Check; 4] = [
+        (named.cpu, max.cpu_millis, "--max-cpu", format_cpu),
+        (named.memory, max.memory_bytes, "--max-memory", format_bytes),
+        (named.disk, max.disk_bytes, "--max-disk", format_bytes),
+        (named.pids, max.pids, "--max-pids", |n| n.to_string()),
+    ];
+    for (given, maximum, setting, show) in checks {
+        if let Some(g) = given
+            && g.value > maximum
+        {
+            return Err(ApiError::AboveMaximum {
+                resource: g.key.to_string(),
+                requested: g.text.to_string(),
+                maximum: show(maximum),
+                setting,
+            });
+        }
+    }
+    if let Some(disk) = named.disk {
+        let free = free_bytes(rules.data_dir).map_err(|e| {
+            ApiError::Internal(format!(
+                "cannot read the free space of {}: {e}",
+                rules.data_dir.display()
+            ))
+        })?;
+        if disk.value > free {
+            return Err(ApiError::InsufficientDisk {
+                resource: disk.key.to_string(),
+                requested: disk.text.to_string(),
+                free: approx_bytes(free),
+            });
+        }
+    }
+    Ok(with_defaults(&named, &rules.resources))
+}
+
+/// The limits of a sandbox that was admitted already (a restarted create, a resume, a clone):
+/// its recorded `resourceLimits` and the defaults for the others, without the maximums.
+pub fn recorded_limits(
+    map: &StringMap,
+    resources: &ResourcePolicy,
+) -> Result<(CgroupLimits, Option<u64>), ApiError> {
+    Ok(with_defaults(&named_limits(map)?, resources))
+}
+
+/// Bytes an unprivileged writer may still use in the file system of `path` (statvfs).
+pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    let st = nix::sys::statvfs::statvfs(path).map_err(std::io::Error::from)?;
+    Ok((st.blocks_available() as u64).saturating_mul(st.fragment_size() as u64))
+}
+
+/// `37.2 GiB`, `512.0 MiB`, `100 B`.
+fn approx_bytes(bytes: u64) -> String {
+    const UNITS: [(u32, &str); 5] = [
+        (50, "PiB"),
+        (40, "TiB"),
+        (30, "GiB"),
+        (20, "MiB"),
+        (10, "KiB"),
+    ];
+    for (shift, unit) in UNITS {
+        if bytes >= 1 << shift {
+            return format!("{:.1} {unit}", bytes as f64 / (1u64 << shift) as f64);
+        }
+    }
+    format!("{bytes} B")
 }
 
 #[cfg(test)]
@@ -366,15 +500,24 @@ mod tests {
         serde_json::from_str(json).unwrap()
     }
 
+    /// The default settings, layers made in the file system of the temporary directory.
+    fn rules() -> Rules<'static> {
+        Rules {
+            max_timeout_secs: 86_400,
+            resources: ResourcePolicy::default(),
+            data_dir: Path::new("/tmp"),
+        }
+    }
+
     fn err(json: &str) -> ApiError {
-        plan(req(json), 86_400).unwrap_err()
+        plan(req(json), &rules()).unwrap_err()
     }
 
     #[test]
     fn the_sdks_default_body_plans() {
         let p = plan(
             req(r#"{"image":{"uri":"python:3.12"},"timeout":600,"resourceLimits":{"cpu":"1","memory":"2Gi"},"entrypoint":["tail","-f","/dev/null"],"secureAccess":false}"#),
-            86_400,
+            &rules(),
         )
         .unwrap();
         assert_eq!(p.limits.cpu_millis, Some(1000));
@@ -424,7 +567,7 @@ mod tests {
             err(r#"{"snapshotId":"s"}"#),
             ApiError::InvalidParameter(_)
         ));
-        plan(req(&format!("{{{base},\"networkPolicy\":{{}}}}")), 86_400).unwrap();
+        plan(req(&format!("{{{base},\"networkPolicy\":{{}}}}")), &rules()).unwrap();
     }
 
     fn snapshot() -> SnapshotRecord {
@@ -454,7 +597,7 @@ mod tests {
     }
 
     fn from_snapshot(json: &str) -> Result<CreatePlan, ApiError> {
-        plan_from_snapshot(req(json), &snapshot(), 86_400)
+        plan_from_snapshot(req(json), &snapshot(), &rules())
     }
 
     #[test]
@@ -505,7 +648,186 @@ mod tests {
             ("pids".to_string(), "64".to_string()),
         ]
         .into();
-        let (limits, disk) = limits_of(&map).unwrap();
+        let (limits, disk) = limits_of(&map, &rules()).unwrap();
         assert_eq!((limits.pids, disk), (Some(64), Some(1 << 30)));
+    }
+
+    fn limits(
+        pairs: &[(&str, &str)],
+        rules: &Rules,
+    ) -> Result<(CgroupLimits, Option<u64>), ApiError> {
+        let map: StringMap = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        limits_of(&map, rules)
+    }
+
+    #[test]
+    fn creates_that_name_no_limit_get_the_defaults() {
+        let (cgroup, disk) = limits(&[], &rules()).unwrap();
+        assert_eq!(cgroup.cpu_millis, Some(1000));
+        assert_eq!(cgroup.memory_bytes, Some(512 << 20));
+        assert_eq!(cgroup.pids, Some(fastbox_runtime::spec::DEFAULT_PIDS));
+        assert_eq!(
+            disk, None,
+            "the runtime's own layer size, which pooled sandboxes and spares have"
+        );
+        // The operator's defaults; the ones a create names win.
+        let mut custom = rules();
+        custom.resources.defaults = crate::config::Resources {
+            cpu_millis: 500,
+            memory_bytes: 1 << 30,
+            disk_bytes: 2 << 30,
+            pids: 100,
+        };
+        let (cgroup, disk) = limits(&[("memory", "256Mi")], &custom).unwrap();
+        assert_eq!(
+            (cgroup.cpu_millis, cgroup.memory_bytes, cgroup.pids, disk),
+            (Some(500), Some(256 << 20), Some(100), Some(2 << 30))
+        );
+        let p = plan(
+            req(r#"{"image":{"uri":"python:3.12"},"entrypoint":["sh"]}"#),
+            &custom,
+        )
+        .unwrap();
+        assert_eq!(p.limits.memory_bytes, Some(1 << 30));
+        assert!(
+            p.resource_limits.is_empty(),
+            "the record keeps what was asked"
+        );
+        // Records admitted earlier get the defaults too, and no maximum.
+        let (cgroup, _) = recorded_limits(
+            &[("memory".to_string(), "1Ti".to_string())].into(),
+            &custom.resources,
+        )
+        .unwrap();
+        assert_eq!(
+            (cgroup.cpu_millis, cgroup.memory_bytes),
+            (Some(500), Some(1 << 40))
+        );
+    }
+
+    #[test]
+    fn limits_above_the_maximums_are_400s_naming_the_resource_the_value_and_the_maximum() {
+        let rules = rules();
+        for (key, value, maximum, setting) in [
+            ("memory", "1Ti", "16Gi", "--max-memory"),
+            ("memory", "17179869185", "16Gi", "--max-memory"),
+            ("cpu", "4001m", "4", "--max-cpu"),
+            ("cpu", "64", "4", "--max-cpu"),
+            ("disk", "65Gi", "64Gi", "--max-disk"),
+            ("ephemeral-storage", "1Pi", "64Gi", "--max-disk"),
+            ("pids", "4097", "4096", "--max-pids"),
+        ] {
+            let e = limits(&[(key, value)], &rules).unwrap_err();
+            assert!(matches!(e, ApiError::AboveMaximum { .. }), "{key}: {e:?}");
+            assert_eq!(e.status(), axum::http::StatusCode::BAD_REQUEST);
+            assert_eq!(e.code(), "SANDBOX::INVALID_PARAMETER");
+            let message = e.to_string();
+            for part in [
+                format!("resourceLimits.{key}"),
+                format!("{value:?}"),
+                format!("maximum of {maximum}"),
+                setting.to_string(),
+            ] {
+                assert!(message.contains(&part), "{part} not in {message}");
+            }
+        }
+        // Equal to the maximum is accepted.
+        let (cgroup, disk) = limits(
+            &[
+                ("cpu", "4"),
+                ("memory", "16Gi"),
+                ("disk", "64Gi"),
+                ("pids", "4096"),
+            ],
+            &Rules {
+                data_dir: Path::new("/"),
+                ..rules
+            },
+        )
+        .or_else(|e| match e {
+            // This machine may have less than 64 GiB free: the same with a smaller disk.
+            ApiError::InsufficientDisk { .. } => limits(
+                &[
+                    ("cpu", "4"),
+                    ("memory", "16Gi"),
+                    ("disk", "64Mi"),
+                    ("pids", "4096"),
+                ],
+                &rules,
+            ),
+            e => Err(e),
+        })
+        .unwrap();
+        assert_eq!(
+            (cgroup.cpu_millis, cgroup.memory_bytes, cgroup.pids),
+            (Some(4000), Some(16 << 30), Some(4096))
+        );
+        assert!(disk.is_some());
+        // A whole create with more than the maximum is refused before anything happens.
+        let e = err(
+            r#"{"image":{"uri":"python:3.12"},"entrypoint":["sh"],"resourceLimits":{"memory":"1Ti"}}"#,
+        );
+        assert!(matches!(e, ApiError::AboveMaximum { .. }), "{e:?}");
+        // So are a template's and a snapshot's.
+        let template = Template {
+            template_id: "tpl_1".into(),
+            image: "python:3.12".into(),
+            publish: "local".into(),
+            format: "native".into(),
+            status: fastbox_api::templates::TemplateStatus {
+                phase: fastbox_api::templates::TemplatePhase::Succeeded,
+                manifest_ref: None,
+                message: None,
+            },
+            created_at: chrono::Utc::now(),
+            updated_at: chrono::Utc::now(),
+            resource_limits: Some([("pids".to_string(), "100000".to_string())].into()),
+            entrypoint: None,
+            env: None,
+            metadata: None,
+            readiness: None,
+        };
+        let e = plan_from_template(
+            req(r#"{"templateId":"tpl_1","timeout":600}"#),
+            &template,
+            &rules,
+        )
+        .unwrap_err();
+        assert!(matches!(e, ApiError::AboveMaximum { .. }), "{e:?}");
+        let e =
+            from_snapshot(r#"{"snapshotId":"snap_1","resourceLimits":{"cpu":"8"}}"#).unwrap_err();
+        assert!(matches!(e, ApiError::AboveMaximum { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn a_disk_larger_than_the_free_space_is_a_400() {
+        let dir = tempfile::tempdir().unwrap();
+        let free = free_bytes(dir.path()).unwrap();
+        assert!(
+            free > 64 << 20,
+            "the test needs 64 MiB free in {}",
+            dir.path().display()
+        );
+        let mut rules = rules();
+        rules.data_dir = dir.path();
+        rules.resources.max.disk_bytes = u64::MAX;
+        let too_much = (free + (1 << 30)).to_string();
+        let e = limits(&[("disk", &too_much)], &rules).unwrap_err();
+        assert!(matches!(e, ApiError::InsufficientDisk { .. }), "{e:?}");
+        assert_eq!(e.status(), axum::http::StatusCode::BAD_REQUEST);
+        let message = e.to_string();
+        assert!(
+            message.contains("resourceLimits.disk")
+                && message.contains(&too_much)
+                && message.contains("free"),
+            "{message}"
+        );
+        let (_, disk) = limits(&[("disk", "64Mi")], &rules).unwrap();
+        assert_eq!(disk, Some(64 << 20));
+        // The default is not checked: it is sparse and the operator's choice.
+        limits(&[], &rules).unwrap();
     }
 }

@@ -17,12 +17,13 @@ use fastbox_fastlet::snapshot::{SnapshotSource, StagedSnapshot};
 use fastbox_fastlet::template::Template;
 use fastbox_fastlet::{FastletError, PlaceRequest, blocking};
 
+use crate::config::ResourcePolicy;
 use crate::error::ApiError;
 use crate::record::{SandboxRecord, SnapshotRecord};
 
 use super::converge::{PROCESS_LOST, START_FAILED};
 use super::lifecycle::{Lifecycle, not_running};
-use super::plan::{CreatePlan, limits_of, plan_from_snapshot};
+use super::plan::{CreatePlan, Rules, plan_from_snapshot, recorded_limits};
 
 /// A live snapshot dumped and not yet kept, with the placement it was taken of.
 struct Staged {
@@ -485,6 +486,7 @@ impl Lifecycle {
         };
         let fastlet = self.fastlet.clone();
         let rec = record.clone();
+        let resources = self.cfg.resources;
         let resumed = blocking::run("fastbox-resume", move || {
             let checkpoint = fastlet
                 .load_snapshot(&key)
@@ -492,7 +494,7 @@ impl Lifecycle {
                     key: key.clone(),
                     message: "this node does not have the checkpoint".into(),
                 })?;
-            let req = place_request(&rec, &checkpoint)?;
+            let req = place_request(&rec, &checkpoint, &resources)?;
             let resumed = fastlet.resume(&checkpoint, &req, slot);
             if resumed.is_err() {
                 let _ = fastlet.release_keeping_address(&rec.id, None, slot);
@@ -595,6 +597,7 @@ impl Lifecycle {
         let fastlet = self.fastlet.clone();
         let key = snapshot_id.to_string();
         let mut rec = record.clone();
+        let resources = self.cfg.resources;
         rec.env = plan.env.clone();
         let placed = blocking::run("fastbox-place", move || {
             let snapshot = staged
@@ -603,7 +606,7 @@ impl Lifecycle {
                     key: key.clone(),
                     message: "this node does not have the snapshot".into(),
                 })?;
-            let mut req = place_request(&rec, &snapshot)?;
+            let mut req = place_request(&rec, &snapshot, &resources)?;
             req.policy = plan.policy.clone();
             req.limits = plan.limits;
             req.disk_bytes = plan.disk_bytes;
@@ -633,7 +636,7 @@ impl Lifecycle {
             timeout: req.timeout,
             ..Default::default()
         };
-        let planned = plan_from_snapshot(create, &snapshot, self.cfg.max_timeout.as_secs());
+        let planned = plan_from_snapshot(create, &snapshot, &Rules::of(&self.cfg));
         let mut clones = Vec::new();
         let admitted = match planned {
             Ok(plan) => {
@@ -907,11 +910,14 @@ impl Lifecycle {
 fn place_request(
     record: &SandboxRecord,
     checkpoint: &Template,
+    resources: &ResourcePolicy,
 ) -> Result<PlaceRequest, FastletError> {
     let (limits, disk_bytes) =
-        limits_of(&record.resource_limits).map_err(|e| FastletError::Snapshot {
-            key: checkpoint.key.clone(),
-            message: e.to_string(),
+        recorded_limits(&record.resource_limits, resources).map_err(|e| {
+            FastletError::Snapshot {
+                key: checkpoint.key.clone(),
+                message: e.to_string(),
+            }
         })?;
     Ok(PlaceRequest {
         id: record.id.clone(),

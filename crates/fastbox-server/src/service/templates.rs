@@ -16,7 +16,7 @@ use fastbox_image::NoProgress;
 use crate::error::ApiError;
 
 use super::lifecycle::Lifecycle;
-use super::plan::{default_entrypoint, limits_of};
+use super::plan::{Rules, default_entrypoint, limits_of};
 
 /// How `template`'s golden checkpoint is built: its environment baked in, its entrypoint (the
 /// SDK's default when it has none) started cold as the warm-up command, and its readiness
@@ -73,8 +73,9 @@ impl Lifecycle {
         self.fastlet
             .check_image(&req.image)
             .map_err(|e| invalid(format!("image: {e}")))?;
+        self.check_local_image(&req.image)?;
         let limits = req.resource_limits.clone().unwrap_or_default();
-        limits_of(&limits)?;
+        limits_of(&limits, &Rules::of(&self.cfg))?;
         let env = req.env.clone().unwrap_or_default();
         if let Some(key) = env.keys().find(|k| k.is_empty() || k.contains('=')) {
             return Err(invalid(format!("env key {key:?} is not a variable name")));
