@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ImageError;
+use crate::netguard::IpNet;
 use crate::recipe::Recipe;
 use crate::reference::RegistryReference;
 
@@ -25,9 +26,18 @@ pub struct ImageConfig {
     /// is always present unless the map names `fastbox/busybox` itself.
     pub offline_aliases: BTreeMap<String, String>,
     /// Registries (`host` or `host:port`) spoken to over plain http. Loopback hosts always are.
+    /// Being configured by the operator, they are also reached wherever they resolve (at the
+    /// port of their entry, any port for a bare host), private networks included.
     pub insecure_registries: Vec<String>,
-    /// The API endpoint that serves `docker.io` references.
+    /// The API endpoint that serves `docker.io` references (a configured registry too:
+    /// reached wherever it resolves).
     pub docker_hub_endpoint: String,
+    /// Networks (`10.0.0.0/8`, `127.0.0.1`, `fd00::/8`) that registries, their token realms
+    /// and their redirects may be reached in although they are special (private, loopback,
+    /// link-local, CGNAT, unique-local, ...: `SPECIAL_RANGES`). Empty by default: a pull never
+    /// connects into those networks (server-side request forgery), except to the registries
+    /// configured above.
+    pub registry_allow_private: Vec<IpNet>,
     /// The platform picked from multi-platform images, `os/arch[/variant]`; defaults to the host's.
     pub platform: String,
     /// Debian mirror URI for the debootstrap recipe; `None` derives it from `apt_sources`.
@@ -64,6 +74,7 @@ impl Default for ImageConfig {
             offline_aliases,
             insecure_registries: Vec::new(),
             docker_hub_endpoint: "registry-1.docker.io".to_owned(),
+            registry_allow_private: Vec::new(),
             platform: host_platform(),
             debian_mirror: None,
             apt_sources: vec![

@@ -47,6 +47,19 @@ pub enum ImageError {
         reason: String,
     },
 
+    /// The registry, its token realm or a redirect leads to an address no pull may connect
+    /// to (a private, loopback, link-local or other special network the operator did not
+    /// allow). Refused before any connection is made.
+    #[error("registry {registry}: refusing to connect to {target} for {via}: {reason}")]
+    AddressRefused {
+        registry: String,
+        /// The refused address, or host (address), or host:port.
+        target: String,
+        /// `the registry`, `its token realm`, `a redirect`.
+        via: String,
+        reason: String,
+    },
+
     /// The registry answered with something this client does not understand.
     #[error("registry {registry} answered http {status} for {url}: {detail}")]
     Registry {

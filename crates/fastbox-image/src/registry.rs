@@ -3,15 +3,22 @@
 //!
 //! Blocking by design (`reqwest::blocking`): call it from a plain thread or `spawn_blocking`,
 //! never from inside an async task.
+//!
+//! Every connection goes through `netguard`: the registry, its token realm and every redirect
+//! hop are refused in private and other special networks unless the operator allowed them.
+//! What a registry sends is bounded (manifests and token answers at 4 MiB, blobs at their
+//! manifest size), and nothing of an error answer's body reaches an error message: the
+//! status and, from the distribution spec's fixed vocabulary, the error codes.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use reqwest::blocking::{Client, Response};
+use reqwest::Url;
+use reqwest::blocking::{Client, RequestBuilder, Response};
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 
@@ -19,12 +26,19 @@ use crate::auth::{Challenge, parse_challenges};
 use crate::config::ImageConfig;
 use crate::digest::{digest_hex, sha256_digest};
 use crate::error::ImageError;
+use crate::netguard::{AddressPolicy, GuardedResolver, find_refusal, redirect_policy};
 use crate::oci::{self, BlobSource, Index, ManifestKind, PreparedImage, media};
 use crate::progress::{Progress, mib};
 use crate::reference::{DOCKER_HUB, RegistryReference};
 use crate::resolved::RegistryAuth;
 
-const MANIFEST_LIMIT: u64 = 8 * 1024 * 1024;
+/// The largest manifest (or index) read; the distribution spec asks registries to accept
+/// manifests of at least 4 MiB.
+const MANIFEST_LIMIT: u64 = 4 * 1024 * 1024;
+/// The largest token answer read from a realm.
+const TOKEN_LIMIT: u64 = 4 * 1024 * 1024;
+/// How much of an error answer is read (to find its error codes) before it is dropped.
+const ERROR_BODY_LIMIT: u64 = 64 * 1024;
 
 #[derive(Debug, Clone)]
 enum AuthState {
@@ -40,6 +54,7 @@ pub(crate) struct RegistryClient<'a> {
     base: String,
     auth: Option<&'a RegistryAuth>,
     insecure: Vec<String>,
+    policy: Arc<AddressPolicy>,
     state: Mutex<AuthState>,
 }
 
@@ -78,21 +93,47 @@ impl<'a> RegistryClient<'a> {
         } else {
             "https"
         };
-        let timeout = Duration::from_secs(cfg.registry_timeout_secs.max(1));
-        let http = Client::builder()
-            .connect_timeout(timeout)
-            .timeout(timeout)
-            .user_agent(concat!("fastbox-image/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| ImageError::Config(format!("cannot build the http client: {e}")))?;
+        let policy = Arc::new(address_policy(cfg));
         Ok(RegistryClient {
-            http,
+            http: http_client(cfg, policy.clone())?,
             reference,
             base: format!("{scheme}://{host}"),
             auth,
             insecure: cfg.insecure_registries.clone(),
+            policy,
             state: Mutex::new(AuthState::Anonymous),
         })
+    }
+
+    /// Sends `request` to `url` once the address policy accepts it; the resolver and the
+    /// redirect policy check the rest at connect time. `via` names what `url` is.
+    fn send(&self, request: RequestBuilder, url: &str, via: &str) -> Result<Response, ImageError> {
+        let parsed = Url::parse(url).map_err(|e| ImageError::InvalidReference {
+            reference: self.reference.canonical(),
+            reason: format!("{via} url {url} is invalid: {e}"),
+        })?;
+        if let Err(refusal) = self.policy.check_url(&parsed) {
+            return Err(self.refused(&refusal, via));
+        }
+        request.send().map_err(|e| {
+            let own_host = parsed.host_str().map(|h| h.trim_matches(['[', ']']));
+            match find_refusal(&e) {
+                Some(r) if own_host.is_some_and(|h| h.eq_ignore_ascii_case(r.host())) => {
+                    self.refused(r, via)
+                }
+                Some(r) => self.refused(r, &format!("a redirect from {via}")),
+                None => self.unreachable(url, e),
+            }
+        })
+    }
+
+    fn refused(&self, refusal: &crate::netguard::Refusal, via: &str) -> ImageError {
+        ImageError::AddressRefused {
+            registry: self.registry(),
+            target: refusal.target(),
+            via: via.to_owned(),
+            reason: refusal.reason(),
+        }
     }
 
     fn url(&self, tail: &str) -> String {
@@ -142,7 +183,7 @@ impl<'a> RegistryClient<'a> {
                 (AuthState::Bearer(token), _) => request.bearer_auth(token),
                 _ => request,
             };
-            let response = request.send().map_err(|e| self.unreachable(url, e))?;
+            let response = self.send(request, url, "the registry")?;
             let status = response.status();
             if status == StatusCode::FORBIDDEN {
                 return Err(self.denied(status));
@@ -179,7 +220,7 @@ impl<'a> RegistryClient<'a> {
                         "unsupported authentication challenge {:?}",
                         challenges
                             .iter()
-                            .map(|c| c.scheme.as_str())
+                            .map(|c| shown_token(&c.scheme))
                             .collect::<Vec<_>>()
                     ),
                 });
@@ -199,11 +240,11 @@ impl<'a> RegistryClient<'a> {
                 status: 401,
                 detail: "bearer challenge without a realm".into(),
             })?;
-        let realm_url = reqwest::Url::parse(realm).map_err(|e| ImageError::Registry {
+        let realm_url = Url::parse(realm).map_err(|e| ImageError::Registry {
             registry: self.registry(),
             url: self.base.clone(),
             status: 401,
-            detail: format!("bearer realm {realm:?} is not a url: {e}"),
+            detail: format!("its bearer realm is not a url: {e}"),
         })?;
         let realm_host = match (realm_url.host_str(), realm_url.port()) {
             (Some(h), Some(p)) => format!("{h}:{p}"),
@@ -238,7 +279,7 @@ impl<'a> RegistryClient<'a> {
         if let Some(a) = self.auth {
             request = request.basic_auth(&a.username, Some(&a.password));
         }
-        let response = request.send().map_err(|e| self.unreachable(realm, e))?;
+        let response = self.send(request, realm_url.as_str(), "its token realm")?;
         let status = response.status();
         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
             return Err(self.denied(status));
@@ -248,7 +289,7 @@ impl<'a> RegistryClient<'a> {
                 registry: self.registry(),
                 url: realm.clone(),
                 status: status.as_u16(),
-                detail: body_detail(response),
+                detail: status_detail(response),
             });
         }
         #[derive(Deserialize)]
@@ -258,12 +299,24 @@ impl<'a> RegistryClient<'a> {
             #[serde(default)]
             access_token: Option<String>,
         }
-        let body: TokenResponse = response.json().map_err(|e| ImageError::Registry {
+        let bytes = read_capped(response, TOKEN_LIMIT).map_err(|e| ImageError::Registry {
             registry: self.registry(),
             url: realm.clone(),
             status: status.as_u16(),
-            detail: format!("token response is not json: {e}"),
+            detail: format!("token response: {e}"),
         })?;
+        // serde's messages quote what they met: only the position is shown.
+        let body: TokenResponse =
+            serde_json::from_slice(&bytes).map_err(|e| ImageError::Registry {
+                registry: self.registry(),
+                url: realm.clone(),
+                status: status.as_u16(),
+                detail: format!(
+                    "token response is not the expected json (line {} column {})",
+                    e.line(),
+                    e.column()
+                ),
+            })?;
         body.token
             .or(body.access_token)
             .filter(|t| !t.is_empty())
@@ -280,7 +333,7 @@ impl<'a> RegistryClient<'a> {
         if status.is_success() {
             return Ok(response);
         }
-        let detail = body_detail(response);
+        let detail = status_detail(response);
         if status == StatusCode::NOT_FOUND {
             return Err(ImageError::NotFound {
                 reference: self.reference.canonical(),
@@ -307,22 +360,18 @@ impl<'a> RegistryClient<'a> {
             .get(reqwest::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let mut bytes = Vec::new();
-        response
-            .take(MANIFEST_LIMIT + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| ImageError::Registry {
+        let bytes = read_capped(response, MANIFEST_LIMIT).map_err(|e| match e {
+            Capped::TooLarge => ImageError::invalid_image(
+                format!("manifest {url}"),
+                format!("larger than {}", mib(MANIFEST_LIMIT)),
+            ),
+            Capped::Io(e) => ImageError::Registry {
                 registry: self.registry(),
                 url: url.clone(),
                 status: 200,
                 detail: format!("manifest body: {e}"),
-            })?;
-        if bytes.len() as u64 > MANIFEST_LIMIT {
-            return Err(ImageError::invalid_image(
-                format!("manifest {url}"),
-                format!("larger than {}", mib(MANIFEST_LIMIT)),
-            ));
-        }
+            },
+        })?;
         Ok((bytes, content_type))
     }
 
@@ -364,10 +413,20 @@ impl<'a> RegistryClient<'a> {
                         });
                     }
                 };
+                done += n as u64;
+                // A registry that sends more than the manifest says is cut off at once,
+                // not when the disk is full.
+                if let Some(expected) = size.filter(|s| *s > 0)
+                    && done > expected
+                {
+                    return Err(ImageError::invalid_image(
+                        format!("blob {url}"),
+                        format!("larger than the manifest's {expected} bytes"),
+                    ));
+                }
                 hasher.update(&buf[..n]);
                 file.write_all(&buf[..n])
                     .map_err(ImageError::io("cannot write", &tmp))?;
-                done += n as u64;
                 progress.bytes(done, total);
             }
             file.sync_all()
@@ -412,8 +471,31 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     parts.join(": ")
 }
 
-/// `CODE: message` from a registry error body, or the start of the body.
-fn body_detail(response: Response) -> String {
+/// The error codes of the distribution spec: the only part of an error answer an error
+/// message carries (a fixed vocabulary, so nothing an internal service wrote comes back).
+const ERROR_CODES: &[&str] = &[
+    "BLOB_UNKNOWN",
+    "BLOB_UPLOAD_INVALID",
+    "BLOB_UPLOAD_UNKNOWN",
+    "DIGEST_INVALID",
+    "MANIFEST_BLOB_UNKNOWN",
+    "MANIFEST_INVALID",
+    "MANIFEST_UNKNOWN",
+    "MANIFEST_UNVERIFIED",
+    "NAME_INVALID",
+    "NAME_UNKNOWN",
+    "SIZE_INVALID",
+    "TAG_INVALID",
+    "UNAUTHORIZED",
+    "DENIED",
+    "UNSUPPORTED",
+    "TOOMANYREQUESTS",
+];
+
+/// What an error answer may say: its known error codes (`MANIFEST_UNKNOWN`), or that its body
+/// is not shown. The body itself (an internal service's error page, a stack trace) is read at
+/// most `ERROR_BODY_LIMIT` bytes and dropped; its start goes to the debug log only.
+fn status_detail(response: Response) -> String {
     #[derive(Deserialize)]
     struct Errors {
         errors: Vec<ErrorItem>,
@@ -422,28 +504,96 @@ fn body_detail(response: Response) -> String {
     struct ErrorItem {
         #[serde(default)]
         code: String,
-        #[serde(default)]
-        message: String,
     }
+    let status = response.status().as_u16();
     let mut body = Vec::new();
-    let _ = response.take(64 * 1024).read_to_end(&mut body);
-    if let Ok(e) = serde_json::from_slice::<Errors>(&body)
-        && !e.errors.is_empty()
-    {
-        return e
-            .errors
-            .iter()
-            .map(|i| format!("{}: {}", i.code, i.message))
-            .collect::<Vec<_>>()
-            .join("; ");
+    let _ = response.take(ERROR_BODY_LIMIT).read_to_end(&mut body);
+    let mut codes: Vec<&str> = serde_json::from_slice::<Errors>(&body)
+        .map(|e| e.errors)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|i| ERROR_CODES.iter().find(|c| **c == i.code).copied())
+        .collect();
+    codes.dedup();
+    if !body.is_empty() {
+        let start: String = String::from_utf8_lossy(&body).chars().take(300).collect();
+        tracing::debug!(status, body = ?start, "registry error body (not shown to callers)");
     }
-    let text = String::from_utf8_lossy(&body);
-    let text = text.trim();
-    if text.is_empty() {
-        "empty body".into()
+    if codes.is_empty() {
+        "error body not shown".into()
     } else {
-        text.chars().take(300).collect()
+        format!("error code {}", codes.join(", "))
     }
+}
+
+/// A challenge scheme as it may appear in a message: a short token, or `?`.
+fn shown_token(s: &str) -> &str {
+    if !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        s
+    } else {
+        "?"
+    }
+}
+
+enum Capped {
+    TooLarge,
+    Io(io::Error),
+}
+
+impl std::fmt::Display for Capped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Capped::TooLarge => write!(f, "larger than the limit"),
+            Capped::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// The body, refused when it is (or says it is) larger than `limit`.
+fn read_capped(response: Response, limit: u64) -> Result<Vec<u8>, Capped> {
+    if response.content_length().is_some_and(|n| n > limit) {
+        return Err(Capped::TooLarge);
+    }
+    let mut bytes = Vec::new();
+    response
+        .take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(Capped::Io)?;
+    if bytes.len() as u64 > limit {
+        return Err(Capped::TooLarge);
+    }
+    Ok(bytes)
+}
+
+/// The address policy of `cfg`: its allowed networks, and the registries it names (insecure
+/// registries and the Docker Hub endpoint), which are reached wherever they resolve.
+pub(crate) fn address_policy(cfg: &ImageConfig) -> AddressPolicy {
+    AddressPolicy::new(
+        &cfg.registry_allow_private,
+        cfg.insecure_registries
+            .iter()
+            .map(String::as_str)
+            .chain([cfg.docker_hub_endpoint.as_str()]),
+    )
+}
+
+/// The crate's one way to make an http client: the guarded resolver, the checked redirects,
+/// no proxy from the environment (the checks must see the addresses connected to; the crate
+/// reads no environment), timeouts from `cfg`.
+pub(crate) fn http_client(
+    cfg: &ImageConfig,
+    policy: Arc<AddressPolicy>,
+) -> Result<Client, ImageError> {
+    let timeout = Duration::from_secs(cfg.registry_timeout_secs.max(1));
+    Client::builder()
+        .connect_timeout(timeout)
+        .timeout(timeout)
+        .user_agent(concat!("fastbox-image/", env!("CARGO_PKG_VERSION")))
+        .no_proxy()
+        .dns_resolver(Arc::new(GuardedResolver::new(policy.clone())))
+        .redirect(redirect_policy(policy))
+        .build()
+        .map_err(|e| ImageError::Config(format!("cannot build the http client: {e}")))
 }
 
 /// Registry blobs, downloaded once into the cache's blob store and read from there.

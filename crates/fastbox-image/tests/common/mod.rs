@@ -22,12 +22,21 @@ pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-/// A fresh cache in a temp dir (kept alive by the returned guard).
+/// A fresh cache in a temp dir (kept alive by the returned guard). The test registries live on
+/// loopback, which pulls refuse by default: the allowance is explicit.
 pub fn cache() -> (tempfile::TempDir, ImageCache) {
+    cache_with(ImageConfig {
+        registry_allow_private: vec!["127.0.0.0/8".parse().unwrap()],
+        ..ImageConfig::default()
+    })
+}
+
+/// A fresh cache in a temp dir with `cfg` (its `cache_dir` replaced).
+pub fn cache_with(cfg: ImageConfig) -> (tempfile::TempDir, ImageCache) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = ImageConfig {
         cache_dir: dir.path().join("cache"),
-        ..ImageConfig::default()
+        ..cfg
     };
     (dir, ImageCache::try_new(cfg).unwrap())
 }
