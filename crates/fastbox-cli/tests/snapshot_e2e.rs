@@ -642,7 +642,7 @@ fn lazy_restores_keep_the_memory_and_a_restart_mid_transfer_converges() {
         settle_snapshot(&server, fork_snapshot)["status"]["state"],
         "Ready"
     );
-    let staging = fastbox_fastlet::staging::root(&server.prefix);
+    let staging = fastbox_fastlet::staging::root(&server.data_dir);
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::fs::read_dir(&staging).is_ok_and(|mut d| d.next().is_some()) {
         assert!(

@@ -287,7 +287,7 @@ pub const RESOLVED_TTL: std::time::Duration = std::time::Duration::from_secs(300
 impl Fastlet {
     /// Sets up the node: cgroup root, DNS forwarder, the instance's nft table (existing slots
     /// are kept), the image cache and the content-addressed execd.
-    pub fn start(cfg: FastletConfig) -> Result<Self, FastletError> {
+    pub fn start(mut cfg: FastletConfig) -> Result<Self, FastletError> {
         let images = ImageCache::try_new(cfg.images.clone())?;
         let execd =
             ExecdBinary::import(&cfg.execd_bin, &cfg.data_dir.join("execd")).map_err(|e| {
@@ -314,7 +314,13 @@ impl Fastlet {
         let slots = Mutex::new(SlotTable::new(cfg.pool.capacity()));
         let (pool_min, pool_max) = (cfg.pool_min, cfg.pool_max);
         let spares = SparePool::new(cfg.spare_slots);
-        let staging = crate::staging::Staging::open(&cfg.prefix);
+        // The instance's private tmpfs: live snapshots' staging area and CRIU's `/run`.
+        let staging = crate::staging::Staging::open(&cfg.data_dir, &cfg.prefix)
+            .map_err(|e| FastletError::Setup(Box::new(e.into())))?;
+        cfg.criu = staging.criu(cfg.criu.clone()).map_err(|e| {
+            staging.unmount();
+            FastletError::Setup(Box::new(e.into()))
+        })?;
         Ok(Self {
             cfg,
             host,

@@ -56,6 +56,8 @@ pub enum HostError {
     Egress(#[from] fastbox_egress::EgressError),
     #[error("writable layer: {0}")]
     Rootfs(#[from] fastbox_runtime::rootfs::RootfsError),
+    #[error("the instance's private directory: {0}")]
+    Staging(#[from] crate::staging::StagingError),
     #[error("spare slot {index}: {what} {path}: {source}")]
     Spare {
         index: u32,
@@ -583,7 +585,8 @@ impl LocalHost {
 }
 
 /// Remove everything an instance left on the host: the sandboxes under `data_dir` (processes,
-/// mounts, files), its network slots and nft table, its cgroups. For a stopped instance;
+/// mounts, files), its network slots and nft table, its cgroups, its private tmpfs
+/// (`DATA_DIR/run`: [`crate::staging`]). For a stopped instance;
 /// sandboxes of a running one lose their network.
 pub fn purge(prefix: &str, data_dir: &Path) -> Result<(), HostError> {
     let cgroups = CgroupRoot::detect()?;
@@ -600,7 +603,7 @@ pub fn purge(prefix: &str, data_dir: &Path) -> Result<(), HostError> {
     // Cgroups no sandbox directory names (a spare a crash interrupted) go too.
     remove_cgroups(&cgroups, prefix, |_| true);
     fastbox_runtime::cgroup::remove_prefix(&cgroups, prefix)?;
-    crate::staging::purge(prefix);
+    crate::staging::purge(prefix, data_dir);
     Ok(())
 }
 
@@ -648,6 +651,13 @@ pub fn leftovers(prefix: &str) -> Vec<String> {
     }
     found.extend(
         fastbox_runtime::rootfs::mounts_containing(prefix)
+            .into_iter()
+            .map(|m| format!("mount {m}")),
+    );
+    // The instance's private tmpfs, by its source (its data directory may not show the
+    // prefix).
+    found.extend(
+        crate::staging::leftover_mounts(prefix)
             .into_iter()
             .map(|m| format!("mount {m}")),
     );

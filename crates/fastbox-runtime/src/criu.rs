@@ -72,7 +72,8 @@ pub struct Criu {
     pub version: String,
     /// What runs it: `path`, or the wrapper's own command line (see [`direct_argv`]).
     argv: Vec<OsString>,
-    /// Where CRIU's kernel-feature cache lives when `/run` cannot hold it (see [`kdat`]).
+    /// Where CRIU's kernel-feature cache lives when `/run` cannot hold it (see [`kdat`] and
+    /// [`Criu::with_private_run`]).
     kdat_run: Option<std::ffi::CString>,
 }
 
@@ -149,8 +150,19 @@ impl Criu {
             path: path.to_path_buf(),
             version: found,
             argv,
-            kdat_run: kdat::run_dir(),
+            kdat_run: None,
         })
+    }
+
+    /// This CRIU with `dir` as its private `/run` when the host's `/run` is not a tmpfs, so
+    /// CRIU keeps its kernel-feature cache there (see [`kdat`]). `dir` is a directory of the
+    /// caller's own on a tmpfs, made and checked by it (the node's is
+    /// `DATA_DIR/run/criu`, on the instance's tmpfs); it is opened without following a
+    /// symlink. Without one (the host's `/run` is a tmpfs, or `dir` is not on one), CRIU
+    /// runs with the host's `/run` and probes the kernel at every run when it cannot cache.
+    pub fn with_private_run(mut self, dir: &Path) -> Result<Self, CriuError> {
+        self.kdat_run = kdat::run_dir(dir)?;
+        Ok(self)
     }
 
     /// A `criu` command; when `/run` is not a tmpfs, it runs in a private mount namespace
@@ -760,47 +772,82 @@ pub(crate) fn log_tail(log: &Path, fallback: &str) -> String {
 
 /// CRIU probes the kernel at every start (about 35 ms here: the compat vDSO alone forks a
 /// helper) unless it finds its cache `/run/criu.kdat`, which it only writes when `/run` is a
-/// tmpfs (the cache is per boot). Hosts whose `/run` is on disk get a shared tmpfs directory
-/// under `/dev/shm` bound over `/run` in a mount namespace private to each CRIU run; nothing
-/// else CRIU does touches `/run`.
+/// tmpfs (the cache is per boot). On hosts whose `/run` is on disk, a directory of the
+/// caller's own on a tmpfs (the node's `DATA_DIR/run/criu`, never a fixed name in a
+/// world-writable place) is bound over `/run` in a mount namespace private to each CRIU run;
+/// nothing else CRIU does touches `/run`.
 mod kdat {
     use std::ffi::CString;
     use std::io;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     use std::os::unix::ffi::OsStrExt;
     use std::path::Path;
     use std::time::{Duration, SystemTime};
 
-    /// Shared by every fastbox instance on the host: the cache describes the kernel only.
-    const SHM_DIR: &str = "/dev/shm/fastbox-criu-run";
+    use super::CriuError;
+
     /// CRIU's temporary cache file; a crash between its create and rename leaves it behind,
     /// and CRIU then never writes the cache again (it creates it with `O_EXCL`).
-    const STALE_TMP: &str = "criu.kdat.tmp";
+    const STALE_TMP: &std::ffi::CStr = c"criu.kdat.tmp";
 
     fn is_tmpfs(path: &Path) -> bool {
         nix::sys::statfs::statfs(path)
             .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
     }
 
-    /// The directory to bind over `/run`, or `None` when `/run` can hold the cache itself
-    /// (or no tmpfs is at hand: CRIU then just probes every time).
-    pub(super) fn run_dir() -> Option<CString> {
-        if is_tmpfs(Path::new("/run")) || !is_tmpfs(Path::new("/dev/shm")) {
-            return None;
+    /// The directory to bind over `/run`: `dir`, or `None` when `/run` can hold the cache
+    /// itself or `dir` is not on a tmpfs (CRIU then just probes every time). A cache file
+    /// a crashed run left half-written is removed.
+    pub(super) fn run_dir(dir: &Path) -> Result<Option<CString>, CriuError> {
+        if is_tmpfs(Path::new("/run")) {
+            return Ok(None);
         }
-        let dir = Path::new(SHM_DIR);
-        std::fs::create_dir_all(dir).ok()?;
-        let tmp = dir.join(STALE_TMP);
-        let old = std::fs::metadata(&tmp)
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| {
-                SystemTime::now()
-                    .duration_since(t)
-                    .is_ok_and(|age| age > Duration::from_secs(30))
+        let c = CString::new(dir.as_os_str().as_bytes()).map_err(|e| CriuError::Io {
+            what: "open",
+            path: dir.to_path_buf(),
+            source: e.into(),
+        })?;
+        // SAFETY: open(2) with a NUL-terminated path; the result is checked.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(CriuError::Io {
+                what: "open CRIU's private /run",
+                path: dir.to_path_buf(),
+                source: io::Error::last_os_error(),
             });
-        if old {
-            let _ = std::fs::remove_file(&tmp);
         }
-        CString::new(dir.as_os_str().as_bytes()).ok()
+        // SAFETY: a descriptor just returned by open(2), owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let on_tmpfs = nix::sys::statfs::fstatfs(&fd)
+            .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
+        if !on_tmpfs {
+            return Ok(None);
+        }
+        // SAFETY: an all-zero `stat` is a valid value for fstatat(2) to fill in.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstatat(2) on our directory descriptor, not following a symlink.
+        let found = unsafe {
+            libc::fstatat(
+                fd.as_raw_fd(),
+                STALE_TMP.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        } == 0;
+        let modified = SystemTime::UNIX_EPOCH + Duration::from_secs(st.st_mtime.max(0) as u64);
+        let old = SystemTime::now()
+            .duration_since(modified)
+            .is_ok_and(|age| age > Duration::from_secs(30));
+        if found && old {
+            // SAFETY: unlinkat(2) of a name in our directory descriptor.
+            unsafe { libc::unlinkat(fd.as_raw_fd(), STALE_TMP.as_ptr(), 0) };
+        }
+        Ok(Some(c))
     }
 
     /// In the forked child before exec: a private mount namespace (slave, so nothing

@@ -56,7 +56,8 @@ macro_rules! skip_unless {
 /// `a`-`e` sandbox_e2e, `n` `o` runtime network tests, `s` tests/sdk, `g` `h` artifact tests,
 /// `f` the egress matrix, `0` egress enforcement, `1` egress private network, `2` bench_restore,
 /// `3` egress throughput, `4` the
-/// fastlet purge test, `5` the hostile-image escape test, the letters of
+/// fastlet purge test, `5` the hostile-image escape test, `7` the fastlet staging tests
+/// (plus a letter per test), the letters of
 /// `UP_SERVER_TAGS` (`crates/fastbox-cli/tests/common/server.rs`; `m` is the egress e2e)
 /// `fastbox up` tests.
 pub fn run_prefix(tag: &str) -> String {
