@@ -29,9 +29,11 @@ fn local_path(reference: &str, images: &ImageConfig) -> Option<PathBuf> {
         | Ok(ImageSource::OciLayout { path, .. })
         | Ok(ImageSource::OciArchive { path, .. })
         | Ok(ImageSource::DockerArchive { path, .. }) => Some(path),
-        _ if relative => Some(PathBuf::from(trimmed)),
-        // A registry reference or a recipe; a bad one is the image check's 400.
-        _ => None,
+        // A registry reference or a recipe (a bad one is the image check's 400). No `_`: a
+        // new kind of source must be classified here.
+        Ok(ImageSource::Recipe(_) | ImageSource::Registry(_)) | Err(_) => {
+            relative.then(|| PathBuf::from(trimmed))
+        }
     }
 }
 
