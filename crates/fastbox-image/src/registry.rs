@@ -117,8 +117,13 @@ impl<'a> RegistryClient<'a> {
         }
         request.send().map_err(|e| {
             let own_host = parsed.host_str().map(|h| h.trim_matches(['[', ']']));
+            // The redirect policy refuses hops; the resolver refuses names, the request's own
+            // or a hop's.
             match find_refusal(&e) {
-                Some(r) if own_host.is_some_and(|h| h.eq_ignore_ascii_case(r.host())) => {
+                Some(r)
+                    if !e.is_redirect()
+                        && own_host.is_some_and(|h| h.eq_ignore_ascii_case(r.host())) =>
+                {
                     self.refused(r, via)
                 }
                 Some(r) => self.refused(r, &format!("a redirect from {via}")),
@@ -246,6 +251,10 @@ impl<'a> RegistryClient<'a> {
             status: 401,
             detail: format!("its bearer realm is not a url: {e}"),
         })?;
+        // Where the realm is matters before what would be sent to it.
+        if let Err(refusal) = self.policy.check_url(&realm_url) {
+            return Err(self.refused(&refusal, "its token realm"));
+        }
         let realm_host = match (realm_url.host_str(), realm_url.port()) {
             (Some(h), Some(p)) => format!("{h}:{p}"),
             (Some(h), None) => h.to_owned(),
@@ -303,7 +312,10 @@ impl<'a> RegistryClient<'a> {
             registry: self.registry(),
             url: realm.clone(),
             status: status.as_u16(),
-            detail: format!("token response: {e}"),
+            detail: match e {
+                Capped::TooLarge => format!("token response larger than {}", mib(TOKEN_LIMIT)),
+                Capped::Io(e) => format!("token response: {e}"),
+            },
         })?;
         // serde's messages quote what they met: only the position is shown.
         let body: TokenResponse =
@@ -535,18 +547,10 @@ fn shown_token(s: &str) -> &str {
     }
 }
 
+/// Why a bounded body was not read.
 enum Capped {
     TooLarge,
     Io(io::Error),
-}
-
-impl std::fmt::Display for Capped {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Capped::TooLarge => write!(f, "larger than the limit"),
-            Capped::Io(e) => write!(f, "{e}"),
-        }
-    }
 }
 
 /// The body, refused when it is (or says it is) larger than `limit`.
