@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::root::{Hierarchy, validate_id, validate_prefix};
 use super::{
     CPU_PERIOD_US, CgroupError, CgroupLimits, CgroupRoot, CgroupVersion, Controller, DEVICE_RULES,
-    MIN_CPU_MILLIS, fs as cgfs,
+    MIN_CPU_MILLIS, device_bpf, fs as cgfs,
 };
 
 /// How long [`Cgroup::kill_all`] waits for the group to empty.
@@ -71,8 +71,8 @@ impl ProcsFiles {
 impl Cgroup {
     /// Creates `{prefix}/{id}` in every hierarchy of `root` and applies `limits`. Missing
     /// prefix directories are created (v1 cpuset: with the parent's cpus and mems; v2: with
-    /// cpu, memory and pids enabled in each ancestor's `cgroup.subtree_control`). On v1 the
-    /// device allow-list ([`super::DEVICE_RULES`]) is applied. An existing `{prefix}/{id}` is
+    /// cpu, memory and pids enabled in each ancestor's `cgroup.subtree_control`). The device
+    /// allow-list is applied ([`Cgroup::apply_device_policy`]). An existing `{prefix}/{id}` is
     /// an error; on any failure nothing created here is left behind.
     pub fn create(
         root: &CgroupRoot,
@@ -442,6 +442,39 @@ impl Cgroup {
         Ok(())
     }
 
+    /// Applies the device allow-list ([`super::DEVICE_RULES`]; [`Cgroup::create`] does): on
+    /// v1 `devices.deny a` then each rule to `devices.allow` (when the devices controller is
+    /// managed), on v2 the rules as a BPF device program attached to the cgroup, replacing any
+    /// device program attached to it before (on the kernel only: a stand-in directory gets
+    /// nothing). Idempotent: a cgroup adopted after a restart can get it again.
+    pub fn apply_device_policy(&self) -> Result<(), CgroupError> {
+        let kernel = self.root.kernel();
+        match self.version() {
+            CgroupVersion::V1 => {
+                if let Some(dir) = self.dir_of(Controller::Devices) {
+                    cgfs::write(&dir.join("devices.deny"), "a", kernel)?;
+                    for rule in DEVICE_RULES {
+                        cgfs::write(&dir.join("devices.allow"), rule, kernel)?;
+                    }
+                }
+            }
+            CgroupVersion::V2 if kernel => {
+                device_bpf::attach(&self.leaf(&self.root.hierarchies()[0]))?;
+            }
+            CgroupVersion::V2 => {}
+        }
+        Ok(())
+    }
+
+    /// The ids of the BPF device programs attached to this cgroup itself (not inherited from
+    /// its ancestors): one after [`Cgroup::create`] on v2; none on v1 or a stand-in directory.
+    pub fn device_programs(&self) -> Result<Vec<u32>, CgroupError> {
+        if self.version() != CgroupVersion::V2 || !self.root.kernel() {
+            return Ok(Vec::new());
+        }
+        device_bpf::attached(&self.leaf(&self.root.hierarchies()[0]))
+    }
+
     /// How many processes the OOM killer has killed in this group (v1 `memory.oom_control`
     /// `oom_kill`, Linux 4.13+; v2 `memory.events` `oom_kill`, including nested groups).
     pub fn memory_events_oom_kills(&self) -> Result<u64, CgroupError> {
@@ -597,21 +630,14 @@ impl Cgroup {
         Ok(())
     }
 
-    /// Settings every sandbox gets regardless of its limits: the v1 device allow-list and the
-    /// OOM killer switched on (v1 inherits `oom_kill_disable` from the parent).
+    /// Settings every sandbox gets regardless of its limits: the device allow-list and, on
+    /// v1, the OOM killer switched on (v1 inherits `oom_kill_disable` from the parent).
     fn configure_defaults(&self) -> Result<(), CgroupError> {
-        if self.version() != CgroupVersion::V1 {
-            return Ok(());
-        }
-        let kernel = self.root.kernel();
-        if let Some(dir) = self.dir_of(Controller::Devices) {
-            cgfs::write(&dir.join("devices.deny"), "a", kernel)?;
-            for rule in DEVICE_RULES {
-                cgfs::write(&dir.join("devices.allow"), rule, kernel)?;
-            }
-        }
-        if let Some(dir) = self.dir_of(Controller::Memory) {
-            cgfs::write(&dir.join("memory.oom_control"), "0", kernel)?;
+        self.apply_device_policy()?;
+        if self.version() == CgroupVersion::V1
+            && let Some(dir) = self.dir_of(Controller::Memory)
+        {
+            cgfs::write(&dir.join("memory.oom_control"), "0", self.root.kernel())?;
         }
         Ok(())
     }

@@ -26,10 +26,18 @@
 //! Limits: memory has no swap (v1 `memory.memsw.limit_in_bytes` = limit when swap accounting
 //! exists, v2 `memory.swap.max` = 0) and the OOM killer stays on, killing inside the group
 //! only (the v2 `memory.oom.group` stays 0, so one OOM does not take execd down with the
-//! workload; execd protects itself with `oom_score_adj`). On v1 the devices controller admits
-//! only the standard pseudo-devices (see [`DEVICE_RULES`]); cgroup v2 has no file interface for
-//! device policy (it is a BPF program), so there the sandbox's mounts must be `nodev`.
+//! workload; execd protects itself with `oom_score_adj`).
+//!
+//! Devices: a sandbox may create device nodes but read and write only the standard
+//! pseudo-devices ([`DEVICE_RULES`]); opening any other node is `EPERM`, whatever an image
+//! ships. On v1 the devices controller enforces it (`devices.deny a`, then the rules in
+//! `devices.allow`); v2 has no file interface for it, so the same rules are compiled into a
+//! BPF program of type `BPF_PROG_TYPE_CGROUP_DEVICE` attached to the sandbox's cgroup
+//! (`device_bpf.rs`; it needs no controller, so it works on a unified hierarchy without any;
+//! attaching again leaves one program; a stand-in directory gets none). The sandbox's mounts
+//! are also `nodev` (`rootfs.rs`, `init/mounts.rs`): two locks, either enough on its own.
 
+mod device_bpf;
 mod fs;
 mod group;
 mod root;
@@ -74,9 +82,10 @@ pub const CPU_PERIOD_US: u64 = 100_000;
 /// The smallest cpu limit: the kernel refuses quotas below 1 ms per period.
 pub const MIN_CPU_MILLIS: u64 = 10;
 
-/// Device access a v1 sandbox cgroup allows after denying everything (`devices.allow`
-/// lines): creating nodes (`m`) of any kind, and reading and writing only the pseudo-devices
-/// every Linux userland expects (as runc's default).
+/// Device access a sandbox cgroup allows after denying everything, in the v1 `devices.allow`
+/// syntax (`TYPE MAJOR:MINOR ACCESS`; on v2 compiled to the cgroup's BPF device program):
+/// creating nodes (`m`) of any kind, and reading and writing only the pseudo-devices every
+/// Linux userland expects (as runc's default).
 pub const DEVICE_RULES: &[&str] = &[
     "c *:* m",
     "b *:* m",
@@ -176,4 +185,24 @@ pub enum CgroupError {
     },
     #[error("parse {}: unexpected content {content:?}", path.display())]
     Parse { path: PathBuf, content: String },
+    #[error("invalid device rule {rule:?}: {reason}")]
+    InvalidDeviceRule { rule: String, reason: &'static str },
+    /// A `bpf(2)` call for the cgroup v2 device program failed; `log` is the verifier's log
+    /// when the kernel refused to load the program.
+    #[error("{op} the device program of {}: {source}{}", path.display(), verifier_log(log))]
+    DeviceProgram {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+        log: String,
+    },
+}
+
+fn verifier_log(log: &str) -> String {
+    if log.is_empty() {
+        String::new()
+    } else {
+        format!(" (verifier log: {log})")
+    }
 }

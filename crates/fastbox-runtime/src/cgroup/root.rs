@@ -58,6 +58,34 @@ impl CgroupRoot {
         Ok(root)
     }
 
+    /// The host's cgroup2 (unified) hierarchy as a v2 root, whatever [`CgroupRoot::detect`]
+    /// chooses: on a pure v2 host the same one, on a hybrid host the unified hierarchy beside
+    /// the v1 controllers (mounted without controllers, so no limits there, but cgroups, BPF
+    /// device programs, freezing and killing work). `None` without a cgroup2 mount. For tests
+    /// of the v2 code on hybrid hosts.
+    pub fn unified() -> Result<Option<CgroupRoot>, CgroupError> {
+        let text = cgfs::read(Path::new(MOUNTINFO))?;
+        let mounts = parse_mountinfo(&text);
+        let v2: Vec<&CgroupMount> = mounts.iter().filter(|m| m.v1_options.is_none()).collect();
+        let Some(m) = v2
+            .iter()
+            .find(|m| m.mount_point == Path::new(SYS_FS_CGROUP))
+            .or(v2.first())
+        else {
+            return Ok(None);
+        };
+        Ok(Some(CgroupRoot {
+            version: CgroupVersion::V2,
+            hierarchies: vec![Hierarchy {
+                controllers: Controller::V2.to_vec(),
+                name: String::new(),
+                mount: m.mount_point.clone(),
+                fs_root: m.fs_root.clone(),
+            }],
+            kernel: true,
+        }))
+    }
+
     /// Uses `path` as the root: for v2 the directory under which sandbox cgroups are made
     /// (the cgroup2 mount or a delegated sub-cgroup); for v1 a directory holding one
     /// directory (or symlink) per controller, like `/sys/fs/cgroup`. Controllers that are

@@ -169,6 +169,37 @@ fn v2_create_enables_controllers_down_the_prefix_and_writes_limits() {
 }
 
 #[test]
+fn the_device_policy_is_files_on_v1_and_nothing_on_a_v2_stand_in() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    // v2: the device program is for the kernel only; a stand-in directory gets no file.
+    fs::create_dir(d.join("v2")).unwrap();
+    let root = fake_v2(&d.join("v2"), "cpu memory pids");
+    let cg = Cgroup::create(&root, "fb", "s", &CgroupLimits::default()).unwrap();
+    cg.apply_device_policy().unwrap();
+    assert_eq!(cg.device_programs().unwrap(), Vec::<u32>::new());
+    let leaf = d.join("v2/fb/s");
+    let mut files: Vec<String> = fs::read_dir(&leaf)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        ["cpu.max", "memory.max", "memory.swap.max", "pids.max"]
+    );
+
+    // v1: applying again writes the same files again.
+    fs::create_dir(d.join("v1")).unwrap();
+    let root = fake_v1(&d.join("v1"));
+    let cg = Cgroup::create(&root, "fb", "s", &CgroupLimits::default()).unwrap();
+    fs::remove_file(d.join("v1/devices/fb/s/devices.deny")).unwrap();
+    cg.apply_device_policy().unwrap();
+    assert_eq!(read(d.join("v1/devices/fb/s/devices.deny")), "a");
+    assert_eq!(cg.device_programs().unwrap(), Vec::<u32>::new());
+}
+
+#[test]
 fn v2_missing_controller_is_an_error_only_when_its_limit_is_asked_for() {
     let tmp = tempfile::tempdir().unwrap();
     let root = fake_v2(tmp.path(), "cpu pids");
