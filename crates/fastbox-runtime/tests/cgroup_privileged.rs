@@ -486,22 +486,20 @@ fn devices_outside_the_allow_list_are_refused_on_v1() {
 }
 
 /// The v2 code paths on the real kernel. On a hybrid host (this project's VMs) the unified
-/// hierarchy has no cpu, memory or pids controller, but creating, joining, freezing
-/// (`cgroup.freeze`), killing (`cgroup.kill`), accounting (`cpu.stat`) and removing work.
+/// hierarchy has no cpu, memory or pids controller, but creating (with the device program,
+/// see `tests/cgroup_devices_v2.rs`), joining, freezing (`cgroup.freeze`), killing
+/// (`cgroup.kill`), accounting (`cpu.stat`) and removing work.
 #[test]
 fn v2_lifecycle_on_the_unified_hierarchy() {
     let Some(mut env) = Env::new("v2") else {
         return;
     };
     if env.root.version() == CgroupVersion::V1 {
-        let unified = std::path::Path::new("/sys/fs/cgroup/unified");
-        let is_cgroup2 = nix::sys::statfs::statfs(unified)
-            .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC);
-        if !is_cgroup2 {
+        let Some(unified) = CgroupRoot::unified().unwrap() else {
             println!("skipped: no cgroup2 hierarchy on this v1 host");
             return;
-        }
-        env.root = CgroupRoot::at(unified, CgroupVersion::V2).unwrap();
+        };
+        env.root = unified;
     }
     let controllers = std::fs::read_to_string(
         env.root
@@ -529,6 +527,7 @@ fn v2_lifecycle_on_the_unified_hierarchy() {
     }
     let _busy = BUSY.lock().unwrap_or_else(|e| e.into_inner());
     let cg = env.create("life", CgroupLimits::default());
+    assert_eq!(cg.device_programs().unwrap().len(), 1, "one device program");
     let i = env.spawn_in(&cg, "sleep 100 & while :; do :; done");
     wait_until("2 processes", Duration::from_secs(5), || {
         cg.procs().unwrap().len() == 2

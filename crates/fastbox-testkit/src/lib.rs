@@ -55,7 +55,7 @@ macro_rules! skip_unless {
 /// a purge by prefix removes everything of the tag, so two suites must never share a letter:
 /// `a`-`e` sandbox_e2e, `n` `o` runtime network tests, `s` tests/sdk, `g` `h` artifact tests,
 /// `f` the egress matrix, `0` egress enforcement, `1` egress private network, `2` bench_restore,
-/// `3` egress throughput, `4` the
+/// `3` egress throughput, `9` the runtime's cgroup v2 device tests, `4` the
 /// fastlet purge test, `5` the hostile-image escape test, `7` the fastlet staging tests
 /// (plus a letter per test), the letters of
 /// `UP_SERVER_TAGS` (`crates/fastbox-cli/tests/common/server.rs`; `m` is the egress e2e)
