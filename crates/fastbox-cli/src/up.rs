@@ -103,6 +103,17 @@ pub struct UpArgs {
         value_name = "CIDR"
     )]
     pub sandbox_reach: Vec<String>,
+    /// A network (`a.b.c.d/len`, `x::/len` or an address, repeatable) in the private,
+    /// loopback, link-local or other special ranges that image registries, their token realms
+    /// and redirects may be in; pulls refuse those ranges otherwise (request forgery), except
+    /// for registries configured by name [default: none].
+    #[arg(
+        long = "registry-allow-private",
+        env = "FASTBOX_REGISTRY_ALLOW_PRIVATE",
+        value_delimiter = ',',
+        value_name = "CIDR"
+    )]
+    pub registry_allow_private: Vec<String>,
     /// Where templates, snapshots and pause checkpoints are published: an absolute directory
     /// or `s3://BUCKET[/PREFIX]?endpoint=URL` (credentials from AWS_ACCESS_KEY_ID and
     /// AWS_SECRET_ACCESS_KEY) [default: DATA_DIR/artifacts].
@@ -198,6 +209,8 @@ impl UpArgs {
             lazy_restore_min_mib: self.lazy_restore_min_mib.clone(),
             dns_upstreams: (!self.dns_upstreams.is_empty()).then(|| self.dns_upstreams.clone()),
             sandbox_reach: (!self.sandbox_reach.is_empty()).then(|| self.sandbox_reach.clone()),
+            registry_allow_private: (!self.registry_allow_private.is_empty())
+                .then(|| self.registry_allow_private.clone()),
             artifact_store: self.artifact_store.clone(),
             block_cache_mib: self.block_cache_mib,
             node_id: self.node_id.clone(),

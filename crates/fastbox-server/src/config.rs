@@ -59,6 +59,10 @@ pub struct Settings {
     /// Networks (`a.b.c.d/len`) inside the private ranges denied to every sandbox that
     /// sandboxes may reach after all, subject to their egress policy.
     pub sandbox_reach: Option<Vec<String>>,
+    /// Networks (`a.b.c.d/len`, `x::/len`, an address) in the private, loopback, link-local
+    /// and other special ranges that registries, their token realms and redirects may be in;
+    /// image pulls refuse those ranges otherwise.
+    pub registry_allow_private: Option<Vec<String>>,
     /// The node's artifact store: an absolute directory (`file://` optional) or
     /// `s3://bucket/prefix?endpoint=URL`.
     pub artifact_store: Option<String>,
@@ -128,6 +132,7 @@ impl Settings {
             lazy_restore_min_mib: self.lazy_restore_min_mib.or(lower.lazy_restore_min_mib),
             dns_upstreams: self.dns_upstreams.or(lower.dns_upstreams),
             sandbox_reach: self.sandbox_reach.or(lower.sandbox_reach),
+            registry_allow_private: self.registry_allow_private.or(lower.registry_allow_private),
             artifact_store: self.artifact_store.or(lower.artifact_store),
             block_cache_mib: self.block_cache_mib.or(lower.block_cache_mib),
             node_id: self.node_id.or(lower.node_id),
@@ -550,6 +555,11 @@ pub fn parse_sandbox_reach(texts: &[String]) -> Result<Vec<fastbox_runtime::net:
         .collect()
 }
 
+/// The networks of `--registry-allow-private`, each a network (host bits zero) or an address.
+pub fn parse_registry_allow_private(texts: &[String]) -> Result<Vec<fastbox_image::IpNet>, String> {
+    texts.iter().map(|text| text.parse()).collect()
+}
+
 /// The configuration in force, every default applied.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -579,6 +589,9 @@ pub struct ServerConfig {
     /// Networks inside the private ranges (`fastbox_runtime::net::PRIVATE_RANGES`) that
     /// sandboxes may reach after all, subject to their egress policy (none by default).
     pub sandbox_reach: Vec<fastbox_runtime::net::Ipv4Net>,
+    /// Networks inside the special ranges (`fastbox_image::SPECIAL_RANGES`) that image pulls
+    /// may connect to after all: registries, token realms, redirects (none by default).
+    pub registry_allow_private: Vec<fastbox_image::IpNet>,
     /// How long a create waits for its image before answering `Pending` (an image that fails
     /// within this time is a 400).
     pub image_wait: Duration,
@@ -675,6 +688,13 @@ impl ServerConfig {
                 settings.sandbox_reach.as_deref().unwrap_or_default(),
             )
             .map_err(|e| invalid("sandbox_reach", e))?,
+            registry_allow_private: parse_registry_allow_private(
+                settings
+                    .registry_allow_private
+                    .as_deref()
+                    .unwrap_or_default(),
+            )
+            .map_err(|e| invalid("registry_allow_private", e))?,
             image_wait: Duration::from_millis(settings.create_image_wait_ms.unwrap_or(1500)),
             create_wait: Duration::from_secs(20),
             reconcile_every: Duration::from_secs(2),
@@ -736,6 +756,45 @@ mod tests {
         .to_string();
         assert!(
             bad.starts_with("sandbox_reach:") && bad.contains("10.0.0.0/8"),
+            "{bad}"
+        );
+    }
+
+    #[test]
+    fn registry_allow_private_comes_from_any_layer_and_is_checked() {
+        assert!(
+            ServerConfig::resolve(Settings::default())
+                .unwrap()
+                .registry_allow_private
+                .is_empty()
+        );
+        let file: Settings =
+            toml::from_str("registry_allow_private = [\"10.20.0.0/16\", \"fd00::/8\"]").unwrap();
+        let cfg = ServerConfig::resolve(Settings::default().over(file.clone())).unwrap();
+        assert_eq!(
+            cfg.registry_allow_private
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+            ["10.20.0.0/16", "fd00::/8"]
+        );
+        let flags = Settings {
+            registry_allow_private: Some(vec!["127.0.0.1".into()]),
+            ..Settings::default()
+        };
+        let cfg = ServerConfig::resolve(flags.over(file)).unwrap();
+        assert_eq!(
+            cfg.registry_allow_private,
+            ["127.0.0.1/32".parse().unwrap()]
+        );
+        let bad = ServerConfig::resolve(Settings {
+            registry_allow_private: Some(vec!["10.0.0.1/8".into()]),
+            ..Settings::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            bad.starts_with("registry_allow_private:") && bad.contains("10.0.0.0/8"),
             "{bad}"
         );
     }
