@@ -180,6 +180,18 @@ pub struct UpArgs {
     /// Highest pids limit a create may ask for; more is a 400 [default: 4096].
     #[arg(long, env = "FASTBOX_MAX_PIDS")]
     pub max_pids: Option<u64>,
+    /// Longest a signed route (`expires`) may be valid: further ahead is a 400 when asked
+    /// for and refused by the proxies: `24h`, `30m`, `90s` [default: 24h].
+    #[arg(long, env = "FASTBOX_ROUTE_MAX_LIFETIME")]
+    pub route_max_lifetime: Option<String>,
+    /// Failed credential checks (route signatures, secure access tokens) per minute from one
+    /// address before the proxies answer 429 [default: 20].
+    #[arg(long, env = "FASTBOX_ACCESS_FAILURES_PER_SOURCE")]
+    pub access_failures_per_source: Option<u32>,
+    /// Failed credential checks per minute from all addresses together before the proxies
+    /// answer 429 to everyone [default: 1000].
+    #[arg(long, env = "FASTBOX_ACCESS_FAILURES_GLOBAL")]
+    pub access_failures_global: Option<u32>,
 }
 
 impl UpArgs {
@@ -228,6 +240,9 @@ impl UpArgs {
             max_memory: self.max_memory.clone(),
             max_disk: self.max_disk.clone(),
             max_pids: self.max_pids,
+            route_max_lifetime: self.route_max_lifetime.clone(),
+            access_failures_per_source: self.access_failures_per_source,
+            access_failures_global: self.access_failures_global,
         }
     }
 }

@@ -1,29 +1,35 @@
 //! The node proxy: path-form routes to sandbox ports, `/{id}/{port}/...` and, signed,
 //! `/{id}/{port}/{expires_b36}/{sig}/...` (OSEP-0011). These are the endpoints the lifecycle
 //! API hands out; a sandbox's own address never leaves the node. The lifecycle server's proxy
-//! (`/v1/sandboxes/{id}/proxy/{port}/...`) routes through [`proxy_to_sandbox`] too.
+//! (`/v1/sandboxes/{id}/proxy/{port}/...`) routes through [`NodeProxy::proxy_to_sandbox`] too.
 //!
-//! Unsigned routes need no credential here: execd checks its own per-sandbox token, and the
-//! node proxy listens on loopback unless configured otherwise. A signed route is checked
-//! before anything reaches the sandbox: a tampered or expired one gets 403.
+//! Who may pass is [`access`]: a `secureAccess` sandbox's ports need its access token
+//! (`OpenSandbox-Secure-Access`) or a valid signed route (else 401); other sandboxes' plain
+//! routes are open to anyone who can reach the node proxy (execd still checks its own
+//! per-sandbox token); a signed route is checked before anything reaches the sandbox (a
+//! tampered or expired one gets 403, or 401 for a secure sandbox). Failed checks are
+//! rate-limited per source address (429).
 //!
 //! Port 18080 (OpenSandbox's egress API) never reaches the sandbox: the node proxy answers it
 //! itself ([`egress`]), with the policy operations of the server's [`EgressApi`].
 
+pub mod access;
 pub mod egress;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderName, StatusCode};
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use fastbox_api::lifecycle::ErrorResponse;
-use fastbox_proxy::{Forwarder, ProxyError, RouteError, RouteSigner, Target, split_route};
+use fastbox_proxy::{Forwarder, ProxyError, RouteError, RouteKeys, Target, split_route};
 
 use crate::Fastlet;
 
+pub use access::{AccessApi, AccessGuard, Presented, SECURE_ACCESS_HEADER, SandboxAccess};
 pub use egress::{EGRESS_AUTH_HEADER, EGRESS_PORT, EgressApi, EgressApiError, PolicyChange};
 
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +42,12 @@ pub enum NodeProxyError {
     Forbidden(RouteError),
     #[error("this route needs a signature")]
     Unsigned,
+    /// A secure sandbox's port without a valid credential.
+    #[error("{0}")]
+    Unauthorized(&'static str),
+    /// Too many failed credential checks from this source (or from everyone).
+    #[error("too many failed credential checks{}; retry in {} s", match .0.by { access::LimitedBy::Source => " from this address", access::LimitedBy::Global => "" }, .0.retry_after_secs())]
+    TooManyFailures(access::Limited),
     #[error("sandbox port is unreachable: {0}")]
     Upstream(#[from] ProxyError),
 }
@@ -45,6 +57,8 @@ impl NodeProxyError {
         match self {
             Self::BadRoute(_) | Self::NotRunning(_) => StatusCode::NOT_FOUND,
             Self::Forbidden(_) | Self::Unsigned => StatusCode::FORBIDDEN,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::TooManyFailures(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Upstream(_) => StatusCode::BAD_GATEWAY,
         }
     }
@@ -54,6 +68,8 @@ impl NodeProxyError {
             Self::BadRoute(_) => "GENERAL::NOT_FOUND",
             Self::NotRunning(_) => "SANDBOX::NOT_FOUND",
             Self::Forbidden(_) | Self::Unsigned => "SANDBOX::ROUTE_FORBIDDEN",
+            Self::Unauthorized(_) => "SANDBOX::SECURE_ACCESS_DENIED",
+            Self::TooManyFailures(_) => "SANDBOX::TOO_MANY_FAILED_ATTEMPTS",
             Self::Upstream(_) => "SANDBOX::UPSTREAM_UNAVAILABLE",
         }
     }
@@ -65,7 +81,14 @@ impl IntoResponse for NodeProxyError {
             code: self.code().to_string(),
             message: self.to_string(),
         };
-        (self.status(), axum::Json(body)).into_response()
+        let mut response = (self.status(), axum::Json(body)).into_response();
+        if let Self::TooManyFailures(limited) = &self {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(limited.retry_after_secs()),
+            );
+        }
+        response
     }
 }
 
@@ -73,10 +96,15 @@ impl IntoResponse for NodeProxyError {
 #[derive(Clone)]
 pub struct NodeProxy {
     pub fastlet: Arc<Fastlet>,
-    pub signer: Arc<RouteSigner>,
+    /// The route signing keys (followed as the key file is rotated).
+    pub keys: RouteKeys,
     pub forwarder: Arc<Forwarder>,
     /// The policy operations behind port 18080.
     pub egress: Arc<dyn EgressApi>,
+    /// Which sandboxes are secure, and their tokens (the server's records).
+    pub access: Arc<dyn AccessApi>,
+    /// The credential rules and the failure counters, shared by both proxies.
+    pub guard: Arc<AccessGuard>,
 }
 
 /// Whether a request without a route signature may pass.
@@ -99,20 +127,28 @@ impl NodeProxy {
         strip: &[HeaderName],
         req: Request,
     ) -> Result<Response, NodeProxyError> {
-        let route = split_route(path, self.signer.key_id());
-        match &route.signed {
-            Some((expires, sig)) => {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or_default();
-                self.signer
-                    .verify(id, port, expires, sig, now)
-                    .map_err(NodeProxyError::Forbidden)?;
-            }
-            None if unsigned == Unsigned::Refused => return Err(NodeProxyError::Unsigned),
-            None => {}
-        }
+        let signer = self.keys.current();
+        let route = split_route(path, |c| signer.holds(c));
+        let access = self
+            .access
+            .access(id)
+            .ok_or_else(|| NodeProxyError::NotRunning(id.to_string()))?;
+        let source = req
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map_or(Presented::UNKNOWN_SOURCE, |c| c.0.ip());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+        let presented = Presented {
+            route: &route,
+            headers: req.headers(),
+            source,
+            unsigned,
+        };
+        self.guard
+            .authorize(id, port, &access, &signer, &presented, now)?;
         let sandbox = self
             .fastlet
             .route(id)
@@ -124,10 +160,13 @@ impl NodeProxy {
             Some(q) => format!("{}?{q}", route.rest),
             None => route.rest.clone(),
         };
+        // The access token is the proxies' business, never the sandbox's.
+        let mut strip_headers = strip.to_vec();
+        strip_headers.push(HeaderName::from_static("opensandbox-secure-access"));
         let target = Target {
             addr: (sandbox.address, port).into(),
             path_and_query,
-            strip_headers: strip.to_vec(),
+            strip_headers,
             add_headers: HeaderMap::new(),
         };
         Ok(self.forwarder.forward(req, &target).await?)

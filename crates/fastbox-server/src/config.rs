@@ -106,6 +106,12 @@ pub struct Settings {
     pub max_disk: Option<String>,
     /// The highest pids limit a create may ask for.
     pub max_pids: Option<u64>,
+    /// The longest a signed route may be valid (`24h`): further `expires` are refused.
+    pub route_max_lifetime: Option<String>,
+    /// Failed credential checks per minute from one source address before 429.
+    pub access_failures_per_source: Option<u32>,
+    /// Failed credential checks per minute from all sources before 429.
+    pub access_failures_global: Option<u32>,
 }
 
 impl Settings {
@@ -150,6 +156,11 @@ impl Settings {
             max_memory: self.max_memory.or(lower.max_memory),
             max_disk: self.max_disk.or(lower.max_disk),
             max_pids: self.max_pids.or(lower.max_pids),
+            route_max_lifetime: self.route_max_lifetime.or(lower.route_max_lifetime),
+            access_failures_per_source: self
+                .access_failures_per_source
+                .or(lower.access_failures_per_source),
+            access_failures_global: self.access_failures_global.or(lower.access_failures_global),
         }
     }
 
@@ -606,7 +617,14 @@ pub struct ServerConfig {
     pub allow_local_images: Vec<PathBuf>,
     /// Limits of creates that name none, and the most a create may name.
     pub resources: ResourcePolicy,
+    /// The longest a signed route may be valid: issued (400) and accepted (401/403).
+    pub route_max_lifetime: Duration,
+    /// Failed credential checks allowed per minute, per source and for all together.
+    pub access_failures: fastbox_proxy::FailureLimits,
 }
+
+/// The longest a signed route may be valid by default.
+pub const DEFAULT_ROUTE_MAX_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 
 impl ServerConfig {
     /// Applies the defaults under `settings`.
@@ -647,6 +665,32 @@ impl ServerConfig {
             .data_dir
             .clone()
             .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        let route_max_lifetime = match &settings.route_max_lifetime {
+            Some(text) => parse_duration(text).map_err(|e| invalid("route_max_lifetime", e))?,
+            None => DEFAULT_ROUTE_MAX_LIFETIME,
+        };
+        if route_max_lifetime.is_zero() {
+            return Err(invalid("route_max_lifetime", "must be positive".into()));
+        }
+        let mut access_failures = fastbox_proxy::FailureLimits::default();
+        for (field, value, target) in [
+            (
+                "access_failures_per_source",
+                settings.access_failures_per_source,
+                &mut access_failures.per_source,
+            ),
+            (
+                "access_failures_global",
+                settings.access_failures_global,
+                &mut access_failures.global,
+            ),
+        ] {
+            match value {
+                Some(0) => return Err(invalid(field, "must be at least 1 per minute".into())),
+                Some(n) => *target = n,
+                None => {}
+            }
+        }
         Ok(Self {
             listen: settings
                 .listen
@@ -701,6 +745,8 @@ impl ServerConfig {
             artifacts,
             allow_local_images,
             resources,
+            route_max_lifetime,
+            access_failures,
         })
     }
 }
@@ -722,6 +768,35 @@ mod tests {
         assert_eq!(cfg.prefix, "xyz");
         assert_eq!(cfg.node_proxy_listen.to_string(), DEFAULT_NODE_PROXY_LISTEN);
         assert_eq!(cfg.default_images, vec![DEFAULT_IMAGE.to_string()]);
+    }
+
+    #[test]
+    fn route_lifetime_and_failure_limits_have_defaults_and_are_checked() {
+        let cfg = ServerConfig::resolve(Settings::default()).unwrap();
+        assert_eq!(cfg.route_max_lifetime, DEFAULT_ROUTE_MAX_LIFETIME);
+        assert_eq!(cfg.access_failures, fastbox_proxy::FailureLimits::default());
+        let file: Settings = toml::from_str(
+            "route_max_lifetime = \"2h\"\naccess_failures_per_source = 5\naccess_failures_global = 50\n",
+        )
+        .unwrap();
+        let cfg = ServerConfig::resolve(Settings::default().over(file)).unwrap();
+        assert_eq!(cfg.route_max_lifetime, Duration::from_secs(7200));
+        assert_eq!(
+            (cfg.access_failures.per_source, cfg.access_failures.global),
+            (5, 50)
+        );
+        for bad in [
+            "route_max_lifetime = \"0s\"",
+            "route_max_lifetime = \"soon\"",
+            "access_failures_per_source = 0",
+            "access_failures_global = 0",
+        ] {
+            let file: Settings = toml::from_str(bad).unwrap();
+            assert!(
+                ServerConfig::resolve(Settings::default().over(file)).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -55,6 +55,41 @@ pub struct SandboxRecord {
     /// resumes it from there again.
     #[serde(default)]
     pub resumed_from: Option<String>,
+    /// `secureAccess: true`: the token its endpoints need in `OpenSandbox-Secure-Access`
+    /// (each sandbox its own, clones included). `None`: its endpoints are open by URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secure_access: Option<SecureAccess>,
+}
+
+/// The access token of a `secureAccess` sandbox, as recorded. `Debug` never shows it.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct SecureAccess {
+    token: String,
+}
+
+impl SecureAccess {
+    /// A new random token (`fastbox_proxy::AccessToken::generate`).
+    pub fn generate() -> Result<Self, getrandom::Error> {
+        Ok(Self {
+            token: fastbox_proxy::AccessToken::generate()?.expose().to_string(),
+        })
+    }
+
+    /// The token, to check a request against.
+    pub fn token(&self) -> fastbox_proxy::AccessToken {
+        fastbox_proxy::AccessToken::from_recorded(self.token.clone())
+    }
+
+    /// The token's text, for the endpoint's `headers` only.
+    pub fn expose(&self) -> &str {
+        &self.token
+    }
+}
+
+impl std::fmt::Debug for SecureAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecureAccess(<redacted>)")
+    }
 }
 
 /// One lifecycle event (`GET .../diagnostics/events`).
@@ -180,6 +215,9 @@ pub struct SnapshotRecord {
     /// What taking it cost (CRIU's freeze window and the rest), once taken.
     #[serde(default)]
     pub report: Option<String>,
+    /// Whether the source had `secureAccess`: its clones do too, each with its own token.
+    #[serde(default)]
+    pub secure_access: bool,
 }
 
 impl SnapshotRecord {
@@ -251,6 +289,7 @@ pub(crate) mod tests {
             snapshot_id: None,
             paused_checkpoint: None,
             resumed_from: None,
+            secure_access: None,
         }
     }
 
@@ -259,6 +298,31 @@ pub(crate) mod tests {
         let r = record("a");
         let text = serde_json::to_string(&r.to_wire()).unwrap();
         assert!(!text.contains("secret") && !text.contains("null"), "{text}");
+    }
+
+    #[test]
+    fn secure_access_is_recorded_never_shown_and_optional() {
+        let mut r = record("a");
+        let text = serde_json::to_string(&r).unwrap();
+        assert!(!text.contains("secure_access"), "{text}");
+        let old: SandboxRecord = serde_json::from_str(&text).unwrap();
+        assert!(old.secure_access.is_none());
+
+        r.secure_access = Some(SecureAccess::generate().unwrap());
+        let token = r.secure_access.as_ref().unwrap().expose().to_string();
+        assert_eq!(token.len(), 43);
+        assert!(!format!("{r:?}").contains(&token));
+        assert!(
+            !serde_json::to_string(&r.to_wire())
+                .unwrap()
+                .contains(&token)
+        );
+        let back: SandboxRecord =
+            serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        let recorded = back.secure_access.unwrap();
+        assert_eq!(recorded.expose(), token);
+        assert!(recorded.token().matches(token.as_bytes()));
+        assert_ne!(SecureAccess::generate().unwrap().expose(), token);
     }
 
     #[test]

@@ -15,11 +15,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use fastbox_fastlet::node_proxy::{self, NodeProxy};
+use fastbox_fastlet::node_proxy::{self, AccessGuard, NodeProxy};
 use fastbox_fastlet::node_store::{NodeStore, NodeStoreError};
 use fastbox_fastlet::{Fastlet, FastletConfig, blocking};
 use fastbox_image::{ImageConfig, StderrProgress};
-use fastbox_proxy::{Forwarder, ForwarderConfig, RouteSigner};
+use fastbox_proxy::{Forwarder, ForwarderConfig, RouteKeys};
 use tokio::net::TcpListener;
 
 use crate::artifact_gc::{self, ArtifactCollector};
@@ -56,6 +56,9 @@ pub enum UpError {
     Serve(std::io::Error),
 }
 
+/// The route signing keys in the data directory (`fastbox route-key` rotates them).
+pub const ROUTE_KEY_FILE: &str = "route-signing.key";
+
 /// Runs `fastbox up` until SIGTERM or SIGINT. `helper` is the `fastbox` executable itself.
 pub async fn run(
     cfg: ServerConfig,
@@ -74,7 +77,9 @@ pub async fn run(
             source,
         })?;
     let api_key = api_key(&cfg, &data_dir)?;
-    let signer = RouteSigner::load_or_create(&data_dir.join("route-signing.key"))?;
+    // Followed as it changes: `fastbox route-key rotate` adds a signing key while the server
+    // runs, the older keys verify until retired.
+    let keys = RouteKeys::load_or_create(&data_dir.join(ROUTE_KEY_FILE))?;
     let store = Store::open(&data_dir.join("state.redb"))?;
     let node_store = open_node_store(&cfg).await?;
     let fastlet_cfg = FastletConfig {
@@ -98,7 +103,7 @@ pub async fn run(
     };
     let fastlet =
         Arc::new(blocking::run("fastbox-node", move || Fastlet::start(fastlet_cfg)).await?);
-    let lifecycle = Lifecycle::new(cfg.clone(), store, fastlet.clone(), signer.clone())?;
+    let lifecycle = Lifecycle::new(cfg.clone(), store, fastlet.clone(), keys.clone())?;
     let staged = fastlet.purge_staging();
     if staged > 0 {
         println!(
@@ -136,10 +141,16 @@ pub async fn run(
     let node_listener = bind(cfg.node_proxy_listen).await?;
     let node_proxy = NodeProxy {
         fastlet: fastlet.clone(),
-        signer: Arc::new(signer),
+        keys,
         forwarder: Arc::new(Forwarder::new(ForwarderConfig::default())),
         // Port 18080's policy changes are applied and recorded by the lifecycle service.
         egress: lifecycle.clone(),
+        // Which sandboxes are secure (`secureAccess`), from the records.
+        access: lifecycle.clone(),
+        guard: Arc::new(AccessGuard::new(
+            cfg.access_failures,
+            cfg.route_max_lifetime,
+        )),
     };
     let state = AppState {
         lifecycle: lifecycle.clone(),

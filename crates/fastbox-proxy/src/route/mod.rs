@@ -7,7 +7,9 @@
 //!
 //! - `b36`: the canonical base-36 form of expiry times;
 //! - `signer`: signing and verifying, byte for byte as OSEP-0011 defines them;
-//! - `key_file`: the signing key on disk, created on first start and reused afterwards;
+//! - `key_file`: the signing keys on disk, created on first start and reused afterwards,
+//!   rotated by adding a key (which signs from then on) and retiring old ones; [`RouteKeys`]
+//!   follows the file in a running server;
 //! - `path`: telling a credential-carrying path from a plain one.
 //!
 //! Credentials and secrets are never logged, and `Debug` of a signer omits its secret.
@@ -21,6 +23,7 @@ use std::io;
 use std::path::PathBuf;
 
 pub use b36::{from_b36, to_b36};
+pub use key_file::{RELOAD_EVERY, RouteKeys, retire_key, rotate_key};
 pub use path::{RoutePath, split_route};
 pub use signer::RouteSigner;
 
@@ -42,6 +45,23 @@ pub enum RouteError {
         /// Expiry time, Unix seconds.
         expires: u64,
     },
+    /// The credential was genuine but expires further ahead than routes are ever issued.
+    #[error("route credential expires at {expires}, more than {max_secs} s ahead")]
+    TooFarAhead {
+        /// Expiry time, Unix seconds.
+        expires: u64,
+        /// The longest lifetime accepted, seconds.
+        max_secs: u64,
+    },
+    /// A keyring without keys.
+    #[error("no route signing key")]
+    NoKeys,
+    /// Two keys of one keyring share a key id.
+    #[error("route key id {0:?} is used twice")]
+    DuplicateKeyId(char),
+    /// A key file change that would leave no key to sign with, or retire the signing key.
+    #[error("{0}")]
+    Rotation(String),
     /// A key id outside `0-9a-z`.
     #[error("invalid route key id {0:?} (want one of 0-9a-z)")]
     InvalidKeyId(char),

@@ -4,7 +4,7 @@
 //! (signed) or `/rest...` (unsigned). The two forms are told apart by shape alone: the first
 //! two segments are a credential when the first is a canonical base-36 number (1 to 13 of
 //! `0-9a-z`, no leading zero) and the second is exactly 8 lowercase hex digits followed by the
-//! signer's key id. Paths such as `/files/upload` or `/ping` are therefore never mistaken for
+//! id of a key the signer holds. Paths such as `/files/upload` or `/ping` are therefore never mistaken for
 //! credentials. A sandbox path that itself starts with such a pair (`/abc/0123abcda/...`) is
 //! read as signed; that ambiguity is inherent in the OSEP-0011 URI form.
 
@@ -22,13 +22,15 @@ pub struct RoutePath {
 
 /// Splits the part of a path after `{id}/{port}` into credential and forwarded path.
 ///
-/// `path` carries no query string. See the module docs for when a path counts as signed.
-pub fn split_route(path: &str, key_id: char) -> RoutePath {
+/// `path` carries no query string; `is_key_id` tells the ids of the keys held (with rotation,
+/// more than one: [`super::RouteSigner::holds`]). See the module docs for when a path counts
+/// as signed.
+pub fn split_route(path: &str, is_key_id: impl Fn(char) -> bool) -> RoutePath {
     let relative = path.strip_prefix('/').unwrap_or(path);
     let mut segments = relative.splitn(3, '/');
     if let (Some(expires), Some(sig)) = (segments.next(), segments.next())
         && b36::has_shape(expires)
-        && sig_key_id(sig) == Some(key_id)
+        && sig_key_id(sig).is_some_and(&is_key_id)
     {
         return RoutePath {
             signed: Some((expires.to_owned(), sig.to_owned())),
@@ -44,6 +46,10 @@ pub fn split_route(path: &str, key_id: char) -> RoutePath {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn is_a(c: char) -> bool {
+        c == 'a'
+    }
 
     fn unsigned(rest: &str) -> RoutePath {
         RoutePath {
@@ -61,35 +67,55 @@ mod tests {
 
     #[test]
     fn plain_paths_are_unsigned() {
-        assert_eq!(split_route("", 'a'), unsigned("/"));
-        assert_eq!(split_route("/", 'a'), unsigned("/"));
-        assert_eq!(split_route("/ping", 'a'), unsigned("/ping"));
-        assert_eq!(split_route("/files/upload", 'a'), unsigned("/files/upload"));
+        assert_eq!(split_route("", is_a), unsigned("/"));
+        assert_eq!(split_route("/", is_a), unsigned("/"));
+        assert_eq!(split_route("/ping", is_a), unsigned("/ping"));
         assert_eq!(
-            split_route("/files/download/", 'a'),
+            split_route("/files/upload", is_a),
+            unsigned("/files/upload")
+        );
+        assert_eq!(
+            split_route("/files/download/", is_a),
             unsigned("/files/download/")
         );
-        assert_eq!(split_route("ping", 'a'), unsigned("/ping"));
-        assert_eq!(split_route("//x", 'a'), unsigned("//x"));
+        assert_eq!(split_route("ping", is_a), unsigned("/ping"));
+        assert_eq!(split_route("//x", is_a), unsigned("//x"));
     }
 
     #[test]
     fn credential_shaped_prefix_is_split_off() {
         assert_eq!(
-            split_route("/s44we8/0123abcda", 'a'),
+            split_route("/s44we8/0123abcda", is_a),
             signed("s44we8", "0123abcda", "/")
         );
         assert_eq!(
-            split_route("/s44we8/0123abcda/", 'a'),
+            split_route("/s44we8/0123abcda/", is_a),
             signed("s44we8", "0123abcda", "/")
         );
         assert_eq!(
-            split_route("/s44we8/0123abcda/files/upload", 'a'),
+            split_route("/s44we8/0123abcda/files/upload", is_a),
             signed("s44we8", "0123abcda", "/files/upload")
         );
         assert_eq!(
-            split_route("/0/ffffffffa/x/", 'a'),
+            split_route("/0/ffffffffa/x/", is_a),
             signed("0", "ffffffffa", "/x/")
+        );
+    }
+
+    #[test]
+    fn every_held_key_id_counts() {
+        let held = |c| c == 'a' || c == 'b';
+        assert_eq!(
+            split_route("/s44we8/0123abcdb/x", held),
+            signed("s44we8", "0123abcdb", "/x")
+        );
+        assert_eq!(
+            split_route("/s44we8/0123abcda/x", held),
+            signed("s44we8", "0123abcda", "/x")
+        );
+        assert_eq!(
+            split_route("/s44we8/0123abcdc/x", held),
+            unsigned("/s44we8/0123abcdc/x")
         );
     }
 
@@ -97,7 +123,7 @@ mod tests {
     fn near_misses_stay_unsigned() {
         // Wrong key id: the path belongs to the sandbox.
         assert_eq!(
-            split_route("/s44we8/0123abcdb/x", 'a'),
+            split_route("/s44we8/0123abcdb/x", is_a),
             unsigned("/s44we8/0123abcdb/x")
         );
         // Uppercase hex, short or long signature, non-hex digit.
@@ -107,7 +133,7 @@ mod tests {
             "/s44we8/0123abcdea",
             "/s44we8/0123abcga",
         ] {
-            assert_eq!(split_route(path, 'a'), unsigned(path), "{path}");
+            assert_eq!(split_route(path, is_a), unsigned(path), "{path}");
         }
         // Expiry with a leading zero, uppercase or too long.
         for path in [
@@ -116,7 +142,7 @@ mod tests {
             "/10000000000000/0123abcda",
             "//0123abcda",
         ] {
-            assert_eq!(split_route(path, 'a'), unsigned(path), "{path}");
+            assert_eq!(split_route(path, is_a), unsigned(path), "{path}");
         }
     }
 }

@@ -3,7 +3,13 @@
 //! The credential for sandbox `id`, port `port`, expiring at `expires` (Unix seconds) is
 //! `hex(SHA256(BE32(len(secret)) || secret || BE32(len(canon)) || canon))[0..8]` followed by the
 //! one-character key id, where `canon` is `"v1\nshort\n{id}\n{port}\n{expires_b36}\n"`. The key id
-//! names the secret, so keys can be rotated while old routes stay checkable.
+//! names the secret, so keys can be rotated while old routes stay checkable: a [`RouteSigner`]
+//! holds one or more keys, signs with the newest and verifies with the key a credential names.
+//!
+//! The signature keeps 32 bits of the digest (OSEP-0011 fixes that), so a credential can be
+//! guessed in about 2^31 tries: the proxies rate-limit failed checks
+//! ([`crate::access::FailureLimiter`]) and bound how far ahead an expiry may be
+//! ([`RouteSigner::verify_bounded`]).
 
 use std::fmt;
 
@@ -21,46 +27,81 @@ pub(crate) const MIN_SECRET_LEN: usize = 16;
 /// Longest secret accepted, so its length always fits the 32-bit length prefix.
 pub(crate) const MAX_SECRET_LEN: usize = 4096;
 
-/// Signs and verifies route credentials with one secret, named by a key id.
+/// One secret and the key id that names it.
+#[derive(Clone)]
+pub(crate) struct RouteKey {
+    pub(crate) id: char,
+    pub(crate) secret: Vec<u8>,
+}
+
+/// Signs and verifies route credentials with a keyring: one or more secrets, each named by a
+/// key id. The last key signs; every key verifies the credentials that name it.
 ///
-/// `Debug` shows the key id only, never the secret.
+/// `Debug` shows the key ids only, never a secret.
 #[derive(Clone)]
 pub struct RouteSigner {
-    key_id: char,
-    secret: Vec<u8>,
+    /// Never empty; ids are distinct; the last one signs.
+    keys: Vec<RouteKey>,
 }
 
 impl RouteSigner {
-    /// A signer for `secret`, named by `key_id` (one of `0-9a-z`).
+    /// A signer with one key: `secret`, named by `key_id` (one of `0-9a-z`).
     ///
     /// The secret must be 16 to 4096 bytes long.
     pub fn try_new(key_id: char, secret: Vec<u8>) -> Result<Self, RouteError> {
-        if !is_key_id(key_id) {
-            return Err(RouteError::InvalidKeyId(key_id));
-        }
-        if !(MIN_SECRET_LEN..=MAX_SECRET_LEN).contains(&secret.len()) {
-            return Err(RouteError::InvalidSecretLength(secret.len()));
-        }
-        Ok(Self { key_id, secret })
+        Self::with_keys(vec![(key_id, secret)])
     }
 
-    /// The key id this signer appends to its signatures.
+    /// A signer holding `keys`, oldest first: the last one signs, all of them verify.
+    ///
+    /// Every key id must be one of `0-9a-z` and appear once, and every secret must be 16 to
+    /// 4096 bytes long; at least one key is needed.
+    pub fn with_keys(keys: Vec<(char, Vec<u8>)>) -> Result<Self, RouteError> {
+        if keys.is_empty() {
+            return Err(RouteError::NoKeys);
+        }
+        let mut checked: Vec<RouteKey> = Vec::with_capacity(keys.len());
+        for (id, secret) in keys {
+            if !is_key_id(id) {
+                return Err(RouteError::InvalidKeyId(id));
+            }
+            if !(MIN_SECRET_LEN..=MAX_SECRET_LEN).contains(&secret.len()) {
+                return Err(RouteError::InvalidSecretLength(secret.len()));
+            }
+            if checked.iter().any(|k| k.id == id) {
+                return Err(RouteError::DuplicateKeyId(id));
+            }
+            checked.push(RouteKey { id, secret });
+        }
+        Ok(Self { keys: checked })
+    }
+
+    /// The key id this signer appends to the signatures it makes (the newest key's).
     pub fn key_id(&self) -> char {
-        self.key_id
+        self.signing().id
     }
 
-    /// The 9-character signature of a route to `port` of `sandbox_id` until `expires`.
+    /// The ids of every key held, oldest first (the last one signs).
+    pub fn key_ids(&self) -> Vec<char> {
+        self.keys.iter().map(|k| k.id).collect()
+    }
+
+    /// Whether a key named `key_id` is held (and so verifies the credentials naming it).
+    pub fn holds(&self, key_id: char) -> bool {
+        self.key(key_id).is_some()
+    }
+
+    /// The 9-character signature of a route to `port` of `sandbox_id` until `expires`, made
+    /// with the newest key.
     pub fn sign(&self, sandbox_id: &str, port: u16, expires: u64) -> String {
-        let mut sig = self.digest_hex(sandbox_id, port, &to_b36(expires));
-        sig.push(self.key_id);
-        sig
+        sign_with(self.signing(), sandbox_id, port, &to_b36(expires))
     }
 
     /// Checks a credential taken from a route and returns its expiry time (Unix seconds).
     ///
-    /// The signature is checked before the expiry, so [`RouteError::Expired`] is only ever
-    /// reported for a credential this signer issued. A route is valid up to and including the
-    /// second `expires`.
+    /// The key the signature names is the one checked. The signature is checked before the
+    /// expiry, so [`RouteError::Expired`] is only ever reported for a credential this signer
+    /// issued. A route is valid up to and including the second `expires`.
     pub fn verify(
         &self,
         sandbox_id: &str,
@@ -69,46 +110,82 @@ impl RouteSigner {
         sig: &str,
         now_unix: u64,
     ) -> Result<u64, RouteError> {
+        self.verify_bounded(sandbox_id, port, expires_b36, sig, now_unix, u64::MAX)
+    }
+
+    /// [`RouteSigner::verify`], also refusing a genuine credential whose expiry lies more
+    /// than `max_lifetime_secs` after `now_unix` ([`RouteError::TooFarAhead`]): routes are
+    /// never issued that far ahead, so one that claims it was signed with a leaked key or
+    /// issued under a longer limit.
+    pub fn verify_bounded(
+        &self,
+        sandbox_id: &str,
+        port: u16,
+        expires_b36: &str,
+        sig: &str,
+        now_unix: u64,
+        max_lifetime_secs: u64,
+    ) -> Result<u64, RouteError> {
         let expires = from_b36(expires_b36).ok_or(RouteError::Malformed)?;
         let key_id = sig_key_id(sig).ok_or(RouteError::Malformed)?;
-        if key_id != self.key_id {
-            return Err(RouteError::UnknownKey(key_id));
-        }
+        let key = self.key(key_id).ok_or(RouteError::UnknownKey(key_id))?;
         // The canonical string signs `expires_b36` as given; `from_b36` accepted only the
         // canonical form, so it equals `to_b36(expires)`.
-        let expected = self.sign(sandbox_id, port, expires);
+        let expected = sign_with(key, sandbox_id, port, expires_b36);
         if !constant_time_eq(expected.as_bytes(), sig.as_bytes()) {
             return Err(RouteError::BadSignature);
         }
         if now_unix > expires {
             return Err(RouteError::Expired { expires });
         }
+        if expires - now_unix > max_lifetime_secs {
+            return Err(RouteError::TooFarAhead {
+                expires,
+                max_secs: max_lifetime_secs,
+            });
+        }
         Ok(expires)
     }
 
-    /// The first 8 hex digits of the OSEP-0011 digest.
-    fn digest_hex(&self, sandbox_id: &str, port: u16, expires_b36: &str) -> String {
-        let canon = format!("v1\nshort\n{sandbox_id}\n{port}\n{expires_b36}\n");
-        let digest = Sha256::new()
-            .chain_update(be32_len(self.secret.len()))
-            .chain_update(&self.secret)
-            .chain_update(be32_len(canon.len()))
-            .chain_update(canon.as_bytes())
-            .finalize();
-        hex::encode(&digest[..SIG_HEX_LEN / 2])
+    /// The keys, oldest first (for the key file).
+    pub(crate) fn keys(&self) -> &[RouteKey] {
+        &self.keys
     }
+
+    fn signing(&self) -> &RouteKey {
+        self.keys.last().expect("a signer holds at least one key")
+    }
+
+    fn key(&self, key_id: char) -> Option<&RouteKey> {
+        self.keys.iter().find(|k| k.id == key_id)
+    }
+}
+
+/// The signature of `canon`'s fields with `key`: the first 8 hex digits of the OSEP-0011
+/// digest, then the key id.
+fn sign_with(key: &RouteKey, sandbox_id: &str, port: u16, expires_b36: &str) -> String {
+    let canon = format!("v1\nshort\n{sandbox_id}\n{port}\n{expires_b36}\n");
+    let digest = Sha256::new()
+        .chain_update(be32_len(key.secret.len()))
+        .chain_update(&key.secret)
+        .chain_update(be32_len(canon.len()))
+        .chain_update(canon.as_bytes())
+        .finalize();
+    let mut sig = hex::encode(&digest[..SIG_HEX_LEN / 2]);
+    sig.push(key.id);
+    sig
 }
 
 impl fmt::Debug for RouteSigner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RouteSigner")
-            .field("key_id", &self.key_id)
+            .field("key_ids", &self.key_ids())
             .finish_non_exhaustive()
     }
 }
 
 /// Whether `c` may name a key: one of `0-9a-z`.
-fn is_key_id(c: char) -> bool {
+pub(crate) fn is_key_id(c: char) -> bool {
     matches!(c, '0'..='9' | 'a'..='z')
 }
 
@@ -130,7 +207,7 @@ fn be32_len(len: usize) -> [u8; 4] {
 }
 
 /// Compares two byte strings in time independent of where they differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -261,6 +338,101 @@ mod tests {
             RouteSigner::try_new('z', vec![0; 16]).unwrap().key_id(),
             'z'
         );
+    }
+
+    #[test]
+    fn two_keys_verify_by_key_id_and_the_newest_signs() {
+        let old = signer();
+        let new = RouteSigner::try_new('m', b"the-next-route-secret".to_vec()).unwrap();
+        let both = RouteSigner::with_keys(vec![
+            ('k', SECRET.to_vec()),
+            ('m', b"the-next-route-secret".to_vec()),
+        ])
+        .unwrap();
+        assert_eq!(both.key_id(), 'm');
+        assert_eq!(both.key_ids(), vec!['k', 'm']);
+        assert!(both.holds('k') && both.holds('m') && !both.holds('a'));
+        // New routes are signed with the newest key, byte for byte as that key alone signs.
+        let fresh = both.sign(ID, PORT, EXPIRES);
+        assert_eq!(fresh, new.sign(ID, PORT, EXPIRES));
+        assert!(fresh.ends_with('m'));
+        // Routes of either key verify, each with its own secret.
+        let now = EXPIRES - 10;
+        assert_eq!(
+            both.verify(ID, PORT, EXPIRES_B36, KNOWN_SIG, now).unwrap(),
+            EXPIRES
+        );
+        assert_eq!(
+            both.verify(ID, PORT, EXPIRES_B36, &fresh, now).unwrap(),
+            EXPIRES
+        );
+        // The key id selects the secret: an old signature relabelled as the new key's, or
+        // the other way round, is a mismatch.
+        let relabelled = format!("{}m", &KNOWN_SIG[..8]);
+        assert!(matches!(
+            both.verify(ID, PORT, EXPIRES_B36, &relabelled, now),
+            Err(RouteError::BadSignature)
+        ));
+        let relabelled = format!("{}k", &fresh[..8]);
+        assert!(matches!(
+            both.verify(ID, PORT, EXPIRES_B36, &relabelled, now),
+            Err(RouteError::BadSignature)
+        ));
+        // Once the old key is gone, its routes name an unknown key.
+        assert!(matches!(
+            new.verify(ID, PORT, EXPIRES_B36, KNOWN_SIG, now),
+            Err(RouteError::UnknownKey('k'))
+        ));
+        assert_eq!(
+            old.verify(ID, PORT, EXPIRES_B36, KNOWN_SIG, now).unwrap(),
+            EXPIRES
+        );
+    }
+
+    #[test]
+    fn keyrings_need_distinct_valid_keys() {
+        assert!(matches!(
+            RouteSigner::with_keys(vec![]),
+            Err(RouteError::NoKeys)
+        ));
+        assert!(matches!(
+            RouteSigner::with_keys(vec![('a', vec![1; 16]), ('a', vec![2; 16])]),
+            Err(RouteError::DuplicateKeyId('a'))
+        ));
+        assert!(matches!(
+            RouteSigner::with_keys(vec![('a', vec![1; 16]), ('B', vec![2; 16])]),
+            Err(RouteError::InvalidKeyId('B'))
+        ));
+        assert!(matches!(
+            RouteSigner::with_keys(vec![('a', vec![1; 16]), ('b', vec![2; 8])]),
+            Err(RouteError::InvalidSecretLength(8))
+        ));
+    }
+
+    #[test]
+    fn expiry_beyond_the_bound_is_refused() {
+        let s = signer();
+        let day = 86_400;
+        // Exactly at the bound: accepted; one second beyond: refused, after the signature.
+        assert_eq!(
+            s.verify_bounded(ID, PORT, EXPIRES_B36, KNOWN_SIG, EXPIRES - day, day)
+                .unwrap(),
+            EXPIRES
+        );
+        assert!(matches!(
+            s.verify_bounded(ID, PORT, EXPIRES_B36, KNOWN_SIG, EXPIRES - day - 1, day),
+            Err(RouteError::TooFarAhead {
+                expires: EXPIRES,
+                max_secs: 86_400
+            })
+        ));
+        // A forged credential far ahead is reported as what it is: a bad signature.
+        assert!(matches!(
+            s.verify_bounded(ID, PORT, "zzzzzz", KNOWN_SIG, 0, day),
+            Err(RouteError::BadSignature)
+        ));
+        // Without a bound (verify), any future expiry is fine.
+        assert!(s.verify(ID, PORT, EXPIRES_B36, KNOWN_SIG, 0).is_ok());
     }
 
     #[test]

@@ -108,6 +108,7 @@ mod tests {
             network_policy: None,
             execd_token: "t".into(),
             report: None,
+            secure_access: false,
         }
     }
 

@@ -1,8 +1,11 @@
 //! The server proxy, `/v1/sandboxes/{id}/proxy/{port}/...`: the API key or a signed route
-//! admits a request; the API key never reaches the sandbox.
+//! admits a request; the API key never reaches the sandbox. A `secureAccess` sandbox's ports
+//! also need its access token (`OpenSandbox-Secure-Access`) unless the route is signed: the
+//! node proxy's rules (`fastbox_fastlet::node_proxy::access`), which this proxy routes
+//! through, with the same failure counters.
 
 use axum::extract::{Request, State};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use fastbox_fastlet::node_proxy::{NodeProxyError, Unsigned};
 
 use crate::error::ApiError;
@@ -43,11 +46,12 @@ async fn forward(
     if state.lifecycle.get(&id).is_err() {
         return Err(ApiError::SandboxNotFound(id));
     }
-    state
+    let proxied = state
         .node_proxy
         .proxy_to_sandbox(&id, port, &rest, unsigned, &[API_KEY], req)
-        .await
-        .map_err(|e| match e {
+        .await;
+    proxied.or_else(|e| {
+        Err(match e {
             NodeProxyError::Unsigned => ApiError::MissingApiKey,
             NodeProxyError::Forbidden(e) => ApiError::Forbidden(e.to_string()),
             NodeProxyError::NotRunning(id) => ApiError::NotReady {
@@ -56,5 +60,11 @@ async fn forward(
             },
             NodeProxyError::BadRoute(p) => ApiError::InvalidParameter(p),
             NodeProxyError::Upstream(e) => ApiError::Upstream(e.to_string()),
+            // The node proxy's own answers, in the same `{code, message}` envelope (429
+            // with `Retry-After`).
+            e @ (NodeProxyError::Unauthorized(_) | NodeProxyError::TooManyFailures(_)) => {
+                return Ok(e.into_response());
+            }
         })
+    })
 }

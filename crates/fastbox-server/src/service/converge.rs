@@ -478,6 +478,7 @@ impl Lifecycle {
                     template_id: record.template_id.clone(),
                     policy: record.policy(),
                     snapshot_id: record.snapshot_id.clone(),
+                    secure_access: record.secure_access.is_some(),
                 })
                 // The operator may have withdrawn the image's directory since.
                 .and_then(|plan| this.check_local_image(&plan.image.uri).map(|()| plan));

@@ -10,8 +10,8 @@ use fastbox_api::lifecycle::{
     PaginationInfo, Sandbox, SandboxState, SandboxStatus, StringMap,
 };
 use fastbox_fastlet::Fastlet;
-use fastbox_fastlet::node_proxy::{EGRESS_AUTH_HEADER, EGRESS_PORT};
-use fastbox_proxy::{RouteSigner, to_b36};
+use fastbox_fastlet::node_proxy::{EGRESS_AUTH_HEADER, EGRESS_PORT, SECURE_ACCESS_HEADER};
+use fastbox_proxy::{RouteKeys, RouteSigner, to_b36};
 use fastbox_runtime::spec::EXECD_PORT;
 
 use crate::config::ServerConfig;
@@ -38,7 +38,8 @@ pub struct Lifecycle {
     /// Sandboxes with a create or removal task running; the reconciler leaves them alone.
     pub(super) busy: Mutex<HashSet<String>>,
     pub(super) fastlet: Arc<Fastlet>,
-    pub(super) signer: RouteSigner,
+    /// The route signing keys (followed as the key file is rotated).
+    pub(super) keys: RouteKeys,
     health: RwLock<Health>,
     /// Templates of the templates API, written through to the store.
     pub(super) templates: Mutex<HashMap<String, fastbox_api::templates::Template>>,
@@ -78,7 +79,7 @@ impl Lifecycle {
         cfg: ServerConfig,
         store: Store,
         fastlet: Arc<Fastlet>,
-        signer: RouteSigner,
+        keys: RouteKeys,
     ) -> Result<Arc<Self>, ApiError> {
         let records = store
             .load()?
@@ -105,7 +106,7 @@ impl Lifecycle {
             policy_changes: Mutex::new(()),
             start_metrics: Default::default(),
             fastlet,
-            signer,
+            keys,
             health: RwLock::new(Health::Starting("starting".into())),
         }))
     }
@@ -123,8 +124,9 @@ impl Lifecycle {
         &self.fastlet
     }
 
-    pub fn signer(&self) -> &RouteSigner {
-        &self.signer
+    /// The route signing keys in force.
+    pub fn signer(&self) -> Arc<RouteSigner> {
+        self.keys.current()
     }
 
     pub fn health(&self) -> Health {
@@ -254,6 +256,13 @@ impl Lifecycle {
         // Every create comes here (from an image, a template, a snapshot, a fork): a local
         // image is refused unless the operator allows its directory now.
         self.check_local_image(&plan.image.uri)?;
+        // Each sandbox its own token, clones of a secure sandbox included.
+        let secure_access = match plan.secure_access {
+            true => Some(crate::record::SecureAccess::generate().map_err(|e| {
+                ApiError::Internal(format!("cannot generate an access token: {e}"))
+            })?),
+            false => None,
+        };
         let slot = self.admit().await.map_err(|e| ApiError::Capacity {
             message: e.to_string(),
             retry_after: 5,
@@ -288,6 +297,7 @@ impl Lifecycle {
             snapshot_id: plan.snapshot_id.clone(),
             paused_checkpoint: None,
             resumed_from: None,
+            secure_access,
         };
         let from = match &plan.snapshot_id {
             Some(snapshot) => format!("snapshot {snapshot}"),
@@ -439,9 +449,23 @@ impl Lifecycle {
             EGRESS_PORT => Some((EGRESS_AUTH_HEADER, &record.egress_token)),
             _ => None,
         };
-        let headers = token
+        let mut headers: StringMap = token
             .filter(|(_, value)| !value.is_empty())
-            .map(|(name, value)| StringMap::from([(name.to_string(), value.clone())]));
+            .map(|(name, value)| (name.to_string(), value.clone()))
+            .into_iter()
+            .collect();
+        // A secure sandbox's endpoints carry its access token (the SDK sends an endpoint's
+        // headers with every request to it). A signed route is a credential by itself and
+        // expires: it never carries the token, which does not.
+        if let Some(secure) = &record.secure_access
+            && q.expires.is_none()
+        {
+            headers.insert(
+                SECURE_ACCESS_HEADER.to_string(),
+                secure.expose().to_string(),
+            );
+        }
+        let headers = (!headers.is_empty()).then_some(headers);
         let endpoint = if q.use_server_proxy {
             let host = q
                 .api_host
@@ -459,7 +483,13 @@ impl Lifecycle {
                             "expires {expires} is not in the future"
                         )));
                     }
-                    let sig = self.signer.sign(id, port, expires);
+                    let max = self.cfg.route_max_lifetime.as_secs();
+                    if expires - now > max {
+                        return Err(ApiError::InvalidParameter(format!(
+                            "expires {expires} is more than {max} s ahead (route_max_lifetime)"
+                        )));
+                    }
+                    let sig = self.keys.current().sign(id, port, expires);
                     format!("{node}/{id}/{port}/{}/{sig}", to_b36(expires))
                 }
             }

@@ -1,6 +1,7 @@
 //! The lifecycle service: sandbox records, their state machine, and the tasks that converge
 //! them (create, delete, expiry, recovery after a restart), and live egress policy changes.
 
+mod access;
 mod artifact_refs;
 mod converge;
 mod egress;

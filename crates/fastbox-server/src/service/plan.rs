@@ -39,6 +39,8 @@ pub struct CreatePlan {
     pub policy: EgressPolicy,
     /// The snapshot the sandbox is restored from (its processes run on as they were).
     pub snapshot_id: Option<String>,
+    /// `secureAccess`: its endpoints need its own access token (or a signed route).
+    pub secure_access: bool,
 }
 
 /// What a create is validated against: this server's settings.
@@ -111,9 +113,6 @@ pub fn plan(req: CreateSandboxRequest, rules: &Rules) -> Result<CreatePlan, ApiE
     }
     let metadata = metadata_of(req.metadata)?;
     let policy = policy_of(req.network_policy.as_ref())?;
-    if req.secure_access == Some(true) {
-        return Err(invalid("secureAccess is not supported by this server"));
-    }
     if req.volumes.as_ref().is_some_and(|v| !v.is_empty()) {
         return Err(unsupported("volumes are not supported by this server"));
     }
@@ -158,6 +157,7 @@ pub fn plan(req: CreateSandboxRequest, rules: &Rules) -> Result<CreatePlan, ApiE
         template_id: None,
         policy,
         snapshot_id: None,
+        secure_access: req.secure_access == Some(true),
     })
 }
 
@@ -208,6 +208,7 @@ pub fn plan_from_template(
         template_id: Some(template.template_id.clone()),
         policy,
         snapshot_id: None,
+        secure_access: false,
     })
 }
 
@@ -229,7 +230,6 @@ pub fn plan_from_snapshot(
             req.volumes.as_ref().is_some_and(|v| !v.is_empty()),
         ),
         ("lifecycle", req.lifecycle.is_some()),
-        ("secureAccess", req.secure_access == Some(true)),
         ("env", req.env.as_ref().is_some_and(|e| !e.is_empty())),
     ];
     refuse_given(
@@ -280,6 +280,9 @@ pub fn plan_from_snapshot(
         template_id: None,
         policy,
         snapshot_id: Some(snapshot.id.clone()),
+        // A clone of a secure sandbox is secure (`false` is the SDK's default, not a
+        // request to open it); `true` makes a clone of any sandbox secure.
+        secure_access: snapshot.secure_access || req.secure_access == Some(true),
     })
 }
 
@@ -593,11 +596,47 @@ mod tests {
             network_policy: None,
             execd_token: "t".into(),
             report: None,
+            secure_access: false,
         }
     }
 
     fn from_snapshot(json: &str) -> Result<CreatePlan, ApiError> {
         plan_from_snapshot(req(json), &snapshot(), &rules())
+    }
+
+    #[test]
+    fn secure_access_is_planned_and_clones_of_secure_sandboxes_stay_secure() {
+        let base = r#""image":{"uri":"python:3.12"},"entrypoint":["tail"],"timeout":600"#;
+        for (body, secure) in [
+            (format!("{{{base},\"secureAccess\":true}}"), true),
+            (format!("{{{base},\"secureAccess\":false}}"), false),
+            (format!("{{{base}}}"), false),
+        ] {
+            assert_eq!(
+                plan(req(&body), &rules()).unwrap().secure_access,
+                secure,
+                "{body}"
+            );
+        }
+        let mut secure_source = snapshot();
+        secure_source.secure_access = true;
+        for body in [
+            r#"{"snapshotId":"snap_1"}"#,
+            r#"{"snapshotId":"snap_1","secureAccess":false}"#,
+        ] {
+            let p = plan_from_snapshot(req(body), &secure_source, &rules()).unwrap();
+            assert!(p.secure_access, "{body}");
+        }
+        assert!(
+            !from_snapshot(r#"{"snapshotId":"snap_1"}"#)
+                .unwrap()
+                .secure_access
+        );
+        assert!(
+            from_snapshot(r#"{"snapshotId":"snap_1","secureAccess":true}"#)
+                .unwrap()
+                .secure_access
+        );
     }
 
     #[test]

@@ -177,6 +177,7 @@ impl Lifecycle {
             network_policy: source.network_policy.clone(),
             execd_token: source.execd_token.clone(),
             report: None,
+            secure_access: source.secure_access.is_some(),
         };
         let stored = self.store.put_snapshot(&snapshot);
         if let Err(e) = stored {

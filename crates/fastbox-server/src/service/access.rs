@@ -1,0 +1,18 @@
+//! Which sandboxes' ports need a credential: the node proxy asks the records
+//! ([`AccessApi`]). A `secureAccess` sandbox's record holds its token; every other sandbox is
+//! open by URL.
+
+use fastbox_fastlet::node_proxy::{AccessApi, SandboxAccess};
+
+use super::lifecycle::Lifecycle;
+
+impl AccessApi for Lifecycle {
+    fn access(&self, id: &str) -> Option<SandboxAccess> {
+        let records = self.records.lock().expect("records lock");
+        let record = records.get(id)?;
+        Some(match &record.secure_access {
+            Some(secure) => SandboxAccess::Secure(secure.token()),
+            None => SandboxAccess::Open,
+        })
+    }
+}
