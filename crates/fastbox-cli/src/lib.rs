@@ -9,6 +9,7 @@ pub mod bench_runc;
 pub mod bench_snapshot;
 pub mod client;
 pub mod paths;
+pub mod route_key;
 pub mod sandbox_run;
 pub mod up;
 pub mod verify_p2p;

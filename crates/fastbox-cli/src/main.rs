@@ -4,7 +4,8 @@
 
 use clap::{Parser, Subcommand};
 use fastbox_cli::{
-    artifacts, bench, bench_create, bench_memory, bench_snapshot, client, paths, sandbox_run, up,
+    artifacts, bench, bench_create, bench_memory, bench_snapshot, client, paths, route_key,
+    sandbox_run, up,
 };
 
 mod bench_restore;
@@ -46,6 +47,11 @@ enum Command {
     Artifacts {
         #[command(subcommand)]
         command: ArtifactsCommand,
+    },
+    /// The keys that sign routes (OSEP-0011): list, rotate, retire.
+    RouteKey {
+        #[command(subcommand)]
+        command: route_key::RouteKeyCommand,
     },
 }
 
@@ -175,6 +181,7 @@ fn main() {
         Command::Artifacts {
             command: ArtifactsCommand::Gc(args),
         } => artifacts::gc(args),
+        Command::RouteKey { command } => route_key::run(command),
         Command::Up(args) => up::up(*args),
         Command::Purge(args) => up::purge(args),
         Command::Leftovers(args) => up::leftovers(args),
