@@ -105,13 +105,24 @@ impl HostArgs {
     /// `reference` resolved through this host's image cache (pulled or built when missing,
     /// with progress on stderr).
     pub fn resolve_image(&self, reference: &str) -> anyhow::Result<fastbox_image::ResolvedImage> {
-        let cache = fastbox_image::ImageCache::try_new(fastbox_image::ImageConfig {
-            cache_dir: self.cache_dir.clone(),
-            ..Default::default()
-        })?;
+        let cache = fastbox_image::ImageCache::try_new(self.image_config())?;
         cache
             .resolve(reference, None, &fastbox_image::StderrProgress::new())
             .with_context(|| format!("resolve image {reference}"))
+    }
+
+    /// The image settings of a one-off run (`fastbox sandbox run`, benchmarks): the operator
+    /// runs it on their own host, so a registry may be anywhere, private ranges included (the
+    /// lifecycle server refuses those unless `--registry-allow-private` names them).
+    fn image_config(&self) -> fastbox_image::ImageConfig {
+        fastbox_image::ImageConfig {
+            cache_dir: self.cache_dir.clone(),
+            registry_allow_private: ["0.0.0.0/0", "::/0"]
+                .iter()
+                .map(|net| net.parse().expect("a valid network"))
+                .collect(),
+            ..fastbox_image::ImageConfig::default()
+        }
     }
 
     /// The configuration of a one-off run's fastlet.
@@ -124,10 +135,7 @@ impl HostArgs {
             data_dir: run.data_dir,
             helper: std::env::current_exe().context("locate the fastbox executable")?,
             pool: run.pool,
-            images: fastbox_image::ImageConfig {
-                cache_dir: self.cache_dir.clone(),
-                ..fastbox_image::ImageConfig::default()
-            },
+            images: self.image_config(),
             execd_bin: self.execd()?,
             criu: self.criu()?,
             pool_min: 0,

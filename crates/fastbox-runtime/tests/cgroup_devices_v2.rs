@@ -322,6 +322,7 @@ fn attaching_again_keeps_one_program_and_a_restart_replaces_it() {
         .args([
             "--exact",
             "reattach_helper",
+            "--ignored",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -346,6 +347,7 @@ fn attaching_again_keeps_one_program_and_a_restart_replaces_it() {
 
 /// Not a test on its own: re-executed by the test above to attach from another process.
 #[test]
+#[ignore = "helper process of the device program reattach test"]
 fn reattach_helper() {
     let (Ok(prefix), Ok(id)) = (std::env::var(HELPER_PREFIX), std::env::var(HELPER_ID)) else {
         return;

@@ -89,6 +89,7 @@ pub async fn run(
         pool: cfg.pool,
         images: ImageConfig {
             cache_dir: cfg.cache_dir.clone(),
+            registry_allow_private: cfg.registry_allow_private.clone(),
             ..ImageConfig::default()
         },
         execd_bin,
