@@ -12,7 +12,7 @@
 
 use std::net::Ipv4Addr;
 
-use fastbox_runtime::net::{NetError, NetSys};
+use fastbox_runtime::net::{Ipv4Net, NetError, NetSys};
 
 /// The tool.
 pub const CONNTRACK: &str = "conntrack";
@@ -73,6 +73,15 @@ pub fn forget_address(sys: &dyn NetSys, addr: Ipv4Addr) -> Result<(), ConntrackE
     let addr = addr.to_string();
     for direction in ["-s", "-d"] {
         delete_matching(sys, &["-D", "-f", "ipv4", direction, &addr])?;
+    }
+    Ok(())
+}
+
+/// [`forget_address`] for every address of `net` (an instance's whole pool, when it goes).
+pub fn forget_network(sys: &dyn NetSys, net: Ipv4Net) -> Result<(), ConntrackError> {
+    let net = net.to_string();
+    for direction in ["-s", "-d"] {
+        delete_matching(sys, &["-D", "-f", "ipv4", direction, &net])?;
     }
     Ok(())
 }

@@ -285,6 +285,15 @@ impl EgressEnforcer {
         Ok(())
     }
 
+    /// [`EgressEnforcer::forget_connections`] for every address of `net`: for an instance
+    /// whose slots are all gone (its pool), so a later instance on the pool inherits no flow.
+    pub fn forget_network_connections(&self, net: Ipv4Net) -> Result<(), EgressError> {
+        conntrack::forget_network(self.sys.as_ref(), net).map_err(|source| EgressError::Conntrack {
+            ifname: format!("{}-*", self.table),
+            source,
+        })
+    }
+
     /// The policy in force for the slot with `address`, if one was applied.
     pub fn policy(&self, address: Ipv4Addr) -> Option<EgressPolicy> {
         let entry = read(&self.slots).get(&address).cloned()?;
@@ -650,6 +659,17 @@ mod tests {
             [
                 "conntrack -D -f ipv4 -s 10.66.0.7",
                 "conntrack -D -f ipv4 -d 10.66.0.7"
+            ]
+        );
+        enforcer
+            .forget_network_connections("10.66.0.0/24".parse().unwrap())
+            .unwrap();
+        let calls = sys.calls();
+        assert_eq!(
+            &calls[calls.len() - 2..],
+            [
+                "conntrack -D -f ipv4 -s 10.66.0.0/24",
+                "conntrack -D -f ipv4 -d 10.66.0.0/24"
             ]
         );
     }

@@ -575,10 +575,14 @@ impl LocalHost {
         self.dns.stop();
     }
 
-    /// Remove the instance's host-wide state (nft table, DNS forwarder).
+    /// Remove the instance's host-wide state (nft table, DNS forwarder), and the tracked
+    /// connections of its pool (as each slot's release does).
     pub fn teardown(self) -> Result<(), HostError> {
         self.dns.stop();
+        let pool = self.network.config().pool;
         self.network.teardown()?;
+        let pool = Ipv4Net::try_new(pool.base(), pool.prefix_len())?;
+        self.egress.forget_network_connections(pool)?;
         fastbox_runtime::cgroup::remove_prefix(&self.cgroups, &self.prefix)?;
         Ok(())
     }
