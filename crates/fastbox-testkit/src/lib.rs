@@ -57,7 +57,7 @@ macro_rules! skip_unless {
 /// `f` the egress matrix, `0` egress enforcement, `1` egress private network, `2` bench_restore,
 /// `3` egress throughput, `9` the runtime's cgroup v2 device tests, `4` the
 /// fastlet purge test, `5` the hostile-image escape test, `7` the fastlet staging tests
-/// (plus a letter per test), the letters of
+/// (plus a letter per test), `8` the secure-access route tests (escape_routes), the letters of
 /// `UP_SERVER_TAGS` (`crates/fastbox-cli/tests/common/server.rs`; `m` is the egress e2e)
 /// `fastbox up` tests.
 pub fn run_prefix(tag: &str) -> String {

@@ -32,11 +32,23 @@ impl Execd {
             .as_str()
             .unwrap_or_else(|| panic!("the endpoint of {id} carries the execd token: {ep}"))
             .to_string();
+        // The endpoint's other headers (a secure sandbox's access token) go with every
+        // request, as the SDK sends them.
+        let mut others = reqwest::header::HeaderMap::new();
+        for (name, value) in ep["headers"].as_object().into_iter().flatten() {
+            if name != TOKEN_HEADER {
+                others.insert(
+                    reqwest::header::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    value.as_str().unwrap().parse().unwrap(),
+                );
+            }
+        }
         Execd {
             base: format!("http://{}", ep["endpoint"].as_str().unwrap()),
             token,
             http: Client::builder()
                 .timeout(Duration::from_secs(60))
+                .default_headers(others)
                 .build()
                 .unwrap(),
         }

@@ -27,8 +27,8 @@ pub struct UpServer {
 
 /// Prefix letters of `fastbox up` tests; each test uses its own. Other suites own others:
 /// `a`-`e` (sandbox_e2e), `h` (fastlet template_artifact), `n`, `o` (runtime network
-/// tests), `s` (tests/sdk).
-pub const UP_SERVER_TAGS: &str = "gijklmpqrtuvwxyz6";
+/// tests), `s` (tests/sdk); `8` is escape_routes.
+pub const UP_SERVER_TAGS: &str = "gijklmpqrtuvwxyz68";
 
 /// The image cache the tests share (`FASTBOX_TEST_CACHE_DIR` when set).
 pub fn test_cache_dir() -> PathBuf {
