@@ -1,9 +1,9 @@
 //! `secureAccess: true` against a real `fastbox up`: a secure sandbox's ports refuse every
 //! request that carries neither its `OpenSandbox-Secure-Access` token nor a valid signed route,
 //! through the node proxy and the server proxy alike; stripping a signed route's credential
-//! segments does not open it; failed checks from one address end in 429; clones of a secure
-//! sandbox are secure with their own token; sandboxes without `secureAccess` keep their open
-//! routes.
+//! segments does not open it; route keys rotate while the server runs; failed checks from one
+//! address end in 429; clones of a secure sandbox are secure with their own token, kept across
+//! pause and resume; sandboxes without `secureAccess` keep their open routes.
 //!
 //! Prefix tag `8` (`UP_SERVER_TAGS`). Needs root and the static execd; skips otherwise.
 
@@ -114,6 +114,24 @@ fn assert_denied(what: &str, (status, body, _): (u16, Value, Option<String>)) {
         body["message"].as_str().is_some_and(|m| !m.is_empty()),
         "{what}: {body}"
     );
+}
+
+/// `fastbox route-key ARGS --data-dir DATA_DIR` of the instance: its stdout.
+fn route_key(server: &UpServer, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fastbox"))
+        .arg("route-key")
+        .args(args)
+        .arg("--data-dir")
+        .arg(&server.data_dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "route-key {args:?}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
 }
 
 /// A signed route to `port` of `id` until `expires`, signed with the instance's own key (as a
@@ -361,6 +379,27 @@ fn secure_sandboxes_need_their_token_or_a_signed_route() {
     );
     assert_eq!(status, 200, "the resumed clone with its headers: {body}");
 
+    // Key rotation while the server runs: a new key signs, the old one's routes keep working
+    // until it is retired.
+    let old_route = format!("http://{signed_ep}/ping");
+    let rotated = route_key(&server, &["rotate"]);
+    assert!(rotated.contains("b\tsigns"), "{rotated}");
+    std::thread::sleep(Duration::from_millis(1500)); // the server reads the file within 1 s
+    let (new_ep, _) = endpoint(&server, &id, EXECD_PORT, &format!("?expires={expires}"));
+    assert!(new_ep.ends_with('b'), "signed with the new key: {new_ep}");
+    for url in [old_route.clone(), format!("http://{new_ep}/ping")] {
+        let (status, body, _) = get(&http, &url, &execd_only);
+        assert_eq!(status, 200, "{url} during the overlap: {body}");
+    }
+    route_key(&server, &["retire", "a"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_denied(
+        "a route of a retired key",
+        get(&http, &old_route, &execd_only),
+    );
+    let (status, body, _) = get(&http, &format!("http://{new_ep}/ping"), &execd_only);
+    assert_eq!(status, 200, "the new key's route: {body}");
+
     // A sandbox without secureAccess keeps OpenSandbox's open route.
     let open = create(&server, false);
     let (open_ep, open_headers) = endpoint(&server, &open, EXECD_PORT, "");
@@ -400,11 +439,12 @@ fn secure_sandboxes_need_their_token_or_a_signed_route() {
         &[(EXECD_TOKEN, &execd_token), (SECURE, &access)],
     );
     assert_eq!(status, 200, "the right token while limited: {body}");
-    let (status, body, _) = get(&http, &format!("http://{signed_ep}/ping"), &execd_only);
+    let (status, body, _) = get(&http, &format!("http://{new_ep}/ping"), &execd_only);
     assert_eq!(status, 429, "a signed route while limited: {body}");
+    let new_credential = new_ep.strip_prefix(&format!("{node_ep}/")).unwrap();
     let (status, body, _) = get(
         &http,
-        &format!("{via_server}/{credential}/ping"),
+        &format!("{via_server}/{new_credential}/ping"),
         &execd_only,
     );
     assert_eq!(
