@@ -9,7 +9,20 @@
 //! The relay does not cache: it passes each query to the upstreams in order and returns the
 //! first answer whose id matches (SERVFAIL when none answers). One thread polls both
 //! listening sockets; each UDP query and each TCP connection is handled on its own
-//! short-lived thread, bounded by `max_in_flight`. Dropping the [`DnsForwarder`] stops it.
+//! short-lived thread. Dropping the [`DnsForwarder`] stops it.
+//!
+//! **Limits.** Every sandbox's DNS lands here, so no client (source address: each sandbox
+//! has its own) may take the forwarder from the others ([`limits`]):
+//! - at most `max_tcp_per_client` open TCP connections per client (default 16): a new
+//!   connection beyond is closed at once;
+//! - at most `max_queries_per_client` queries in flight per client, UDP and TCP together
+//!   (default 64): a query beyond is answered SERVFAIL at once, without asking an upstream;
+//! - at most `max_in_flight` worker threads (UDP queries plus TCP connections) for all
+//!   clients together (default 1024): beyond, UDP queries are dropped and new connections
+//!   closed;
+//! - a TCP client must send each complete query within `tcp_idle` (default 10 s) of the
+//!   connection or of its previous answer, however it trickles the bytes, or the connection
+//!   is closed; one message is at most 65535 bytes (its 16-bit length prefix).
 //!
 //! **Name policy.** Without a hook the relay does not parse messages at all. With a
 //! [`DnsHook`] (`DnsForwarderConfig::hook`), each query's question is read ([`message`])
@@ -22,6 +35,7 @@
 //! rebinding): the client then gets NOERROR without any record. A query whose question
 //! cannot be read as a host name gets FORMERR.
 
+pub mod limits;
 pub mod message;
 
 use std::fmt;
@@ -29,7 +43,6 @@ use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -38,12 +51,14 @@ use nix::fcntl::OFlag;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use super::NetError;
+use limits::{Caps, Kind, Limits, Refused};
 use message::HEADER_LEN;
 
 /// Largest DNS message (TCP length prefix is 16 bits; EDNS UDP stays below).
 const MAX_MESSAGE: usize = 65535;
-/// How long a TCP client may stay idle between queries.
-const TCP_IDLE: Duration = Duration::from_secs(10);
+/// Datagrams read per wake-up before the loop looks at the TCP listener again, so a flood of
+/// UDP cannot keep it from accepting connections (and from stopping).
+const UDP_BATCH: usize = 256;
 
 /// What the hook says about a query.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,8 +109,19 @@ pub struct DnsForwarderConfig {
     pub upstreams: Vec<SocketAddr>,
     /// How long to wait for one upstream before trying the next. Default 2 s.
     pub timeout: Duration,
-    /// Queries (UDP) plus connections (TCP) served at once; more are dropped. Default 256.
+    /// Worker threads, all clients together: UDP queries plus TCP connections served at once.
+    /// Beyond, UDP queries are dropped and new TCP connections closed. Default 1024.
     pub max_in_flight: usize,
+    /// Open TCP connections of one client (source address); a new one beyond is closed at
+    /// once. Default 16.
+    pub max_tcp_per_client: usize,
+    /// Queries of one client in flight, UDP and TCP together; a query beyond is answered
+    /// SERVFAIL at once, without asking an upstream. Default 64.
+    pub max_queries_per_client: usize,
+    /// How long a TCP client has to send each complete query, counted from the connection or
+    /// from its previous answer (idle time and a slowly sent message alike); then the
+    /// connection is closed. Default 10 s.
+    pub tcp_idle: Duration,
     /// Name policy; `None` (the default) relays every query unread.
     pub hook: Option<Arc<dyn DnsHook>>,
 }
@@ -107,6 +133,9 @@ impl fmt::Debug for DnsForwarderConfig {
             .field("upstreams", &self.upstreams)
             .field("timeout", &self.timeout)
             .field("max_in_flight", &self.max_in_flight)
+            .field("max_tcp_per_client", &self.max_tcp_per_client)
+            .field("max_queries_per_client", &self.max_queries_per_client)
+            .field("tcp_idle", &self.tcp_idle)
             .field("hook", &self.hook.as_ref().map(|_| "set"))
             .finish()
     }
@@ -119,7 +148,10 @@ impl DnsForwarderConfig {
             listen: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
             upstreams,
             timeout: Duration::from_secs(2),
-            max_in_flight: 256,
+            max_in_flight: 1024,
+            max_tcp_per_client: 16,
+            max_queries_per_client: 64,
+            tcp_idle: Duration::from_secs(10),
             hook: None,
         }
     }
@@ -145,6 +177,15 @@ impl DnsForwarder {
         if cfg.upstreams.is_empty() {
             return Err(NetError::InvalidConfig(
                 "dns forwarder needs at least one upstream".into(),
+            ));
+        }
+        if cfg.max_in_flight == 0
+            || cfg.max_tcp_per_client == 0
+            || cfg.max_queries_per_client == 0
+            || cfg.tcp_idle.is_zero()
+        {
+            return Err(NetError::InvalidConfig(
+                "dns forwarder limits must be above zero".into(),
             ));
         }
         let (udp, tcp) = bind_pair(cfg.listen)?;
@@ -242,29 +283,12 @@ fn bind_pair(listen: SocketAddr) -> Result<(UdpSocket, TcpListener), NetError> {
     }
 }
 
-/// Counts one in-flight query or connection; released on drop.
-struct Permit(Arc<AtomicUsize>);
-
-impl Permit {
-    fn acquire(count: &Arc<AtomicUsize>, max: usize) -> Option<Self> {
-        let prev = count.fetch_add(1, Ordering::AcqRel);
-        if prev >= max {
-            count.fetch_sub(1, Ordering::AcqRel);
-            None
-        } else {
-            Some(Self(count.clone()))
-        }
-    }
-}
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 fn serve(udp: Arc<UdpSocket>, tcp: TcpListener, wake: OwnedFd, cfg: Arc<DnsForwarderConfig>) {
-    let in_flight = Arc::new(AtomicUsize::new(0));
+    let limits = Limits::new(Caps {
+        global: cfg.max_in_flight,
+        tcp_per_client: cfg.max_tcp_per_client,
+        queries_per_client: cfg.max_queries_per_client,
+    });
     let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
         let mut fds = [
@@ -286,21 +310,22 @@ fn serve(udp: Arc<UdpSocket>, tcp: TcpListener, wake: OwnedFd, cfg: Arc<DnsForwa
         }
         let (udp_ready, tcp_ready) = (ready(&fds[0]), ready(&fds[1]));
         if udp_ready {
-            drain_udp(&udp, &mut buf, &in_flight, &cfg);
+            drain_udp(&udp, &mut buf, &limits, &cfg);
         }
         if tcp_ready {
-            drain_tcp(&tcp, &in_flight, &cfg);
+            drain_tcp(&tcp, &limits, &cfg);
         }
     }
 }
 
+/// Reads up to [`UDP_BATCH`] datagrams and hands each to a worker, within the limits.
 fn drain_udp(
     udp: &Arc<UdpSocket>,
     buf: &mut [u8],
-    in_flight: &Arc<AtomicUsize>,
+    limits: &Arc<Limits>,
     cfg: &Arc<DnsForwarderConfig>,
 ) {
-    loop {
+    for _ in 0..UDP_BATCH {
         let (len, client) = match udp.recv_from(buf) {
             Ok(got) => got,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -312,9 +337,19 @@ fn drain_udp(
         if len < HEADER_LEN {
             continue;
         }
-        let Some(permit) = Permit::acquire(in_flight, cfg.max_in_flight) else {
-            tracing::debug!(%client, "dns forwarder busy; query dropped");
-            continue;
+        let permit = match limits.acquire(client.ip(), Kind::UdpQuery) {
+            Ok(permit) => permit,
+            Err(Refused::Client) => {
+                // This client's own budget: tell it at once (the socket does not block; a
+                // reply that does not fit is dropped).
+                tracing::debug!(%client, "dns client over its query limit; servfail");
+                let _ = udp.send_to(&servfail(&buf[..len]), client);
+                continue;
+            }
+            Err(Refused::Global) => {
+                tracing::debug!(%client, "dns forwarder busy; query dropped");
+                continue;
+            }
         };
         let query = buf[..len].to_vec();
         let (udp, cfg) = (udp.clone(), cfg.clone());
@@ -333,7 +368,7 @@ fn drain_udp(
     }
 }
 
-fn drain_tcp(tcp: &TcpListener, in_flight: &Arc<AtomicUsize>, cfg: &Arc<DnsForwarderConfig>) {
+fn drain_tcp(tcp: &TcpListener, limits: &Arc<Limits>, cfg: &Arc<DnsForwarderConfig>) {
     loop {
         let (stream, client) = match tcp.accept() {
             Ok(got) => got,
@@ -343,16 +378,20 @@ fn drain_tcp(tcp: &TcpListener, in_flight: &Arc<AtomicUsize>, cfg: &Arc<DnsForwa
                 return;
             }
         };
-        let Some(permit) = Permit::acquire(in_flight, cfg.max_in_flight) else {
-            tracing::debug!(%client, "dns forwarder busy; connection closed");
-            continue;
+        let permit = match limits.acquire(client.ip(), Kind::TcpConnection) {
+            Ok(permit) => permit,
+            Err(refused) => {
+                tracing::debug!(%client, ?refused, "dns tcp connection over the limit; closed");
+                drop(stream);
+                continue;
+            }
         };
-        let cfg = cfg.clone();
+        let (cfg, limits) = (cfg.clone(), limits.clone());
         let spawned = std::thread::Builder::new()
             .name("dns-tcp".into())
             .spawn(move || {
                 let _permit = permit;
-                if let Err(e) = serve_tcp_client(stream, client.ip(), &cfg) {
+                if let Err(e) = serve_tcp_client(stream, client.ip(), &cfg, &limits) {
                     tracing::debug!(%client, error = %e, "dns tcp client ended");
                 }
             });
@@ -362,19 +401,27 @@ fn drain_tcp(tcp: &TcpListener, in_flight: &Arc<AtomicUsize>, cfg: &Arc<DnsForwa
     }
 }
 
+/// Serves one TCP client's queries, one at a time, until it closes, falls silent or trickles
+/// a message past `tcp_idle`.
 fn serve_tcp_client(
     mut stream: TcpStream,
     client: IpAddr,
     cfg: &DnsForwarderConfig,
+    limits: &Arc<Limits>,
 ) -> io::Result<()> {
     stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(TCP_IDLE))?;
-    stream.set_write_timeout(Some(TCP_IDLE))?;
-    while let Some(query) = read_framed(&mut stream)? {
+    stream.set_write_timeout(Some(cfg.tcp_idle))?;
+    while let Some(query) = read_framed_by(&mut stream, Instant::now() + cfg.tcp_idle)? {
         if query.len() < HEADER_LEN {
             return Ok(());
         }
-        let reply = respond(&query, client, cfg, ask_upstreams_tcp);
+        let reply = match limits.acquire(client, Kind::TcpQuery) {
+            Ok(_permit) => respond(&query, client, cfg, ask_upstreams_tcp),
+            Err(_) => {
+                tracing::debug!(%client, "dns client over its query limit; servfail");
+                servfail(&query)
+            }
+        };
         write_framed(&mut stream, &reply)?;
     }
     Ok(())
@@ -420,17 +467,45 @@ fn respond(
     }
 }
 
-/// One length-prefixed DNS message, or `None` at a clean end of stream.
-fn read_framed(stream: &mut impl Read) -> io::Result<Option<Vec<u8>>> {
+/// One length-prefixed DNS message, complete by `deadline`, or `None` at a clean end of
+/// stream. Times out (`TimedOut`) at the deadline, however slowly the bytes come.
+fn read_framed_by(stream: &mut TcpStream, deadline: Instant) -> io::Result<Option<Vec<u8>>> {
     let mut len = [0u8; 2];
-    match stream.read_exact(&mut len) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
+    if !read_full_by(stream, &mut len, deadline, true)? {
+        return Ok(None);
     }
-    let mut msg = vec![0u8; u16::from_be_bytes(len) as usize];
-    stream.read_exact(&mut msg)?;
+    let mut msg = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    read_full_by(stream, &mut msg, deadline, false)?;
     Ok(Some(msg))
+}
+
+/// Fills `buf` by `deadline`. `false` when the stream ended before the first byte and
+/// `clean_end` allows that; any other early end is `UnexpectedEof`.
+fn read_full_by(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    deadline: Instant,
+    clean_end: bool,
+) -> io::Result<bool> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(&mut buf[filled..]) {
+            Ok(0) if filled == 0 && clean_end => return Ok(false),
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
 }
 
 fn write_framed(stream: &mut impl Write, msg: &[u8]) -> io::Result<()> {
@@ -494,11 +569,11 @@ fn ask_upstreams_tcp(query: &[u8], cfg: &DnsForwarderConfig) -> Option<Vec<u8>> 
 }
 
 fn ask_tcp(query: &[u8], upstream: SocketAddr, timeout: Duration) -> io::Result<Vec<u8>> {
+    let deadline = Instant::now() + timeout;
     let mut stream = TcpStream::connect_timeout(&upstream, timeout)?;
-    stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     write_framed(&mut stream, query)?;
-    let reply = read_framed(&mut stream)?.ok_or(io::ErrorKind::UnexpectedEof)?;
+    let reply = read_framed_by(&mut stream, deadline)?.ok_or(io::ErrorKind::UnexpectedEof)?;
     if same_id(query, &reply) {
         Ok(reply)
     } else {
@@ -518,6 +593,20 @@ fn servfail(query: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// One length-prefixed DNS message, or `None` at a clean end of stream.
+    fn read_framed(stream: &mut impl Read) -> io::Result<Option<Vec<u8>>> {
+        let mut len = [0u8; 2];
+        match stream.read_exact(&mut len) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        let mut msg = vec![0u8; u16::from_be_bytes(len) as usize];
+        stream.read_exact(&mut msg)?;
+        Ok(Some(msg))
+    }
 
     /// A query for `name` (type A, class IN) with id `id`.
     fn query(id: u16, name: &str) -> Vec<u8> {
@@ -835,5 +924,240 @@ mod tests {
     #[test]
     fn start_without_upstreams_is_an_error() {
         assert!(DnsForwarder::start(DnsForwarderConfig::new(vec![])).is_err());
+    }
+
+    #[test]
+    fn start_with_a_zero_limit_is_an_error() {
+        let upstream = vec![SocketAddr::from((Ipv4Addr::LOCALHOST, 53))];
+        for zero in [
+            |c: &mut DnsForwarderConfig| c.max_in_flight = 0,
+            |c: &mut DnsForwarderConfig| c.max_tcp_per_client = 0,
+            |c: &mut DnsForwarderConfig| c.max_queries_per_client = 0,
+            |c: &mut DnsForwarderConfig| c.tcp_idle = Duration::ZERO,
+        ] {
+            let mut cfg = DnsForwarderConfig::new(upstream.clone());
+            zero(&mut cfg);
+            assert!(DnsForwarder::start(cfg).is_err());
+        }
+    }
+
+    #[test]
+    fn the_defaults_cap_each_client_and_all_together() {
+        let cfg = DnsForwarderConfig::new(vec![]);
+        assert_eq!(
+            (
+                cfg.max_in_flight,
+                cfg.max_tcp_per_client,
+                cfg.max_queries_per_client,
+                cfg.tcp_idle
+            ),
+            (1024, 16, 64, Duration::from_secs(10))
+        );
+    }
+
+    /// A fake upstream on 127.0.0.1 (UDP only) that answers every query with `ip` after
+    /// `delay`, each on its own thread, and counts the queries.
+    fn slow_upstream(ip: [u8; 4], delay: Duration) -> (SocketAddr, Arc<AtomicUsize>) {
+        let udp = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let addr = udp.local_addr().unwrap();
+        let asked = Arc::new(AtomicUsize::new(0));
+        let counter = asked.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while let Ok((n, from)) = udp.recv_from(&mut buf) {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let (reply, udp) = (answer(&buf[..n], ip), udp.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    std::thread::sleep(delay);
+                    let _ = udp.send_to(&reply, from);
+                });
+            }
+        });
+        (addr, asked)
+    }
+
+    fn limited_forwarder(
+        upstream: SocketAddr,
+        limit: impl FnOnce(&mut DnsForwarderConfig),
+    ) -> DnsForwarder {
+        let mut cfg = DnsForwarderConfig::new(vec![upstream]);
+        cfg.listen = (Ipv4Addr::LOCALHOST, 0).into();
+        cfg.timeout = Duration::from_secs(5);
+        limit(&mut cfg);
+        DnsForwarder::start(cfg).unwrap()
+    }
+
+    /// Client `n`: the loopback address 127.0.0.`n` (each address is a client of its own).
+    fn client_addr(n: u8) -> Ipv4Addr {
+        Ipv4Addr::new(127, 0, 0, n)
+    }
+
+    fn client_udp(n: u8) -> UdpSocket {
+        let s = UdpSocket::bind((client_addr(n), 0)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(4))).unwrap();
+        s
+    }
+
+    /// A TCP connection to `to` from client `n` (std cannot bind before connecting).
+    fn client_tcp(n: u8, to: SocketAddr) -> TcpStream {
+        use nix::sys::socket::{
+            AddressFamily, SockFlag, SockType, SockaddrIn, bind, connect, socket,
+        };
+        use std::os::fd::AsRawFd;
+        let sock = socket(
+            AddressFamily::Inet,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let from = std::net::SocketAddrV4::new(client_addr(n), 0);
+        bind(sock.as_raw_fd(), &SockaddrIn::from(from)).unwrap();
+        let SocketAddr::V4(to) = to else {
+            unreachable!()
+        };
+        connect(sock.as_raw_fd(), &SockaddrIn::from(to)).unwrap();
+        let stream = TcpStream::from(sock);
+        stream
+            .set_read_timeout(Some(Duration::from_secs(4)))
+            .unwrap();
+        stream
+    }
+
+    /// Whether the forwarder closed `s` (end of stream or reset), rather than holding it.
+    fn closed_by_forwarder(s: &mut TcpStream) -> bool {
+        match s.read(&mut [0u8; 64]) {
+            Ok(0) => true,
+            Ok(n) => panic!("{n} unexpected bytes"),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => true,
+            Err(e) => panic!("connection neither closed nor answered: {e}"),
+        }
+    }
+
+    #[test]
+    fn a_client_over_its_query_limit_gets_servfail_at_once_and_others_are_served() {
+        let (upstream, asked) = slow_upstream([192, 0, 2, 30], Duration::from_millis(1500));
+        let fwd = limited_forwarder(upstream, |c| c.max_queries_per_client = 4);
+        let flooder = client_udp(2);
+        for id in 0..20u16 {
+            flooder
+                .send_to(&query(id, "slow.test"), fwd.local_addr())
+                .unwrap();
+        }
+        // The 16 queries beyond the limit are answered SERVFAIL before the upstream answers
+        // any of the 4 it was given.
+        let mut buf = [0u8; 512];
+        let mut servfailed = Vec::new();
+        for _ in 0..16 {
+            let n = flooder.recv(&mut buf).unwrap();
+            assert_eq!(rcode(&buf[..n]), 2, "SERVFAIL first");
+            servfailed.push(u16::from_be_bytes([buf[0], buf[1]]));
+        }
+        servfailed.sort();
+        assert_eq!(servfailed, (4..20).collect::<Vec<u16>>());
+        // Another client has its own budget.
+        let other = client_udp(3);
+        other
+            .send_to(&query(99, "slow.test"), fwd.local_addr())
+            .unwrap();
+        let n = other.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], answer(&query(99, "slow.test"), [192, 0, 2, 30]));
+        for _ in 0..4 {
+            let n = flooder.recv(&mut buf).unwrap();
+            assert_eq!(rcode(&buf[..n]), 0, "the admitted queries are answered");
+        }
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            5,
+            "refused queries never went up"
+        );
+        // Once answered, the flooder's budget is back.
+        flooder
+            .send_to(&query(100, "slow.test"), fwd.local_addr())
+            .unwrap();
+        let n = flooder.recv(&mut buf).unwrap();
+        assert_eq!(rcode(&buf[..n]), 0);
+    }
+
+    #[test]
+    fn beyond_the_global_ceiling_udp_queries_are_dropped() {
+        let (upstream, asked) = slow_upstream([192, 0, 2, 31], Duration::from_millis(800));
+        let fwd = limited_forwarder(upstream, |c| c.max_in_flight = 3);
+        let clients: Vec<UdpSocket> = (2..=6).map(client_udp).collect();
+        for (id, c) in clients.iter().enumerate() {
+            c.send_to(&query(id as u16, "slow.test"), fwd.local_addr())
+                .unwrap();
+        }
+        let mut answered = 0;
+        for c in &clients {
+            c.set_read_timeout(Some(Duration::from_millis(2500)))
+                .unwrap();
+            if c.recv(&mut [0u8; 512]).is_ok() {
+                answered += 1;
+            }
+        }
+        assert_eq!(answered, 3, "three served, two dropped without a reply");
+        assert_eq!(asked.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn a_client_over_its_tcp_limit_has_new_connections_closed_and_others_connect() {
+        let fwd = limited_forwarder(fake_upstream([192, 0, 2, 32]), |c| c.max_tcp_per_client = 2);
+        let held: Vec<TcpStream> = (0..2).map(|_| client_tcp(2, fwd.local_addr())).collect();
+        for mut extra in (0..3).map(|_| client_tcp(2, fwd.local_addr())) {
+            assert!(closed_by_forwarder(&mut extra));
+        }
+        // The held connections still answer, and so does another client.
+        let mut other = client_tcp(3, fwd.local_addr());
+        for (id, mut s) in held.iter().chain([&other]).enumerate() {
+            let q = query(id as u16, "a.test");
+            write_framed(&mut s, &q).unwrap();
+            assert_eq!(
+                read_framed(&mut s).unwrap().unwrap(),
+                answer(&q, [192, 0, 2, 32])
+            );
+        }
+        // Closing one gives the client its connection back.
+        drop(held);
+        std::thread::sleep(Duration::from_millis(200));
+        let mut again = client_tcp(2, fwd.local_addr());
+        let q = query(7, "a.test");
+        write_framed(&mut again, &q).unwrap();
+        assert!(read_framed(&mut again).unwrap().is_some());
+        let q = query(8, "a.test");
+        write_framed(&mut other, &q).unwrap();
+        assert!(read_framed(&mut other).unwrap().is_some());
+    }
+
+    #[test]
+    fn idle_and_trickling_tcp_clients_are_closed_after_tcp_idle() {
+        let fwd = limited_forwarder(fake_upstream([192, 0, 2, 33]), |c| {
+            c.tcp_idle = Duration::from_millis(400)
+        });
+        // Silent after connecting.
+        let mut idle = client_tcp(2, fwd.local_addr());
+        assert!(closed_by_forwarder(&mut idle));
+        // Silent after an answer.
+        let mut after = client_tcp(2, fwd.local_addr());
+        let q = query(1, "a.test");
+        write_framed(&mut after, &q).unwrap();
+        assert!(read_framed(&mut after).unwrap().is_some());
+        assert!(closed_by_forwarder(&mut after));
+        // A message sent one byte every 100 ms (it would take 3 s) is cut at the deadline,
+        // though no single read waits longer than the limit.
+        let mut slow = client_tcp(2, fwd.local_addr());
+        let mut framed = (q.len() as u16).to_be_bytes().to_vec();
+        framed.extend_from_slice(&q);
+        let mut writer = slow.try_clone().unwrap();
+        let trickle = std::thread::spawn(move || {
+            for byte in framed {
+                if writer.write_all(&[byte]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        assert!(closed_by_forwarder(&mut slow), "answered a trickled query");
+        trickle.join().unwrap();
     }
 }
