@@ -207,6 +207,7 @@ impl LocalHost {
             pool,
             dns_port: dns.port(),
             sandbox_reach,
+            slot_limits: Default::default(),
         };
         let network = HostNetwork::try_new(cfg)?;
         Ok(Self {

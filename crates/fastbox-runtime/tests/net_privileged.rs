@@ -302,6 +302,7 @@ fn slots_are_isolated_and_reach_the_outside_through_nat_and_dns_through_the_forw
         pool: format!("10.{n1}.{n2}.0/25").parse().unwrap(),
         dns_port: forwarder.port(),
         sandbox_reach: Vec::new(),
+        slot_limits: Default::default(),
     };
     let host = HostNetwork::try_new(cfg).unwrap();
     assert_eq!(
@@ -543,6 +544,7 @@ fn slots_are_created_and_destroyed_quickly_and_leave_nothing_behind() {
         pool: format!("10.{n1}.{n2}.0/24").parse().unwrap(),
         dns_port: forwarder.port(),
         sandbox_reach: Vec::new(),
+        slot_limits: Default::default(),
     };
     // Installing twice replaces the table rather than duplicating it.
     HostNetwork::try_new(cfg.clone()).unwrap();

@@ -437,6 +437,7 @@ mod tests {
             pool: "10.66.0.0/24".parse().unwrap(),
             dns_port: 5300,
             sandbox_reach: Vec::new(),
+            slot_limits: Default::default(),
         }
     }
 

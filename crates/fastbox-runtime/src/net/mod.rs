@@ -59,12 +59,62 @@ pub struct NetConfig {
     /// still applies. Empty by default.
     #[serde(default)]
     pub sandbox_reach: Vec<Ipv4Net>,
+    /// What one slot may open: tracked connections at once and new ones per second.
+    #[serde(default)]
+    pub slot_limits: SlotLimits,
 }
 
 impl NetConfig {
     /// Checks what the types cannot.
     pub fn validate(&self) -> Result<(), NetError> {
-        names::validate_prefix(&self.prefix)
+        names::validate_prefix(&self.prefix)?;
+        self.slot_limits.validate()
+    }
+}
+
+/// Per-slot connection limits of the instance table, keyed by the slot's source address (the
+/// table's anti-spoofing rule makes it the slot's own). They cover the connections a sandbox
+/// opens to the outside and its DNS flows to the forwarder; connections of the host into the
+/// sandbox (the node proxy) are not counted. A new connection over a limit is dropped
+/// silently, as the fixed denies are; established ones are never touched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SlotLimits {
+    /// Connections one slot may have tracked at once (conntrack entries the kernel still
+    /// counts live: TCP until it closes, UDP until its entry expires). Default 1024.
+    pub max_connections: u32,
+    /// New connections one slot may open per second, on average; `0` turns the rate limit
+    /// off. Default 500.
+    pub new_connections_per_second: u32,
+    /// How many new connections a slot may open at once above that rate (the token bucket's
+    /// size). Default 1024.
+    pub new_connections_burst: u32,
+}
+
+impl Default for SlotLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            new_connections_per_second: 500,
+            new_connections_burst: 1024,
+        }
+    }
+}
+
+impl SlotLimits {
+    /// Checks the limits are usable: a slot must be able to open at least one connection.
+    pub fn validate(&self) -> Result<(), NetError> {
+        if self.max_connections == 0 {
+            return Err(NetError::InvalidConfig(
+                "slot_limits.max_connections must be at least 1".into(),
+            ));
+        }
+        if self.new_connections_per_second > 0 && self.new_connections_burst == 0 {
+            return Err(NetError::InvalidConfig(
+                "slot_limits.new_connections_burst must be at least 1 with a rate".into(),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -150,6 +200,7 @@ mod tests {
             serde_json::from_str(r#"{"prefix":"fb1a2b","dns_port":5353}"#).unwrap();
         assert_eq!(cfg.pool, Ipv4Pool::default());
         assert!(cfg.sandbox_reach.is_empty());
+        assert_eq!(cfg.slot_limits, SlotLimits::default());
         assert!(cfg.validate().is_ok());
         let reach: NetConfig = serde_json::from_str(
             r#"{"prefix":"fb","dns_port":1,"sandbox_reach":["10.200.0.0/24"]}"#,
@@ -161,5 +212,51 @@ mod tests {
         );
         let bad: NetConfig = serde_json::from_str(r#"{"prefix":"FB","dns_port":1}"#).unwrap();
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn slot_limits_default_per_field_and_refuse_a_zero_connection_cap() {
+        assert_eq!(
+            SlotLimits::default(),
+            SlotLimits {
+                max_connections: 1024,
+                new_connections_per_second: 500,
+                new_connections_burst: 1024,
+            }
+        );
+        let cfg: NetConfig = serde_json::from_str(
+            r#"{"prefix":"fb","dns_port":1,"slot_limits":{"max_connections":8}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.slot_limits,
+            SlotLimits {
+                max_connections: 8,
+                ..SlotLimits::default()
+            }
+        );
+        assert!(cfg.validate().is_ok());
+        let off = SlotLimits {
+            new_connections_per_second: 0,
+            new_connections_burst: 0,
+            ..SlotLimits::default()
+        };
+        assert!(off.validate().is_ok(), "no rate limit");
+        for bad in [
+            SlotLimits {
+                max_connections: 0,
+                ..SlotLimits::default()
+            },
+            SlotLimits {
+                new_connections_burst: 0,
+                ..SlotLimits::default()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+        assert!(
+            serde_json::from_str::<SlotLimits>(r#"{"max_connection":8}"#).is_err(),
+            "unknown field"
+        );
     }
 }

@@ -11,6 +11,17 @@
 //! `sandbox_reach` (the operator's exceptions): on every packet, not only a connection's
 //! first, so no tracked flow and no policy rule ever reaches those ranges.
 //!
+//! A slot's new connections also meet its limits ([`super::SlotLimits`]), keyed by its source
+//! address in dynamic sets: at most `max_connections` forwarded connections tracked at once
+//! (`ct count over N`, set `slot_conns`) and, unless turned off, `new_connections_per_second`
+//! (with a burst) new connections, forwarded or DNS flows to the forwarder alike (`limit rate
+//! over`, set `slot_rate`); a connection over either is dropped. DNS flows are not counted
+//! against `max_connections` (a busy resolver keeps hundreds of short UDP entries; the
+//! forwarder caps each client itself), only rate-limited, which also bounds the conntrack
+//! entries they make. The limits come after the fixed denies, so only connections that could
+//! pass count, and after `ct state established,related accept`, so open connections are never
+//! cut.
+//!
 //! Installing replaces the whole table in one transaction (`add table; delete table;
 //! table { .. }` in a single `nft -f`), so a re-install never opens a window without rules.
 
@@ -28,6 +39,12 @@ pub const PRIVATE_SET: &str = "private_ranges";
 
 /// Name of the interval set of the operator's exceptions ([`NetConfig::sandbox_reach`]).
 pub const REACH_SET: &str = "sandbox_reach";
+
+/// Name of the dynamic set counting each slot's tracked connections.
+pub const CONNS_SET: &str = "slot_conns";
+
+/// Name of the dynamic set holding each slot's new-connection rate limiter.
+pub const RATE_SET: &str = "slot_rate";
 
 /// `nft -f` input that atomically (re)creates the instance table.
 pub fn install_script(cfg: &NetConfig) -> String {
@@ -54,6 +71,9 @@ pub fn table_text(cfg: &NetConfig) -> String {
     let dns = cfg.dns_port;
     let private = elements(&PRIVATE_RANGES);
     let reach = elements(&cfg.sandbox_reach);
+    let limits = slot_limits(cfg);
+    let (limit_sets, rate_rule) = (&limits.sets, &limits.rate_rule);
+    let forward_limits = format!("{}{}", limits.count_rule, limits.rate_rule);
     format!(
         r#"table inet {table} {{
 	# Per-slot egress policy: slot interface -> jump to that slot's chain.
@@ -77,6 +97,7 @@ pub fn table_text(cfg: &NetConfig) -> String {
 		auto-merge
 		{reach}
 	}}
+{limit_sets}
 
 	# Before anything else: slots speak IPv4 only, and only from their own address
 	# (strict reverse-path check: the source must route back out of the same veth).
@@ -102,7 +123,7 @@ pub fn table_text(cfg: &NetConfig) -> String {
 
 	# A sandbox reaches no host address, except the DNS forwarder through the redirect.
 	chain slot_input {{
-		ct state established,related accept
+		ct state established,related accept{rate_rule}
 		meta l4proto {{ tcp, udp }} th dport {dns} ct status dnat accept
 		drop
 	}}
@@ -125,7 +146,7 @@ pub fn table_text(cfg: &NetConfig) -> String {
 		fib daddr type {{ local, broadcast, multicast }} drop
 		meta nfproto ipv6 drop
 		# DNS over TLS: names are resolved through the forwarder, whatever the policy.
-		meta l4proto {{ tcp, udp }} th dport 853 drop
+		meta l4proto {{ tcp, udp }} th dport 853 drop{forward_limits}
 		iifname vmap @{SLOT_EGRESS_MAP}
 		accept
 	}}
@@ -137,6 +158,67 @@ pub fn table_text(cfg: &NetConfig) -> String {
 }}
 "#
     )
+}
+
+/// The per-slot limits as table text.
+struct LimitText {
+    /// Set declarations, at table level.
+    sets: String,
+    /// The connection count rule (`slot_forward`), a line with its leading newline.
+    count_rule: String,
+    /// The rate rule (`slot_forward` and `slot_input`), a line with its leading newline;
+    /// empty when the rate limit is off.
+    rate_rule: String,
+}
+
+/// The sets and rules of the per-slot limits. The sets hold one element per slot address,
+/// so they are sized to the pool; the rate set's elements expire a minute after a slot's
+/// last new connection (its bucket is full again by then).
+fn slot_limits(cfg: &NetConfig) -> LimitText {
+    let limits = &cfg.slot_limits;
+    let size = cfg.pool.capacity();
+    let max = limits.max_connections;
+    let mut sets = format!(
+        r#"
+	# Per-slot limits, keyed by the slot's address: forwarded connections tracked at once ...
+	set {CONNS_SET} {{
+		type ipv4_addr
+		size {size}
+		flags dynamic
+	}}
+"#
+    );
+    let count_rule =
+        format!("\n\t\tct state new add @{CONNS_SET} {{ ip saddr ct count over {max} }} drop");
+    let mut rate_rule = String::new();
+    if limits.new_connections_per_second > 0 {
+        let (rate, burst) = (
+            limits.new_connections_per_second,
+            limits.new_connections_burst,
+        );
+        write!(
+            sets,
+            r#"
+	# ... and new connections per second (forwarded and DNS).
+	set {RATE_SET} {{
+		type ipv4_addr
+		size {size}
+		flags dynamic,timeout
+		timeout 60s
+	}}
+"#
+        )
+        .unwrap();
+        rate_rule = format!(
+            "\n\t\tct state new update @{RATE_SET} \
+             {{ ip saddr limit rate over {rate}/second burst {burst} packets }} drop"
+        );
+    }
+    LimitText {
+        sets,
+        count_rule,
+        rate_rule,
+    }
 }
 
 /// The `elements = { .. }` line of an interval set; empty for no networks (an empty set).
@@ -151,6 +233,7 @@ fn elements(nets: &[Ipv4Net]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::net::SlotLimits;
 
     fn cfg() -> NetConfig {
         NetConfig {
@@ -158,6 +241,7 @@ mod tests {
             pool: "10.77.0.0/24".parse().unwrap(),
             dns_port: 40053,
             sandbox_reach: Vec::new(),
+            slot_limits: SlotLimits::default(),
         }
     }
 
@@ -257,6 +341,80 @@ mod tests {
         assert_eq!(t.matches("@sandbox_reach").count(), 1);
         assert!(!chain(&t, "slot_forward").contains("10.200.0.0"));
     }
+    #[test]
+    fn each_slot_is_limited_in_connections_and_new_connections_per_second() {
+        let t = table_text(&cfg());
+        let conns = set(&t, "slot_conns");
+        assert!(
+            conns.contains("type ipv4_addr")
+                && conns.contains("size 128")
+                && conns.contains("flags dynamic"),
+            "one element per slot of the /24 pool: {conns}"
+        );
+        let rate = set(&t, "slot_rate");
+        assert!(
+            rate.contains("size 128") && rate.contains("flags dynamic,timeout"),
+            "{rate}"
+        );
+        let count = "ct state new add @slot_conns { ip saddr ct count over 1024 } drop";
+        let limit = "ct state new update @slot_rate \
+                     { ip saddr limit rate over 500/second burst 1024 packets } drop";
+        let established = "ct state established,related accept";
+        // DNS flows are rate-limited, not counted; open connections pass first: a limit
+        // never cuts them.
+        let input = chain(&t, "slot_input");
+        assert!(!input.contains("slot_conns"), "{input}");
+        let pos = |needle: &str| input.find(needle).unwrap();
+        assert!(pos(established) < pos(limit) && pos(limit) < pos("ct status dnat accept"));
+        let forward = chain(&t, "slot_forward");
+        let pos = |needle: &str| forward.find(needle).unwrap();
+        assert!(pos(established) < pos(count) && pos(count) < pos(limit));
+        // After every fixed deny, before the slot's policy.
+        for deny in [
+            "oifname \"fbx1-*\" drop",
+            "fib daddr type",
+            "ipv6 drop",
+            "853 drop",
+        ] {
+            assert!(pos(deny) < pos(count), "{deny}");
+        }
+        assert!(pos(limit) < pos("vmap @slot_egress"));
+    }
+
+    #[test]
+    fn the_limits_follow_the_config_and_the_rate_limit_can_be_off() {
+        let t = table_text(&NetConfig {
+            slot_limits: SlotLimits {
+                max_connections: 8,
+                new_connections_per_second: 20,
+                new_connections_burst: 40,
+            },
+            ..cfg()
+        });
+        assert_eq!(
+            t.matches("ct state new add @slot_conns { ip saddr ct count over 8 } drop")
+                .count(),
+            1
+        );
+        assert_eq!(
+            t.matches("{ ip saddr limit rate over 20/second burst 40 packets } drop")
+                .count(),
+            2
+        );
+        let off = table_text(&NetConfig {
+            slot_limits: SlotLimits {
+                new_connections_per_second: 0,
+                ..SlotLimits::default()
+            },
+            ..cfg()
+        });
+        assert!(
+            !off.contains("slot_rate") && !off.contains("limit rate"),
+            "{off}"
+        );
+        assert_eq!(off.matches("ct count over 1024").count(), 1);
+    }
+
     #[test]
     fn slot_input_ends_in_drop() {
         let t = table_text(&cfg());
