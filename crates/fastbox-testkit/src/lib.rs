@@ -59,11 +59,32 @@ macro_rules! skip_unless {
 /// fastlet purge test, `5` the hostile-image escape test, `7` the fastlet staging tests
 /// (plus a letter per test), `8` the secure-access route tests (escape_routes), the letters of
 /// `UP_SERVER_TAGS` (`crates/fastbox-cli/tests/common/server.rs`; `m` is the egress e2e)
-/// `fastbox up` tests.
+/// `fastbox up` tests. Every character of `[a-z0-9]` is taken: new suites use
+/// [`run_prefix_pair`].
 pub fn run_prefix(tag: &str) -> String {
     let base = std::env::var("FASTBOX_TEST_PREFIX")
         .unwrap_or_else(|_| format!("fbt{:04x}", rand::random::<u16>()));
     format!("{base}{tag}")
+}
+
+/// The prefix of a suite with a two-character tag, for suites that came after every
+/// one-character tag of [`run_prefix`] was taken: the run prefix's first six characters and
+/// `tag` (8 bytes, the most an instance prefix may have). The tag's first character must be
+/// a letter beyond `f` (not a hex digit, so the prefix differs from every `run_prefix(tag)`,
+/// whose seventh character is one) other than `y` and `z` (fastbox-cli's `short_run_prefix`
+/// for one-off runs that add a character of their own). In use: `xc` `xd` fastbox-egress
+/// tests/tenant_limits.rs.
+pub fn run_prefix_pair(tag: &str) -> String {
+    let mut chars = tag.chars();
+    let (Some(first), Some(_), None) = (chars.next(), chars.next(), chars.next()) else {
+        panic!("tag {tag:?}: two characters");
+    };
+    assert!(
+        first.is_ascii_lowercase() && !first.is_ascii_hexdigit() && !matches!(first, 'y' | 'z'),
+        "tag {tag:?}: the first character must be a letter in g..=x"
+    );
+    let base = run_prefix("");
+    format!("{}{tag}", &base[..base.len().min(6)])
 }
 
 /// The repository root (`FASTBOX_REPO`, else derived from this crate's location).

@@ -1,10 +1,12 @@
 //! A tiny authoritative DNS server for tests: UDP and TCP on one address, a fixed zone of
-//! A records, NXDOMAIN for every other name, and a log of the names it was asked.
+//! A records, NXDOMAIN for every other name, and a log of the names it was asked. Names
+//! made slow ([`Zone::slow`]) are answered after a delay, without holding up the others.
 
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use fastbox_runtime::net::dns_forwarder::message::{self, HEADER_LEN, NXDOMAIN};
 
@@ -14,6 +16,7 @@ use super::server::Stoppable;
 #[derive(Clone, Debug, Default)]
 pub struct Zone {
     records: BTreeMap<String, (Vec<Ipv4Addr>, u32)>,
+    delays: BTreeMap<String, Duration>,
 }
 
 impl Zone {
@@ -29,10 +32,24 @@ impl Zone {
         self
     }
 
+    /// Queries for `name` (whatever its records) are answered `delay` after they arrive: an
+    /// upstream that keeps a resolver waiting.
+    pub fn slow(mut self, name: &str, delay: Duration) -> Self {
+        self.delays.insert(name.to_ascii_lowercase(), delay);
+        self
+    }
+
     /// This zone with every record of `other` too (`other`'s win for a name in both).
     pub fn merged(mut self, other: Zone) -> Self {
         self.records.extend(other.records);
+        self.delays.extend(other.delays);
         self
+    }
+
+    /// How long the answer to `query` waits.
+    fn delay(&self, query: &[u8]) -> Option<Duration> {
+        let question = message::question(query).ok()?;
+        self.delays.get(&question.name).copied()
     }
 
     /// The answer to `query`: A records for a known name (none for other types), NXDOMAIN
@@ -82,8 +99,19 @@ impl TestDnsServer {
                 if stop.is_stopped() {
                     return;
                 }
-                if let Some(reply) = answer_logged(&z, &log, &buf[..n]) {
-                    let _ = udp.send_to(&reply, from);
+                let Some(reply) = answer_logged(&z, &log, &buf[..n]) else {
+                    continue;
+                };
+                match (z.delay(&buf[..n]), udp.try_clone()) {
+                    (Some(delay), Ok(later)) => {
+                        std::thread::spawn(move || {
+                            std::thread::sleep(delay);
+                            let _ = later.send_to(&reply, from);
+                        });
+                    }
+                    _ => {
+                        let _ = udp.send_to(&reply, from);
+                    }
                 }
             }
         })?;
@@ -135,6 +163,9 @@ fn serve_tcp(mut stream: TcpStream, zone: &Zone, log: &Mutex<Vec<String>>) {
         let Some(reply) = answer_logged(zone, log, &query) else {
             return;
         };
+        if let Some(delay) = zone.delay(&query) {
+            std::thread::sleep(delay);
+        }
         let mut out = (reply.len() as u16).to_be_bytes().to_vec();
         out.extend_from_slice(&reply);
         if stream.write_all(&out).is_err() {
@@ -171,5 +202,15 @@ mod tests {
         let none = zone.answer(&a_query(8, "other.test")).unwrap();
         assert_eq!(none[3] & 0x0f, NXDOMAIN);
         assert!(zone.answer(&[0u8; 5]).is_none());
+    }
+
+    #[test]
+    fn slow_names_wait_whatever_their_case_and_merges_keep_them() {
+        let zone = Zone::new().merged(Zone::new().slow("Slow.Test", Duration::from_secs(3)));
+        assert_eq!(
+            zone.delay(&a_query(1, "slow.test")),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(zone.delay(&a_query(2, "other.test")), None);
     }
 }

@@ -2,9 +2,10 @@
 //! hook, slots) in front of a test internet, all under one per-test prefix.
 //!
 //! Prefix tags: this crate's tests use `f` (egress_matrix.rs), `0` (enforcement.rs), `3`
-//! (throughput.rs) and `1` (private_network.rs); see `fastbox_testkit::run_prefix` for the
-//! letters other suites use. Addresses: `10.219.<tag byte>.0/24` for the slots (lower half)
-//! and the uplink of the test internet, whose hosts are the suite's documentation-range
+//! (throughput.rs) and `1` (private_network.rs), and the two-character tags `xc` and `xd`
+//! (tenant_limits.rs, `fastbox_testkit::run_prefix_pair`); see `fastbox_testkit::run_prefix`
+//! for the letters other suites use. Addresses: `10.219.<tag byte>.0/24` for the slots (lower
+//! half) and the uplink of the test internet, whose hosts are the suite's documentation-range
 //! block (`testkit::hosts_block`): sandboxes never reach private ranges.
 
 #![allow(dead_code)] // each test binary uses its own part
@@ -20,7 +21,8 @@ use fastbox_egress::testkit::{
 };
 use fastbox_egress::{EgressEnforcer, EgressError, EgressPolicy, SlotRef};
 use fastbox_runtime::net::{
-    DnsForwarder, DnsForwarderConfig, HostNetwork, Ipv4Net, NetConfig, NetSlot, in_netns,
+    DnsForwarder, DnsForwarderConfig, HostNetwork, Ipv4Net, NetConfig, NetSlot, SlotLimits,
+    in_netns,
 };
 
 /// Names of the lab's zone and the internet host each resolves to.
@@ -44,7 +46,7 @@ pub const OUTSIDE_CIDR: u8 = 48;
 pub const PORT: u16 = 80;
 
 /// Why the lab cannot run here, if it cannot.
-fn unavailable() -> Option<String> {
+pub fn unavailable() -> Option<String> {
     if let Some(reason) = fastbox_testkit::privileged_unavailable() {
         return Some(reason);
     }
@@ -76,7 +78,9 @@ pub struct Lab {
     _purge: PurgeOnDrop,
 }
 
-struct PurgeOnDrop(String);
+/// Removes everything carrying its prefix (`HostNetwork::purge`) when dropped, also after a
+/// failed assertion.
+pub struct PurgeOnDrop(pub String);
 
 impl Drop for PurgeOnDrop {
     fn drop(&mut self) {
@@ -84,6 +88,22 @@ impl Drop for PurgeOnDrop {
             eprintln!("purge of {} failed: {e}", self.0);
         }
     }
+}
+
+/// How [`Lab::start_custom`] builds a lab.
+pub struct LabSetup {
+    /// The instance prefix.
+    pub prefix: String,
+    /// The lab's own `/24` (first three octets): slots in `.0/25`, the internet's uplink.
+    pub net: [u8; 3],
+    /// The internet's hosts, a documentation-range `/26` (`testkit::hosts_block`).
+    pub hosts: Ipv4Addr,
+    /// The instance's `--sandbox-reach`.
+    pub reach: Vec<Ipv4Net>,
+    /// Names in the internet's zone beyond the lab's own.
+    pub extra: Zone,
+    /// The instance table's per-slot limits.
+    pub slot_limits: SlotLimits,
 }
 
 impl Lab {
@@ -95,15 +115,32 @@ impl Lab {
     /// [`Lab::start`] for an instance whose sandboxes may reach `reach` inside the private
     /// ranges (`--sandbox-reach`), with `extra` names in the internet's zone.
     pub fn start_with(tag: char, reach: Vec<Ipv4Net>, extra: Zone) -> Option<Lab> {
+        Self::start_custom(LabSetup {
+            prefix: fastbox_testkit::run_prefix(&tag.to_string()),
+            net: [10, 219, tag as u8],
+            hosts: hosts_block(tag),
+            reach,
+            extra,
+            slot_limits: SlotLimits::default(),
+        })
+    }
+
+    /// A lab as `setup` says; `None` (reason printed) when it cannot run here.
+    pub fn start_custom(setup: LabSetup) -> Option<Lab> {
         if let Some(reason) = unavailable() {
             eprintln!("skipped: {reason}");
             return None;
         }
-        let prefix = fastbox_testkit::run_prefix(&tag.to_string());
+        let LabSetup {
+            prefix,
+            net,
+            hosts,
+            reach,
+            extra,
+            slot_limits,
+        } = setup;
         assert!(prefix.len() <= 8, "prefix {prefix:?} is too long");
         let purge = PurgeOnDrop(prefix.clone());
-        let net = [10, 219, tag as u8];
-        let hosts = hosts_block(tag);
         let internet = TestInternet::start(&prefix, net, hosts, zone_for(hosts).merged(extra))
             .expect("test internet");
         let enforcer = Arc::new(
@@ -115,17 +152,16 @@ impl Lab {
             DnsForwarderConfig::new(vec![internet.dns_addr()]).with_hook(enforcer.clone()),
         )
         .expect("dns forwarder");
+        let [a, b, c] = net;
         let host = HostNetwork::try_new(NetConfig {
             prefix: prefix.clone(),
-            pool: format!("10.219.{}.0/25", tag as u8).parse().unwrap(),
+            pool: format!("{a}.{b}.{c}.0/25").parse().unwrap(),
             dns_port: forwarder.port(),
             sandbox_reach: reach,
+            slot_limits,
         })
         .expect("host network");
-        eprintln!(
-            "lab {prefix}: slots 10.219.{}.0/25, internet {hosts}/26",
-            tag as u8
-        );
+        eprintln!("lab {prefix}: slots {a}.{b}.{c}.0/25, internet {hosts}/26");
         Some(Lab {
             prefix,
             internet,
