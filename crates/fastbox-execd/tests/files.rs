@@ -337,6 +337,49 @@ async fn search_replace_and_list() {
 }
 
 #[tokio::test]
+async fn search_with_a_pathological_pattern_completes_and_bad_patterns_are_400() {
+    // A backtracking glob matcher tries every way of splitting the name's `a`s among the
+    // stars (about 10^16 ways here) and never answers; the request must simply complete.
+    let dir = tempfile::tempdir().unwrap();
+    let long = "a".repeat(250);
+    std::fs::write(dir.path().join(&long), "").unwrap();
+    std::fs::write(dir.path().join(format!("{}b", &long[..200])), "").unwrap();
+    let app = test_app();
+    let pattern = "a*a*a*a*a*a*a*a*a*a*a*a*b";
+    let found = app
+        .get(&format!(
+            "/files/search?path={}&pattern={}",
+            q(dir.path()),
+            pattern.replace('*', "%2A")
+        ))
+        .await
+        .json();
+    let names: Vec<_> = found
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            f["path"]
+                .as_str()
+                .unwrap()
+                .rsplit('/')
+                .next()
+                .unwrap()
+                .len()
+        })
+        .collect();
+    assert_eq!(names, [201], "only the name ending in b");
+
+    let r = app
+        .get(&format!(
+            "/files/search?path={}&pattern=%5Bz-a%5D",
+            q(dir.path())
+        ))
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+}
+
+#[tokio::test]
 async fn directories_create_and_delete() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().join("p/q/r");
