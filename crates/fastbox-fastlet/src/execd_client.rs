@@ -1,10 +1,23 @@
 //! A small blocking client of the execd API, enough for `fastbox sandbox run`: wait for
 //! `/ping`, run a command and stream its events.
+//!
+//! Whatever answers on execd's port lives in a sandbox, which the tenant controls, so no
+//! answer is buffered without a bound: an error answer is read up to [`MAX_CONTROL_ANSWER`]
+//! (beyond, it is reported as too large, unread), and each event line of a command stream up
+//! to [`MAX_EVENT_LINE`] (beyond, the stream fails with [`ExecdClientError::TooLarge`]). The
+//! stream itself may go on as long as the command prints.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
+
+/// Most of a control answer (claim, rekey, an error answer) read from execd: 1 MiB.
+pub const MAX_CONTROL_ANSWER: usize = 1 << 20;
+
+/// Longest event line of a command stream: 1 MiB (execd cuts output lines at 64 KiB, which
+/// JSON escaping makes at most 384 KiB).
+pub const MAX_EVENT_LINE: usize = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExecdClientError {
@@ -26,6 +39,8 @@ pub enum ExecdClientError {
     },
     #[error("the command stream ended without a result")]
     NoResult,
+    #[error("execd's {what} is larger than {limit} bytes; not read further")]
+    TooLarge { what: &'static str, limit: usize },
 }
 
 pub struct ExecdClient {
@@ -158,10 +173,7 @@ impl ExecdClient {
             .json(body)
             .send()?;
         if !resp.status().is_success() {
-            return Err(ExecdClientError::Refused {
-                status: resp.status(),
-                body: resp.text().unwrap_or_default(),
-            });
+            return Err(refused(resp));
         }
         Ok(())
     }
@@ -196,14 +208,11 @@ impl ExecdClient {
             .json(body)
             .send()?;
         if !resp.status().is_success() {
-            return Err(ExecdClientError::Refused {
-                status: resp.status(),
-                body: resp.text().unwrap_or_default(),
-            });
+            return Err(refused(resp));
         }
         let mut code = None;
-        for line in BufReader::new(resp).lines() {
-            let line = line?;
+        let mut reader = BufReader::new(resp);
+        while let Some(line) = read_line_capped(&mut reader, MAX_EVENT_LINE)? {
             let json = line.trim().trim_start_matches("data:").trim();
             if json.is_empty() {
                 continue;
@@ -229,5 +238,168 @@ impl ExecdClient {
             on_event(&event);
         }
         code.ok_or(ExecdClientError::NoResult)
+    }
+}
+
+/// [`ExecdClientError::Refused`] with execd's answer, read up to [`MAX_CONTROL_ANSWER`].
+fn refused(resp: reqwest::blocking::Response) -> ExecdClientError {
+    let status = resp.status();
+    let body = match read_capped(resp, MAX_CONTROL_ANSWER) {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        Err(e) => format!("<{e}>"),
+    };
+    ExecdClientError::Refused { status, body }
+}
+
+/// The whole of `body` if it is at most `limit` bytes; otherwise
+/// [`ExecdClientError::TooLarge`], having read only `limit + 1` bytes.
+fn read_capped(body: impl Read, limit: usize) -> Result<Vec<u8>, ExecdClientError> {
+    let mut out = Vec::new();
+    body.take(limit as u64 + 1).read_to_end(&mut out)?;
+    if out.len() > limit {
+        return Err(ExecdClientError::TooLarge {
+            what: "answer",
+            limit,
+        });
+    }
+    Ok(out)
+}
+
+/// The next line of `reader` without its `\n` (lossy UTF-8), `None` at the end;
+/// [`ExecdClientError::TooLarge`] for a line longer than `limit` bytes, of which only
+/// `limit + 1` are read.
+fn read_line_capped(
+    reader: &mut impl BufRead,
+    limit: usize,
+) -> Result<Option<String>, ExecdClientError> {
+    let mut line = Vec::new();
+    let n = reader.take(limit as u64 + 1).read_until(b'\n', &mut line)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if line.last() == Some(&b'\n') {
+        line.pop();
+    } else if line.len() > limit {
+        return Err(ExecdClientError::TooLarge {
+            what: "command stream line",
+            limit,
+        });
+    }
+    Ok(Some(String::from_utf8_lossy(&line).into_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::{Ipv4Addr, TcpListener};
+
+    /// A one-request HTTP server on loopback answering `status` with `body` (the bytes
+    /// after the head), then closing. Returns its base URL.
+    fn server(status: &'static str, content_type: &'static str, body: Vec<u8>) -> String {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut req = [0u8; 8192];
+            let _ = s.read(&mut req);
+            let head = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\n\
+                 content-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = s.write_all(head.as_bytes());
+            let _ = s.write_all(&body);
+        });
+        format!("http://{addr}")
+    }
+
+    fn client(base: String) -> ExecdClient {
+        ExecdClient::new(base, Some("t".into())).unwrap()
+    }
+
+    #[test]
+    fn a_refusal_carries_execds_answer() {
+        let base = server(
+            "409 Conflict",
+            "application/json",
+            br#"{"code":"ALREADY_CLAIMED"}"#.to_vec(),
+        );
+        match client(base).rekey("0123456789abcdef").unwrap_err() {
+            ExecdClientError::Refused { status, body } => {
+                assert_eq!(status, reqwest::StatusCode::CONFLICT);
+                assert_eq!(body, r#"{"code":"ALREADY_CLAIMED"}"#);
+            }
+            other => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn an_oversized_refusal_is_reported_unread() {
+        let base = server(
+            "500 Internal Server Error",
+            "text/plain",
+            vec![b'x'; 3 << 20],
+        );
+        match client(base)
+            .claim("0123456789abcdef", &[], &[])
+            .unwrap_err()
+        {
+            ExecdClientError::Refused { body, .. } => assert_eq!(
+                body,
+                "<execd's answer is larger than 1048576 bytes; not read further>"
+            ),
+            other => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn a_command_stream_line_over_the_limit_fails_the_stream() {
+        let mut body = b"data: {\"type\":\"init\"}\n\n".to_vec();
+        body.extend(vec![b'x'; MAX_EVENT_LINE + 10]);
+        let base = server("200 OK", "text/event-stream", body);
+        let err = client(base).run(&["true".into()], |_| {}).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ExecdClientError::TooLarge {
+                    what: "command stream line",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_command_stream_is_read_to_its_result() {
+        let body = b"data: {\"type\":\"stdout\",\"text\":\"hi\"}\n\n\
+                     data: {\"type\":\"execution_complete\"}\n\n"
+            .to_vec();
+        let base = server("200 OK", "text/event-stream", body);
+        let mut seen = Vec::new();
+        let code = client(base)
+            .run(&["echo".into()], |e| seen.push(e.kind.clone()))
+            .unwrap();
+        assert_eq!(
+            (code, seen.as_slice()),
+            (
+                0,
+                &["stdout".to_owned(), "execution_complete".to_owned()][..]
+            )
+        );
+    }
+
+    #[test]
+    fn lines_are_read_up_to_the_limit() {
+        let mut r = BufReader::new(&b"abc\ndefg\nhi"[..]);
+        assert_eq!(read_line_capped(&mut r, 3).unwrap().as_deref(), Some("abc"));
+        assert!(matches!(
+            read_line_capped(&mut r, 3),
+            Err(ExecdClientError::TooLarge { .. })
+        ));
+        let mut r = BufReader::new(&b"hi"[..]);
+        assert_eq!(read_line_capped(&mut r, 3).unwrap().as_deref(), Some("hi"));
+        assert_eq!(read_line_capped(&mut r, 3).unwrap(), None);
     }
 }

@@ -19,6 +19,7 @@ use crate::error::ApiError;
 use crate::record::SandboxRecord;
 use crate::store::Store;
 
+use super::execd_logs;
 use super::plan::{Rules, plan, plan_from_snapshot, plan_from_template};
 
 /// The execd header that carries the per-sandbox token.
@@ -526,13 +527,22 @@ impl Lifecycle {
     ) -> Result<DiagnosticContentResponse, ApiError> {
         check_scope(scope, &["container", "all"])?;
         let record = self.record(id)?;
-        let (content, warnings) = match (&record.placement, record.state()) {
+        let (content, warnings, truncated) = match (&record.placement, record.state()) {
             (Some(p), SandboxState::Running) => {
-                match entrypoint_logs(p.address, &record.execd_token).await {
-                    Ok(text) => (text, None),
+                match execd_logs::entrypoint_logs(p.address, &record.execd_token).await {
+                    Ok((text, false)) => (text, None, false),
+                    Ok((text, true)) => (
+                        text,
+                        Some(vec![format!(
+                            "the log is longer than {} MiB; the rest was not read",
+                            execd_logs::MAX_LOG_BYTES >> 20
+                        )]),
+                        true,
+                    ),
                     Err(e) => (
                         String::new(),
                         Some(vec![format!("execd did not answer: {e}")]),
+                        false,
                     ),
                 }
             }
@@ -542,9 +552,12 @@ impl Lifecycle {
                     "the sandbox is {}; logs are kept only while it runs",
                     record.state()
                 )]),
+                false,
             ),
         };
-        Ok(diagnostic(id, "logs", scope, content, warnings))
+        let mut answer = diagnostic(id, "logs", scope, content, warnings);
+        answer.truncated = truncated;
+        Ok(answer)
     }
 
     /// `GET .../diagnostics/events`: the sandbox's lifecycle events.
@@ -587,24 +600,6 @@ fn diagnostic(
         content: Some(content),
         warnings,
     }
-}
-
-/// The entrypoint's output as execd's `/fastbox/entrypoint/logs` has it.
-async fn entrypoint_logs(
-    address: std::net::Ipv4Addr,
-    token: &str,
-) -> Result<String, reqwest::Error> {
-    reqwest::Client::new()
-        .get(format!(
-            "http://{address}:{EXECD_PORT}/fastbox/entrypoint/logs"
-        ))
-        .header(EXECD_TOKEN_HEADER, token)
-        .timeout(std::time::Duration::from_secs(5))
-        .send()
-        .await?
-        .error_for_status()?
-        .text()
-        .await
 }
 
 pub(super) fn not_running(r: &SandboxRecord, detail: &str) -> ApiError {

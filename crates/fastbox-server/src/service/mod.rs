@@ -5,6 +5,7 @@ mod access;
 mod artifact_refs;
 mod converge;
 mod egress;
+mod execd_logs;
 mod lifecycle;
 pub mod local_images;
 pub mod plan;
