@@ -147,21 +147,13 @@ impl Dir {
     pub fn write_file(&self, name: &str, bytes: &[u8], mode: u32) -> Result<()> {
         let name = plain_name(name)?;
         let temp = format!(".{}.fastbox-{:016x}", name.to_string_lossy(), random_u64());
-        let temp_c = cstring(OsStr::new(&temp), &temp)?;
-        // SAFETY: openat(2) on our directory fd with a valid C string; checked below.
-        let fd = unsafe {
-            libc::openat(
-                self.fd.as_raw_fd(),
-                temp_c.as_ptr(),
-                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                mode as libc::c_uint,
-            )
-        };
-        if fd < 0 {
-            return Err(io_err("create", self.shown_name(OsStr::new(&temp))));
-        }
-        // SAFETY: a descriptor just returned by openat(2).
-        let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let (fd, _) = self.open_entry(
+            OsStr::new(&temp),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+            mode,
+            "create",
+        )?;
+        let file = std::fs::File::from(fd);
         let written = (|| {
             use std::io::Write;
             (&file).write_all(bytes)?;
@@ -223,31 +215,13 @@ impl Dir {
     /// (a symlink, a directory, a node) is an error.
     pub fn regular_file(&self, name: &str, mode: u32) -> Result<OwnedFd> {
         let name = plain_name(name)?;
-        let c = cstring(name, &self.shown_name(name))?;
-        // SAFETY: openat(2) on our directory fd; O_NONBLOCK so a FIFO swapped in never blocks.
-        let fd = unsafe {
-            libc::openat(
-                self.fd.as_raw_fd(),
-                c.as_ptr(),
-                libc::O_WRONLY
-                    | libc::O_CREAT
-                    | libc::O_NOFOLLOW
-                    | libc::O_NONBLOCK
-                    | libc::O_NOCTTY
-                    | libc::O_CLOEXEC,
-                mode as libc::c_uint,
-            )
-        };
-        if fd < 0 {
-            return Err(io_err("create", self.shown_name(name)));
-        }
-        // SAFETY: a descriptor just returned by openat(2).
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let meta = fstat(fd.as_fd()).map_err(|source| ConfineError::Io {
-            what: "stat",
-            path: self.shown_name(name),
-            source,
-        })?;
+        // O_NONBLOCK: a FIFO swapped in never blocks the open.
+        let (fd, meta) = self.open_entry(
+            name,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+            mode,
+            "create",
+        )?;
         if meta.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(ConfineError::Io {
                 what: "expect a regular file at",
@@ -380,6 +354,38 @@ impl Dir {
         })
     }
 
+    /// `name` of this directory opened with `flags` (close-on-exec, never a controlling
+    /// terminal), and what `fstat` says of the very inode opened.
+    fn open_entry(
+        &self,
+        name: &OsStr,
+        flags: libc::c_int,
+        mode: u32,
+        what: &'static str,
+    ) -> Result<(OwnedFd, libc::stat)> {
+        let c = cstring(name, &self.shown_name(name))?;
+        // SAFETY: openat(2) on our directory fd with a valid C string; checked below.
+        let fd = unsafe {
+            libc::openat(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                flags | libc::O_NOCTTY | libc::O_CLOEXEC,
+                mode as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(io_err(what, self.shown_name(name)));
+        }
+        // SAFETY: a descriptor just returned by openat(2), owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let meta = fstat(fd.as_fd()).map_err(|source| ConfineError::Io {
+            what: "stat",
+            path: self.shown_name(name),
+            source,
+        })?;
+        Ok((fd, meta))
+    }
+
     fn unlink(&self, name: &OsStr, flags: libc::c_int) -> Result<()> {
         let c = cstring(name, &self.shown_name(name))?;
         // SAFETY: unlinkat(2) on our directory fd with a valid C string.
@@ -410,25 +416,7 @@ impl Dir {
     fn chmod_entry(&self, name: &OsStr, mode: u32) -> Result<()> {
         // fchmodat cannot refuse to follow a symlink (AT_SYMLINK_NOFOLLOW is not supported
         // for it), so chmod through an O_PATH descriptor opened without following.
-        let c = cstring(name, &self.shown_name(name))?;
-        // SAFETY: openat(2) on our directory fd with a valid C string.
-        let fd = unsafe {
-            libc::openat(
-                self.fd.as_raw_fd(),
-                c.as_ptr(),
-                libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(io_err("open", self.shown_name(name)));
-        }
-        // SAFETY: a descriptor just returned by openat(2).
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let meta = fstat(fd.as_fd()).map_err(|source| ConfineError::Io {
-            what: "stat",
-            path: self.shown_name(name),
-            source,
-        })?;
+        let (fd, meta) = self.open_entry(name, libc::O_PATH | libc::O_NOFOLLOW, 0, "open")?;
         if meta.st_mode & libc::S_IFMT == libc::S_IFLNK {
             return Err(ConfineError::NotADirectory {
                 path: self.shown_name(name),
