@@ -220,7 +220,13 @@ impl Applier<'_> {
             if name_bytes == OPAQUE_MARKER.as_bytes() {
                 self.clear_opaque(&dir).map_err(|e| self.err(&shown, e))?;
             } else if !name_bytes.starts_with(b".wh..wh.") {
-                let hidden = dir.join(OsStr::from_bytes(&name_bytes[WHITEOUT_PREFIX.len()..]));
+                let hidden = &name_bytes[WHITEOUT_PREFIX.len()..];
+                // `.wh.`, `.wh..` and `.wh...` name no entry: joined to the directory they would
+                // be the directory itself or its parent (at the top, the rootfs's own parent).
+                if matches!(hidden, b"" | b"." | b"..") {
+                    return Err(self.unsafe_path(&shown, "whiteout names no entry"));
+                }
+                let hidden = dir.join(OsStr::from_bytes(hidden));
                 if !self.written.contains(&hidden) {
                     remove_any(&hidden).map_err(|e| self.err(&shown, e))?;
                 }
@@ -478,6 +484,11 @@ impl Applier<'_> {
 
     fn finish_dirs(&mut self) -> Result<(), ImageError> {
         for (path, mode, mtime) in self.dirs.drain(..).rev() {
+            // A later entry may have replaced the directory, or one of its parents, with a
+            // symlink, which chmod would follow out of the rootfs.
+            if !is_real_dir_below(self.root, &path) {
+                continue;
+            }
             match fs::set_permissions(&path, fs::Permissions::from_mode(mode)) {
                 Ok(()) => set_mtime(&path, mtime),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -575,6 +586,19 @@ pub(crate) fn resolve_in_root(
     let mut out = root.to_path_buf();
     out.extend(&resolved);
     Ok(Some(out))
+}
+
+/// Whether `path` is a directory below `root` reached through directories only: no component
+/// after `root` is a symlink or anything else but a directory.
+fn is_real_dir_below(root: &Path, path: &Path) -> bool {
+    let Ok(relative) = path.strip_prefix(root) else {
+        return false;
+    };
+    let mut current = root.to_path_buf();
+    relative.components().all(|c| {
+        current.push(c);
+        current.symlink_metadata().is_ok_and(|m| m.is_dir())
+    })
 }
 
 /// Removes a file, symlink or whole directory tree (never following symlinks); absent is fine.
@@ -723,6 +747,65 @@ mod tests {
         assert!(
             !r.join("etc/.wh.a").exists(),
             "whiteout markers are never materialized"
+        );
+    }
+
+    #[test]
+    fn whiteouts_naming_no_entry_are_refused() {
+        // Found by the image_unpack fuzz target: `.wh...` removed everything in the rootfs's
+        // parent, `.wh.` the rootfs itself.
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("rootfs");
+        fs::create_dir(&root).unwrap();
+        fs::write(dir.path().join("sibling"), b"outside").unwrap();
+        apply(&root, Layer::new().file("etc/x", b"x")).unwrap();
+        for name in [".wh.", ".wh..", ".wh...", "etc/.wh...", "etc/.wh."] {
+            let err = apply(&root, Layer::new().file(name, b"")).unwrap_err();
+            assert!(
+                matches!(err, ImageError::UnsafePath { .. }),
+                "{name}: {err}"
+            );
+        }
+        assert_eq!(read(dir.path(), "sibling").as_deref(), Some("outside"));
+        assert_eq!(read(&root, "etc/x").as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn directories_replaced_by_symlinks_are_not_finished_through_them() {
+        // Found by the image_unpack fuzz target: a directory entry followed by a symlink of the
+        // same name (or of a parent's name) had its mode set on the symlink's target.
+        let outside = tempfile::tempdir().unwrap();
+        let victim = outside.path().join("victim");
+        fs::write(&victim, b"x").unwrap();
+        fs::set_permissions(&victim, fs::Permissions::from_mode(0o600)).unwrap();
+        let victim_dir = outside.path().join("q");
+        fs::create_dir(&victim_dir).unwrap();
+        fs::set_permissions(&victim_dir, fs::Permissions::from_mode(0o700)).unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        apply(
+            r,
+            Layer::new()
+                .dir("d/", 0o4777)
+                .link(tar::EntryType::Symlink, "d", victim.to_str().unwrap())
+                .dir("p/", 0o755)
+                .dir("p/q/", 0o777)
+                .link(
+                    tar::EntryType::Symlink,
+                    "p",
+                    outside.path().to_str().unwrap(),
+                ),
+        )
+        .unwrap();
+        let mode = |p: &Path| p.metadata().unwrap().mode() & 0o7777;
+        assert_eq!(mode(&victim), 0o600);
+        assert_eq!(mode(&victim_dir), 0o700);
+        assert!(
+            r.join("d")
+                .symlink_metadata()
+                .unwrap()
+                .file_type()
+                .is_symlink()
         );
     }
 
