@@ -23,6 +23,9 @@ mod cache;
 mod config;
 mod digest;
 mod error;
+/// Entry points of the fuzz targets (`fuzz/`); not an API.
+#[doc(hidden)]
+pub mod fuzzing;
 mod local;
 mod netguard;
 mod oci;
