@@ -4,11 +4,12 @@
 # second run checks and does nothing (a few hundred milliseconds). See docs/setup.md.
 #
 #   scripts/setup.sh            # everything
-#   scripts/setup.sh --force    # reinstall the private parts (.deps/criu, .deps/registry, .deps/s3s-fs, .deps/venv)
+#   scripts/setup.sh --force    # reinstall the private parts (.deps/criu, .deps/registry, .deps/s3s-fs, .deps/cargo-fuzz, .deps/venv)
 #
 # Steps: Debian packages (apt-get only for missing ones) -> docker-registry binary unpacked into
 # .deps/registry (no system service) -> CRIU >= 4.2 (scripts/install-criu.sh) -> the s3s-fs S3
-# test server built into .deps/s3s-fs (cargo install; about two minutes) -> Python venv
+# test server built into .deps/s3s-fs (cargo install; about two minutes) -> cargo-fuzz built into
+# .deps/cargo-fuzz (cargo install; about two minutes; scripts/fuzz.sh) -> Python venv
 # .deps/venv (opensandbox SDK, pytest, moto's S3 test server) -> sysctls. At the end it prints the paths the tests use
 # and writes them to .deps/env (`source .deps/env`); it exports nothing itself.
 set -euo pipefail
@@ -55,6 +56,8 @@ VENV_REQUIREMENTS=("opensandbox==1.1.1" "opensandbox-code-interpreter==1.1.1" "o
 # s3s-fs: an S3 server keeping objects as files, with SigV4 auth, for the fastbox-s3 tests. Pinned:
 # newer releases need a newer rustc than the workspace's.
 S3S_FS_VERSION=0.14.1
+# cargo-fuzz: builds and runs the fuzz targets of fuzz/ (scripts/fuzz.sh). Pinned, like s3s-fs.
+CARGO_FUZZ_VERSION=0.13.2
 
 REGISTRY_DIR=$FASTBOX_DEPS/registry
 REGISTRY_BIN=$REGISTRY_DIR/bin/docker-registry
@@ -62,6 +65,8 @@ VENV=$FASTBOX_DEPS/venv
 MOTO_SERVER=$VENV/bin/moto_server
 S3S_FS_DIR=$FASTBOX_DEPS/s3s-fs
 S3S_FS_BIN=$S3S_FS_DIR/bin/s3s-fs
+CARGO_FUZZ_DIR=$FASTBOX_DEPS/cargo-fuzz
+CARGO_FUZZ_BIN=$CARGO_FUZZ_DIR/bin/cargo-fuzz
 CRIU=$FASTBOX_DEPS/criu/bin/criu
 
 fb_require_root
@@ -128,6 +133,26 @@ step_s3s_fs() {
     fb_log "s3s-fs $S3S_FS_VERSION installed: $S3S_FS_BIN"
 }
 
+# cargo-fuzz, built from the Rust registry into .deps/cargo-fuzz the way s3s-fs is. Skipped when
+# the pinned version is present.
+step_cargo_fuzz() {
+    local stamp=$CARGO_FUZZ_DIR/VERSION tmp
+    if ((FORCE == 0)) && [[ -x "$CARGO_FUZZ_BIN" && -f "$stamp" && "$(cat "$stamp")" == "$CARGO_FUZZ_VERSION" ]]; then
+        fb_log "cargo-fuzz present: $CARGO_FUZZ_BIN ($CARGO_FUZZ_VERSION)"
+        return 0
+    fi
+    command -v cargo >/dev/null || fb_die "cargo is needed to build cargo-fuzz (install the Rust toolchain first)"
+    tmp=$(mktemp -d "$FASTBOX_DEPS/.cargo-fuzz-build.XXXXXX")
+    cargo install "cargo-fuzz@$CARGO_FUZZ_VERSION" --locked --quiet \
+        --root "$tmp/root" --target-dir "$tmp/target"
+    printf '%s\n' "$CARGO_FUZZ_VERSION" >"$tmp/root/VERSION"
+    rm -rf "$CARGO_FUZZ_DIR"
+    mv "$tmp/root" "$CARGO_FUZZ_DIR"
+    rm -rf "$tmp"
+    "$CARGO_FUZZ_BIN" --version >/dev/null
+    fb_log "cargo-fuzz $CARGO_FUZZ_VERSION installed: $CARGO_FUZZ_BIN"
+}
+
 step_venv() {
     local stamp=$VENV/.fastbox-requirements want py
     want=$(printf '%s\n' "${VENV_REQUIREMENTS[@]}")
@@ -166,6 +191,7 @@ fb_step packages step_packages
 fb_step registry step_registry
 fb_step criu step_criu
 fb_step s3s-fs step_s3s_fs
+fb_step cargo-fuzz step_cargo_fuzz
 fb_step venv step_venv
 fb_step sysctl step_sysctl
 

@@ -4,15 +4,18 @@
 #   scripts/test.sh [extra nextest args, e.g. a test filter]
 #
 # Stages: setup (scripts/setup.sh) -> fmt (cargo fmt --check) -> clippy (-D warnings) ->
-# execd (static release build of fastbox-execd) -> tests (cargo nextest run --workspace) ->
-# sdk (the OpenSandbox SDK, code interpreter and CLI against `fastbox up`, tests/sdk).
+# execd (static release build of fastbox-execd) -> fuzz (scripts/fuzz.sh: the fuzz targets
+# built and run for FASTBOX_FUZZ_SECONDS each, default 30; fails on a crash) -> tests (cargo
+# nextest run --workspace) -> sdk (the OpenSandbox SDK, code interpreter and CLI against
+# `fastbox up`, tests/sdk).
 # Every stage after setup runs even when an earlier one failed; the script exits non-zero if any
 # failed. A failed setup stops the run.
 #
 # Environment for the tests: FASTBOX_REPO, FASTBOX_CRIU, FASTBOX_EXECD_BIN,
 # FASTBOX_REGISTRY_BIN, FASTBOX_VENV, FASTBOX_PYTHON, FASTBOX_TEST_PREFIX (fbt + 4 random hex
 # digits: a per-run prefix for host-wide names such as netns, veths, cgroups).
-# Knobs: FASTBOX_SKIP_SETUP=1 (developer loops), FASTBOX_TEST_TIMEOUT (seconds for the test
+# Knobs: FASTBOX_SKIP_SETUP=1 (developer loops), FASTBOX_FUZZ_SECONDS (per fuzz target; 0 skips
+# the stage, as does a test filter), FASTBOX_TEST_TIMEOUT (seconds for the test
 # stage, default 4200), FASTBOX_DEADLINE (epoch seconds by which the test stage must end; .ci/run
 # sets it from CI's budget), FASTBOX_RUN_START (epoch seconds of the enclosing CI run, for its
 # total).
@@ -77,6 +80,17 @@ build_execd() {
     fb_log "static execd: $FASTBOX_EXECD_BIN ($(stat -c %s "$FASTBOX_EXECD_BIN") bytes)"
 }
 fb_step execd build_execd || failed+=(execd)
+
+# ---------------------------------------------------------------- fuzz
+# Before the tests: their summary must stay the end of the output.
+fuzz_seconds=${FASTBOX_FUZZ_SECONDS:-30}
+if [[ -n "${1:-}" ]]; then
+    fb_log "test filter given: not running the fuzz targets"
+elif ((fuzz_seconds > 0)); then
+    fb_step fuzz "$FASTBOX_ROOT/scripts/fuzz.sh" "$fuzz_seconds" || failed+=(fuzz)
+else
+    fb_log "FASTBOX_FUZZ_SECONDS=0: not running the fuzz targets"
+fi
 
 # ---------------------------------------------------------------- tests
 run_tests() {
