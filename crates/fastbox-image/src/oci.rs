@@ -414,10 +414,11 @@ pub(crate) fn unpack_layers(
     Ok(())
 }
 
-/// `sha256:0123456789ab` for messages.
+/// `sha256:0123456789ab` for messages. `key` may be unchecked (a digest an index names, a
+/// file name in an archive): it is cut at a character, never inside one.
 pub(crate) fn short(key: &str) -> String {
     match key.strip_prefix("sha256:") {
-        Some(hex) => format!("sha256:{}", &hex[..hex.len().min(12)]),
+        Some(hex) => format!("sha256:{}", hex.chars().take(12).collect::<String>()),
         None => key.to_owned(),
     }
 }
@@ -465,6 +466,19 @@ mod tests {
             err.contains("linux/arm64/v8, linux/amd64, unknown/unknown"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn short_labels_cut_at_a_character() {
+        // A registry's index may name any string as a digest; it is shown before it is checked.
+        let hex = "0123456789abcdef";
+        assert_eq!(short(&format!("sha256:{hex}")), "sha256:0123456789ab");
+        assert_eq!(
+            short("sha256:01234567890\u{e9}abc"),
+            "sha256:01234567890\u{e9}"
+        );
+        assert_eq!(short("sha256:\u{1f600}"), "sha256:\u{1f600}");
+        assert_eq!(short("blobs/layer.tar"), "blobs/layer.tar");
     }
 
     #[test]
