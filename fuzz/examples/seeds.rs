@@ -241,6 +241,12 @@ fn artifact_manifest(dir: &Path) {
         Manifest::try_new(snapshot, vec![file("rootfs.tar", 3)]).expect("snapshot manifest");
     write(dir, "snapshot", &snapshot.to_bytes().expect("bytes"));
 
+    // A float that serde_json's default parsing read back as its neighbour (fixed).
+    let mut float = meta(ArtifactKind::Checkpoint);
+    float.policy = Some(serde_json::json!({"ttl": f64::from_bits(0x4c1c_5256_9aaf_68f4)}));
+    let float = Manifest::try_new(float, vec![]).expect("float manifest");
+    write(dir, "regression-float", &float.to_bytes().expect("bytes"));
+
     let checkpoint = Manifest::try_new(meta(ArtifactKind::Checkpoint), vec![]).expect("empty");
     let mut pretty = serde_json::to_vec_pretty(&checkpoint).expect("json");
     pretty.push(b'\n');
@@ -496,6 +502,12 @@ fn oci_document(dir: &Path) {
         dir,
         "config",
         &serde_json::to_vec_pretty(&config).expect("json"),
+    );
+    // An index naming a digest that is not one, shown before it is checked (fixed).
+    write(
+        dir,
+        "regression-index-digest-utf8",
+        br#"{"manifests":[{"digest":"sha256:01234567890\u00e9abc"}]}"#,
     );
     write(
         dir,
