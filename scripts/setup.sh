@@ -44,6 +44,7 @@ PACKAGES=(
     protobuf-compiler # protoc for -sys/-build crates (etcd-client)
     libprotobuf-dev   # well-known .proto includes for protoc
     pkg-config
+    g++               # libfuzzer-sys compiles libFuzzer (C++) for the fuzz targets (scripts/fuzz.sh)
     curl
     jq
     util-linux        # unshare, nsenter, flock, setsid
