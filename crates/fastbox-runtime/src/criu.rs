@@ -223,18 +223,29 @@ impl Criu {
             path: req.netns.to_path_buf(),
             source,
         })?;
+        // The images directory is handed down as a descriptor and named by its
+        // `/proc/self/fd` path: CRIU connects to the streamer's socket in it, and a socket's
+        // path is at most 107 bytes, whatever the data directory's path is.
+        let images = fs::File::open(req.images).map_err(|source| CriuError::Io {
+            what: "open",
+            path: req.images.to_path_buf(),
+            source,
+        })?;
         let mut cmd = self.command();
-        let netns_fd = netns.as_raw_fd();
-        // SAFETY: setns is async-signal-safe; the descriptor was opened before the fork and
-        // stays open until the run ends.
+        let (netns_fd, images_fd) = (netns.as_raw_fd(), images.as_raw_fd());
+        // SAFETY: setns, dup2 and fcntl are async-signal-safe; both descriptors were opened
+        // before the fork and stay open until the run ends.
         unsafe {
-            cmd.pre_exec(move || join_netns(netns_fd));
+            cmd.pre_exec(move || {
+                join_netns(netns_fd)?;
+                inherit_fd(images_fd, IMAGES_FD)
+            });
         }
         cmd.arg("dump")
             .arg("--tree")
             .arg(req.init_pid.to_string())
             .arg("--images-dir")
-            .arg(req.images)
+            .arg(format!("/proc/self/fd/{IMAGES_FD}"))
             .args([
                 "--log-file",
                 "dump.log",
@@ -253,7 +264,7 @@ impl Criu {
             cmd.arg("--stream");
         }
         let finished = run_recorded(cmd, req.images, None)?;
-        drop(netns);
+        drop((netns, images));
         check(finished.output, "dump", &req.images.join("dump.log"))
     }
 
@@ -700,6 +711,25 @@ impl JoinedFds {
 
 /// Makes the calling process a member of the network namespace `fd` refers to. Called in a
 /// forked child before it execs CRIU: async-signal-safe.
+/// The descriptor number a dump's images directory has in CRIU.
+const IMAGES_FD: i32 = 100;
+
+/// In a child before exec: `fd` at number `target`, kept across the exec.
+fn inherit_fd(fd: i32, target: i32) -> io::Result<()> {
+    // SAFETY: dup2 and fcntl on descriptors the child inherited; no memory is passed.
+    let r = unsafe {
+        if fd == target {
+            libc::fcntl(fd, libc::F_SETFD, 0)
+        } else {
+            libc::dup2(fd, target)
+        }
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn join_netns(fd: i32) -> io::Result<()> {
     // SAFETY: setns only reads the descriptor.
     if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } < 0 {

@@ -26,6 +26,13 @@ use std::thread::JoinHandle;
 
 /// The socket CRIU connects to, in its images directory.
 pub const SOCKET_NAME: &str = "streamer-capture.sock";
+/// The socket's path through `dir`, a descriptor of the images directory: CRIU, given the
+/// directory as `/proc/self/fd/N` too ([`crate::criu::Criu::dump`]), connects to the same
+/// short path.
+pub fn socket_path(dir: &impl std::os::fd::AsRawFd) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}/{SOCKET_NAME}", dir.as_raw_fd()))
+}
+
 /// How much of each image is read at once, and the unit the memory is handed out in.
 const CHUNK: usize = 4 << 20;
 /// The first buffer of every image (most are a few KiB; pages images grow into the arena).
@@ -210,6 +217,9 @@ const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 /// A running capture of one dump's images (see the module docs).
 pub struct Capture {
     images: PathBuf,
+    /// The images directory, held open: the socket is reached through its `/proc/self/fd`
+    /// path, short whatever the directory's own path (a socket path has at most 107 bytes).
+    dir: File,
     accept: Option<JoinHandle<Result<Vec<Image>, StreamError>>>,
     pending: Arc<Pending>,
 }
@@ -251,9 +261,9 @@ impl Capture {
     /// with that much memory touched ahead.
     pub fn start(images: &Path, bytes: u64) -> Result<Self, StreamError> {
         std::fs::create_dir_all(images).map_err(io_err("create the images directory"))?;
-        let socket = images.join(SOCKET_NAME);
-        let _ = std::fs::remove_file(&socket);
-        let listener = UnixListener::bind(&socket).map_err(io_err("listen"))?;
+        let _ = std::fs::remove_file(images.join(SOCKET_NAME));
+        let dir = File::open(images).map_err(io_err("open the images directory"))?;
+        let listener = UnixListener::bind(socket_path(&dir)).map_err(io_err("listen"))?;
         let arena = Arc::new(Arena::new(usize::try_from(bytes).unwrap_or(usize::MAX)));
         let pending = Arc::new(Pending::default());
         let accept = {
@@ -265,6 +275,7 @@ impl Capture {
         };
         Ok(Self {
             images: images.to_path_buf(),
+            dir,
             accept: Some(accept),
             pending,
         })
@@ -294,7 +305,7 @@ impl Capture {
 
     /// Ends the capture (a dump that never connected is let go) and returns what it read.
     fn collect(&mut self) -> Result<Vec<Image>, StreamError> {
-        let socket = self.images.join(SOCKET_NAME);
+        let socket = socket_path(&self.dir);
         let Some(accept) = self.accept.take() else {
             return Ok(Vec::new());
         };
@@ -304,7 +315,7 @@ impl Capture {
             let _ = UnixStream::connect(&socket);
         }
         let read = accept.join().map_err(|_| StreamError::Panicked)?;
-        let _ = std::fs::remove_file(&socket);
+        let _ = std::fs::remove_file(self.images.join(SOCKET_NAME));
         read
     }
 }
