@@ -3,7 +3,6 @@
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -44,8 +43,7 @@ impl ExecdBinary {
         if !path.exists() {
             fs::create_dir_all(&dir).map_err(io_err(&dir))?;
             let tmp = dir.join(format!(".tmp-{}", std::process::id()));
-            fs::write(&tmp, &bytes).map_err(io_err(&tmp))?;
-            fs::set_permissions(&tmp, fs::Permissions::from_mode(0o555)).map_err(io_err(&tmp))?;
+            crate::exec_file::write_executable(&tmp, &bytes, 0o555).map_err(io_err(&tmp))?;
             fs::rename(&tmp, &path).map_err(io_err(&path))?;
         }
         Ok(Self { digest, path })

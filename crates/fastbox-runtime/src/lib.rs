@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod confine;
 pub mod criu;
 pub mod criu_stats;
+pub mod exec_file;
 pub mod execd_binary;
 pub mod image_stream;
 pub mod init;

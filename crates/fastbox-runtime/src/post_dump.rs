@@ -181,10 +181,9 @@ fn open_fifo(path: &Path) -> Result<File, PostDumpError> {
         .map_err(io_err("open", path))
 }
 
+/// CRIU executes the script as soon as the images are written: it must not be busy then.
 fn write_script(path: &Path, text: &str) -> io::Result<()> {
-    use std::os::unix::fs::PermissionsExt as _;
-    fs::write(path, text)?;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o700))
+    crate::exec_file::write_executable(path, text.as_bytes(), 0o700)
 }
 
 /// `'path'` for `sh`.
