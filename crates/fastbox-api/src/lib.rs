@@ -2,7 +2,9 @@
 
 pub mod egress;
 pub mod lifecycle;
+pub mod limits;
 pub mod metadata;
+pub mod net;
 pub mod quantity;
 pub mod snapshots;
 pub mod templates;

@@ -10,10 +10,10 @@
 
 use std::path::PathBuf;
 
+use crate::up::ROUTE_KEY_FILE;
 use anyhow::Context;
 use fastbox_proxy::{RouteSigner, retire_key, rotate_key};
 use fastbox_server::config::DEFAULT_DATA_DIR;
-use fastbox_server::up::ROUTE_KEY_FILE;
 
 /// Where the keys are.
 #[derive(clap::Args, Debug)]

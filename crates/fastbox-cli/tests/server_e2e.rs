@@ -37,7 +37,11 @@ fn kill_sandbox_processes(server: &UpServer, id: &str) {
         .into_iter()
         .find(|r| r.id == id)
         .unwrap();
-    let runtime_id = record.placement.expect("placed").handle.id;
+    // The node's handle, opaque to the server, is the runtime's.
+    let handle = record.placement.expect("placed").handle.0;
+    let runtime_id = serde_json::from_value::<fastbox_runtime::sandbox::SandboxHandle>(handle)
+        .expect("the in-process node's handle")
+        .id;
     let root = CgroupRoot::detect().unwrap();
     let cgroup = Cgroup::open(&root, &server.prefix, &runtime_id).expect("the sandbox's cgroup");
     cgroup.kill_all().unwrap();

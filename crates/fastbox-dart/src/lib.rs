@@ -19,7 +19,10 @@
 //! Modules, from the bottom up: [`membership`] (ids, members, rendezvous), [`auth`]
 //! (signatures), [`breaker`], [`counters`], [`node_blocks`] (the local seam), `flight` (the
 //! origin single flight), [`client`] (the blocking peer client), [`server`] (the peer
-//! server's routes), [`serve`] (running them), [`delivery`] (the read path).
+//! server's routes), [`serve`] (running them), [`delivery`] (the read path). Beside them,
+//! [`store_config`]: the configuration of a node's artifact store (its origin's location,
+//! the block cache's budget, its DART settings), parsed and checked without running
+//! anything.
 //!
 //! Threads: [`Delivery`] is synchronous and may be called from any thread, including
 //! `spawn_blocking` threads (its HTTP client owns no async runtime); the peer server runs
@@ -40,6 +43,7 @@ pub mod node_blocks;
 pub mod protocol;
 pub mod serve;
 pub mod server;
+pub mod store_config;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 

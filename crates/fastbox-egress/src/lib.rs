@@ -2,7 +2,7 @@
 //!
 //! - [`policy`]: the policy model (default action, ordered rules on FQDNs, `*.` wildcards,
 //!   IPv4 addresses and networks), its validation, and conversions from and to the
-//!   OpenSandbox wire type.
+//!   OpenSandbox wire type; it is the crate `fastbox-egress-policy`, re-exported here.
 //! - [`EgressEnforcer`]: enforces each slot's policy in the instance's nft table (a chain and
 //!   a set of DNS-learned addresses per slot, see [`nft`]), cuts connections a policy change
 //!   denies ([`conntrack`]), and is the DNS forwarder's [`DnsHook`]: it answers only names
@@ -17,9 +17,10 @@ pub mod conntrack;
 mod enforcer;
 pub mod learned;
 pub mod nft;
-pub mod policy;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+
+pub use fastbox_egress_policy as policy;
 
 pub use enforcer::{EgressEnforcer, EgressError, SlotRef};
 pub use policy::wire::rules_from_wire;

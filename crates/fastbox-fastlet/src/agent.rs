@@ -26,6 +26,10 @@ use crate::spares::SparePool;
 use crate::template::{self, BuildClock, BuildLocks, Template};
 use crate::warmup::GoldenRecipe;
 use fastbox_egress::{EgressPolicy, SlotRef};
+// The per-sandbox credentials of a sandbox's endpoints (`X-EXECD-ACCESS-TOKEN`, and
+// `OPENSANDBOX-EGRESS-AUTH` of port 18080) and what [`Fastlet::adopt`] made of a sandbox found
+// after a restart: data of the node boundary.
+pub use fastbox_node_api::wire::{Adoption, SandboxTokens};
 
 /// What a fastlet needs to run.
 #[derive(Clone)]
@@ -70,9 +74,8 @@ pub struct FastletConfig {
     pub lazy_restore_min_bytes: Option<u64>,
 }
 
-/// The default of [`FastletConfig::lazy_restore_min_bytes`]: below it a whole restore takes
-/// about as long as a lazy one's set-up.
-pub const DEFAULT_LAZY_RESTORE_MIN_BYTES: u64 = 64 << 20;
+/// The default of [`FastletConfig::lazy_restore_min_bytes`].
+pub use fastbox_api::limits::DEFAULT_LAZY_RESTORE_MIN_BYTES;
 
 impl std::fmt::Debug for FastletConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -201,15 +204,6 @@ pub struct PlaceRequest {
     pub policy: EgressPolicy,
 }
 
-/// The per-sandbox credentials of a sandbox's endpoints.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SandboxTokens {
-    /// `X-EXECD-ACCESS-TOKEN`.
-    pub execd: String,
-    /// `OPENSANDBOX-EGRESS-AUTH` (port 18080).
-    pub egress: String,
-}
-
 /// How the node proxy reaches a sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
@@ -218,18 +212,6 @@ pub struct Route {
     pub slot: u32,
     pub execd_token: String,
     pub egress_token: String,
-}
-
-/// What [`Fastlet::adopt`] made of a sandbox found after a restart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Adoption {
-    /// Running and routable again.
-    Adopted,
-    /// Its processes are gone (or its egress policy could not be applied again).
-    Gone,
-    /// A sandbox whose memory was still being copied in when the last run ended: its
-    /// missing pages would read as zeros (it is frozen).
-    MemoryIncomplete,
 }
 
 pub struct Fastlet {
@@ -486,8 +468,7 @@ impl Fastlet {
         let Some(readiness) = &recipe.readiness else {
             return Ok(());
         };
-        let waited = readiness
-            .wait(&sandbox.slot.netns_path, &sandbox.execd)
+        let waited = crate::warmup::wait_ready(readiness, &sandbox.slot.netns_path, &sandbox.execd)
             .map_err(|e| format!("readiness: {e}"))?;
         tracing::info!(sandbox = %sandbox.handle.id, waited_ms = waited.as_millis() as u64, "template ready");
         Ok(())

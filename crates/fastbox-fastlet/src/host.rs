@@ -582,7 +582,8 @@ impl LocalHost {
         self.dns.stop();
         let pool = self.network.config().pool;
         self.network.teardown()?;
-        let pool = Ipv4Net::try_new(pool.base(), pool.prefix_len())?;
+        let pool = Ipv4Net::try_new(pool.base(), pool.prefix_len())
+            .map_err(fastbox_runtime::net::NetError::from)?;
         self.egress.forget_network_connections(pool)?;
         fastbox_runtime::cgroup::remove_prefix(&self.cgroups, &self.prefix)?;
         Ok(())

@@ -1,6 +1,7 @@
 //! fastbox-fastlet: the node agent. It owns this node's capacity (network slots), starts and
 //! removes sandboxes with the runtime, re-adopts them after a restart, and serves the node
-//! proxy through which clients reach sandbox ports.
+//! proxy through which clients reach sandbox ports. [`LocalNode`] is it behind the node
+//! boundary (`fastbox_node_api::NodeAgent`), as the lifecycle server calls it in process.
 
 pub mod agent;
 pub mod artifact;
@@ -9,6 +10,7 @@ pub mod blocking;
 pub mod execd_client;
 pub mod from_artifact;
 pub mod host;
+pub mod local_node;
 pub mod memory;
 pub mod node_proxy;
 pub mod node_store;
@@ -24,6 +26,10 @@ pub mod transfers;
 pub mod warmup;
 
 pub use agent::{
-    Adoption, DEFAULT_LAZY_RESTORE_MIN_BYTES, Fastlet, FastletConfig, FastletError, PlaceRequest,
-    Placement, RemoveReport, Route, SandboxTokens, StartMode, StartReport,
+    Adoption, Fastlet, FastletConfig, FastletError, PlaceRequest, Placement, RemoveReport, Route,
+    SandboxTokens, StartMode, StartReport,
 };
+/// The default of [`FastletConfig::lazy_restore_min_bytes`], decided with the other limits
+/// in `fastbox_api::limits` (so the lifecycle server reads it without this crate).
+pub use fastbox_api::limits::DEFAULT_LAZY_RESTORE_MIN_BYTES;
+pub use local_node::LocalNode;

@@ -30,7 +30,11 @@ use fastbox_proxy::{Forwarder, ProxyError, RouteError, RouteKeys, Target, split_
 use crate::Fastlet;
 
 pub use access::{AccessApi, AccessGuard, Presented, SECURE_ACCESS_HEADER, SandboxAccess};
-pub use egress::{EGRESS_AUTH_HEADER, EGRESS_PORT, EgressApi, EgressApiError, PolicyChange};
+pub use egress::{
+    EGRESS_AUTH_HEADER, EGRESS_PORT, EgressApi, EgressApiError, PolicyChange, VIA_EGRESS_PORT,
+};
+/// Whether a request without a route signature may pass.
+pub use fastbox_node_api::wire::Unsigned;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeProxyError {
@@ -105,13 +109,6 @@ pub struct NodeProxy {
     pub access: Arc<dyn AccessApi>,
     /// The credential rules and the failure counters, shared by both proxies.
     pub guard: Arc<AccessGuard>,
-}
-
-/// Whether a request without a route signature may pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unsigned {
-    Allowed,
-    Refused,
 }
 
 impl NodeProxy {

@@ -1,29 +1,29 @@
-//! What a golden checkpoint is built with beyond its image ([`GoldenRecipe`]): environment, a
-//! warm-up command started cold next to execd, and a readiness gate that must pass before the
-//! CRIU dump. Every sandbox of the template is a restore of that moment, so the warm-up
-//! processes (a server that has loaded its models, an interpreter with its imports done) are
-//! already running when a create claims one.
+//! The readiness gate of a golden checkpoint's build, run on the node. Every sandbox of a
+//! template is a restore of the moment the gate passed, so the warm-up processes (a server
+//! that has loaded its models, an interpreter with its imports done) are already running when
+//! a create claims one.
 //!
-//! The gate is the templates API's `readiness` (OpenSandbox 1.1.1 `FsbTemplateReadiness`):
-//! - `probe: "tcp://HOST:PORT"`: a TCP connect from inside the sandbox's network namespace
+//! The recipe itself ([`GoldenRecipe`]: environment, warm-up command, [`Readiness`]) and its
+//! validation are data of the node boundary (`fastbox_node_api::recipe`, re-exported here):
+//! the server refuses a bad template before any node sees it. Here is what runs the gate
+//! ([`wait_ready`]):
+//! - `tcp://HOST:PORT`: a TCP connect from inside the sandbox's network namespace
 //!   (`127.0.0.1` is the sandbox's own loopback) succeeds;
-//! - `probe: "cmd://COMMAND"`: `/bin/sh -c COMMAND`, run by execd in the sandbox, exits 0;
-//! - a probe is polled until it passes; `warmupSeconds` (default 60) bounds the wait, and a
-//!   probe that never passes fails the build with its last answer;
-//! - without a probe, `warmupSeconds` (default 60) is a fixed warm-up window, waited in full.
-//!
-//! Without `readiness` the gate is execd answering `/ping`, which every start waits for.
+//! - `cmd://COMMAND`: `/bin/sh -c COMMAND`, run by execd in the sandbox, exits 0;
+//! - a probe is polled until it passes; the window bounds the wait, and a probe that never
+//!   passes fails the build with its last answer;
+//! - without a probe, the window is a fixed warm-up time, waited in full.
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+pub use fastbox_node_api::recipe::{
+    DEFAULT_WARMUP_SECS, GoldenRecipe, MAX_WARMUP_SECS, Probe, Readiness, RecipeError,
+};
+
 use crate::execd_client::ExecdClient;
 
-/// The window of a `readiness` without `warmupSeconds` (the SDK's documented default).
-pub const DEFAULT_WARMUP_SECS: u32 = 60;
-/// Longest `warmupSeconds` accepted: a build holds a slot and a build lock while it waits.
-pub const MAX_WARMUP_SECS: u32 = 3600;
 /// Between two attempts of a probe.
 const PROBE_INTERVAL: Duration = Duration::from_millis(50);
 /// One TCP connect attempt.
@@ -33,10 +33,9 @@ const CMD_ATTEMPT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum WarmUpError {
-    #[error("readiness probe {probe:?}: {why}")]
-    BadProbe { probe: String, why: String },
-    #[error("warmupSeconds {0} is out of range (0..={MAX_WARMUP_SECS})")]
-    BadWindow(u32),
+    /// A probe or window that does not parse.
+    #[error(transparent)]
+    Recipe(#[from] RecipeError),
     #[error("readiness probe {probe} did not pass within {window:?} (last attempt: {last})")]
     NotReady {
         probe: String,
@@ -45,136 +44,51 @@ pub enum WarmUpError {
     },
 }
 
-/// A readiness probe of a template build.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Probe {
-    /// Connect to this address from inside the sandbox's network namespace.
-    Tcp(SocketAddr),
-    /// Run this shell command in the sandbox; exit status 0 passes.
-    Cmd(String),
-}
-
-impl Probe {
-    /// Parses `tcp://HOST:PORT` (HOST an IPv4 address or `localhost`) or `cmd://COMMAND`.
-    pub fn parse(text: &str) -> Result<Self, WarmUpError> {
-        let bad = |why: &str| WarmUpError::BadProbe {
-            probe: text.to_string(),
-            why: why.to_string(),
+/// Waits until `readiness` passes for the sandbox whose network namespace is `netns` and
+/// whose execd is `execd`; returns how long it waited.
+pub fn wait_ready(
+    readiness: &Readiness,
+    netns: &Path,
+    execd: &ExecdClient,
+) -> Result<Duration, WarmUpError> {
+    let start = Instant::now();
+    let Some(probe) = &readiness.probe else {
+        std::thread::sleep(readiness.window);
+        return Ok(start.elapsed());
+    };
+    loop {
+        let last = match attempt(probe, netns, execd) {
+            Ok(()) => return Ok(start.elapsed()),
+            Err(last) => last,
         };
-        if let Some(command) = text.strip_prefix("cmd://") {
-            if command.trim().is_empty() {
-                return Err(bad("cmd:// needs a command"));
-            }
-            if command.contains('\0') {
-                return Err(bad("the command contains NUL"));
-            }
-            return Ok(Self::Cmd(command.to_string()));
+        if start.elapsed() >= readiness.window {
+            return Err(WarmUpError::NotReady {
+                probe: probe.to_string(),
+                window: readiness.window,
+                last,
+            });
         }
-        let Some(address) = text.strip_prefix("tcp://") else {
-            return Err(bad("give tcp://HOST:PORT or cmd://COMMAND"));
-        };
-        let address = address.trim_end_matches('/');
-        let address = match address.strip_prefix("localhost:") {
-            Some(port) => format!("127.0.0.1:{port}"),
-            None => address.to_string(),
-        };
-        let parsed: SocketAddr = address
-            .parse()
-            .map_err(|_| bad("tcp:// needs an IPv4 address or localhost and a port"))?;
-        if !parsed.is_ipv4() {
-            return Err(bad("IPv6 is not available in sandboxes"));
-        }
-        if parsed.port() == 0 {
-            return Err(bad("port 0"));
-        }
-        Ok(Self::Tcp(parsed))
-    }
-
-    /// One attempt: `Ok` when it passes, otherwise what it answered.
-    fn attempt(&self, netns: &Path, execd: &ExecdClient) -> Result<(), String> {
-        match self {
-            Self::Tcp(address) => {
-                let address = *address;
-                fastbox_runtime::net::netns::in_netns(netns, move || {
-                    TcpStream::connect_timeout(&address, TCP_ATTEMPT).map(drop)
-                })
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())
-            }
-            Self::Cmd(command) => match execd.run_shell(command, CMD_ATTEMPT) {
-                Ok(0) => Ok(()),
-                Ok(code) => Err(format!("exit status {code}")),
-                Err(e) => Err(e.to_string()),
-            },
-        }
+        std::thread::sleep(PROBE_INTERVAL);
     }
 }
 
-impl std::fmt::Display for Probe {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Tcp(address) => write!(f, "tcp://{address}"),
-            Self::Cmd(command) => write!(f, "cmd://{command}"),
+/// One attempt of `probe`: `Ok` when it passes, otherwise what it answered.
+fn attempt(probe: &Probe, netns: &Path, execd: &ExecdClient) -> Result<(), String> {
+    match probe {
+        Probe::Tcp(address) => {
+            let address = *address;
+            fastbox_runtime::net::netns::in_netns(netns, move || {
+                TcpStream::connect_timeout(&address, TCP_ATTEMPT).map(drop)
+            })
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
         }
+        Probe::Cmd(command) => match execd.run_shell(command, CMD_ATTEMPT) {
+            Ok(0) => Ok(()),
+            Ok(code) => Err(format!("exit status {code}")),
+            Err(e) => Err(e.to_string()),
+        },
     }
-}
-
-/// The readiness gate of a template build.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Readiness {
-    pub probe: Option<Probe>,
-    /// Bounds a probe's wait; without a probe, waited in full.
-    pub window: Duration,
-}
-
-impl Readiness {
-    /// From the templates API's `probe` and `warmupSeconds`.
-    pub fn parse(probe: Option<&str>, warmup_seconds: Option<u32>) -> Result<Self, WarmUpError> {
-        let secs = warmup_seconds.unwrap_or(DEFAULT_WARMUP_SECS);
-        if secs > MAX_WARMUP_SECS {
-            return Err(WarmUpError::BadWindow(secs));
-        }
-        Ok(Self {
-            probe: probe.map(Probe::parse).transpose()?,
-            window: Duration::from_secs(secs.into()),
-        })
-    }
-
-    /// Waits until the gate passes for the sandbox whose network namespace is `netns` and
-    /// whose execd is `execd`; returns how long it waited.
-    pub fn wait(&self, netns: &Path, execd: &ExecdClient) -> Result<Duration, WarmUpError> {
-        let start = Instant::now();
-        let Some(probe) = &self.probe else {
-            std::thread::sleep(self.window);
-            return Ok(start.elapsed());
-        };
-        loop {
-            let last = match probe.attempt(netns, execd) {
-                Ok(()) => return Ok(start.elapsed()),
-                Err(last) => last,
-            };
-            if start.elapsed() >= self.window {
-                return Err(WarmUpError::NotReady {
-                    probe: probe.to_string(),
-                    window: self.window,
-                    last,
-                });
-            }
-            std::thread::sleep(PROBE_INTERVAL);
-        }
-    }
-}
-
-/// How a golden checkpoint is built beyond its image. The default (an image's own template):
-/// execd only, ready when it answers.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct GoldenRecipe {
-    /// `KEY=VALUE` pairs baked in, after the image's own.
-    pub env: Vec<String>,
-    /// Started cold by execd next to itself and checkpointed running (empty: none).
-    pub warm_up: Vec<String>,
-    /// Waited for after execd answers, before the dump.
-    pub readiness: Option<Readiness>,
 }
 
 #[cfg(test)]
@@ -182,48 +96,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn probes_parse_or_say_why_not() {
-        assert_eq!(
-            Probe::parse("tcp://127.0.0.1:44772").unwrap(),
-            Probe::Tcp("127.0.0.1:44772".parse().unwrap())
-        );
-        assert_eq!(
-            Probe::parse("tcp://localhost:8080/").unwrap(),
-            Probe::Tcp("127.0.0.1:8080".parse().unwrap())
-        );
-        assert_eq!(
-            Probe::parse("cmd://test -f /tmp/ready").unwrap(),
-            Probe::Cmd("test -f /tmp/ready".into())
-        );
-        for (bad, why) in [
-            ("http://127.0.0.1:80", "tcp://HOST:PORT or cmd://COMMAND"),
-            ("tcp://127.0.0.1", "a port"),
-            ("tcp://example.com:80", "IPv4 address or localhost"),
-            ("tcp://[::1]:80", "IPv6"),
-            ("tcp://127.0.0.1:0", "port 0"),
-            ("cmd://  ", "needs a command"),
-        ] {
-            let e = Probe::parse(bad).unwrap_err().to_string();
-            assert!(e.contains(why) && e.contains(bad), "{bad}: {e}");
-        }
+    fn a_window_without_a_probe_is_waited_in_full() {
+        let readiness = Readiness::parse(None, Some(0)).unwrap();
+        let execd = ExecdClient::new("http://127.0.0.1:9".into(), None).unwrap();
+        let waited = wait_ready(&readiness, Path::new("/nonexistent"), &execd).unwrap();
+        assert!(waited < Duration::from_secs(1), "{waited:?}");
     }
 
     #[test]
-    fn the_window_defaults_to_a_minute_and_is_bounded() {
-        let r = Readiness::parse(Some("tcp://127.0.0.1:1"), None).unwrap();
-        assert_eq!(r.window, Duration::from_secs(60));
-        let r = Readiness::parse(None, Some(0)).unwrap();
-        assert_eq!((r.probe, r.window), (None, Duration::ZERO));
-        assert!(matches!(
-            Readiness::parse(None, Some(MAX_WARMUP_SECS + 1)),
-            Err(WarmUpError::BadWindow(_))
-        ));
-    }
-
-    #[test]
-    fn probes_print_as_given() {
-        for text in ["tcp://127.0.0.1:44772", "cmd://test -f /tmp/x"] {
-            assert_eq!(Probe::parse(text).unwrap().to_string(), text);
-        }
+    fn parse_errors_read_as_the_recipe_says() {
+        let e: WarmUpError = Probe::parse("http://x").unwrap_err().into();
+        assert!(e.to_string().contains("tcp://HOST:PORT"), "{e}");
     }
 }

@@ -7,8 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::cgroup::CgroupLimits;
 
-/// The execd port inside every sandbox (OpenSandbox `DEFAULT_EXECD_PORT`).
-pub const EXECD_PORT: u16 = 44772;
+// The execd port and the defaults of a create (disk, pids): defined in `fastbox_api::limits`
+// (the server decides them without the runtime).
+pub use fastbox_api::limits::{DEFAULT_DISK_BYTES, DEFAULT_PIDS, EXECD_PORT};
 
 /// Where the execd binary appears inside the sandbox (a read-only bind mount).
 pub const EXECD_SANDBOX_PATH: &str = "/.fastbox/execd";
@@ -43,9 +44,3 @@ pub struct SandboxSpec {
     /// Size of the writable layer in bytes (ENOSPC inside the sandbox beyond it).
     pub disk_bytes: u64,
 }
-
-/// Default writable-layer size when the request names none (sparse: costs nothing unused).
-pub const DEFAULT_DISK_BYTES: u64 = 10 * 1024 * 1024 * 1024;
-
-/// Default pids limit: a fork bomb stops here.
-pub const DEFAULT_PIDS: u64 = 1024;

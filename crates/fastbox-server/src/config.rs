@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use fastbox_fastlet::node_store::{DartSettings, NodeStoreConfig, StoreLocation};
-use fastbox_runtime::net::Ipv4Pool;
+use fastbox_api::net::Ipv4Pool;
+use fastbox_dart::store_config::{DartSettings, NodeStoreConfig, StoreLocation};
 use serde::Deserialize;
 
 /// One layer of settings: the TOML file, or what flags and environment say. Unset fields
@@ -236,8 +236,8 @@ pub struct Resources {
 pub const DEFAULT_RESOURCES: Resources = Resources {
     cpu_millis: 1000,
     memory_bytes: 512 << 20,
-    disk_bytes: fastbox_runtime::spec::DEFAULT_DISK_BYTES,
-    pids: fastbox_runtime::spec::DEFAULT_PIDS,
+    disk_bytes: fastbox_api::limits::DEFAULT_DISK_BYTES,
+    pids: fastbox_api::limits::DEFAULT_PIDS,
 };
 
 /// The most a create may ask for by default.
@@ -250,7 +250,7 @@ pub const DEFAULT_MAX_RESOURCES: Resources = Resources {
 
 /// The smallest limits a create may ask for (less cannot run a sandbox).
 pub const MIN_RESOURCES: Resources = Resources {
-    cpu_millis: fastbox_runtime::cgroup::MIN_CPU_MILLIS,
+    cpu_millis: fastbox_api::limits::MIN_CPU_MILLIS,
     memory_bytes: 16 << 20,
     disk_bytes: 64 << 20,
     pids: 16,
@@ -556,11 +556,11 @@ pub fn format_duration(duration: Duration) -> String {
 }
 
 /// The networks of `--sandbox-reach`, each `a.b.c.d/len` (host bits zero) or an address.
-pub fn parse_sandbox_reach(texts: &[String]) -> Result<Vec<fastbox_runtime::net::Ipv4Net>, String> {
+pub fn parse_sandbox_reach(texts: &[String]) -> Result<Vec<fastbox_api::net::Ipv4Net>, String> {
     texts
         .iter()
         .map(|text| {
-            text.parse::<fastbox_runtime::net::Ipv4Net>()
+            text.parse::<fastbox_api::net::Ipv4Net>()
                 .map_err(|e| e.to_string())
         })
         .collect()
@@ -597,9 +597,9 @@ pub struct ServerConfig {
     pub lazy_restore_min_bytes: Option<u64>,
     /// The DNS forwarder's upstreams (`None`: the host's resolvers).
     pub dns_upstreams: Option<Vec<std::net::SocketAddr>>,
-    /// Networks inside the private ranges (`fastbox_runtime::net::PRIVATE_RANGES`) that
+    /// Networks inside the private ranges (`fastbox_api::net::PRIVATE_RANGES`) that
     /// sandboxes may reach after all, subject to their egress policy (none by default).
-    pub sandbox_reach: Vec<fastbox_runtime::net::Ipv4Net>,
+    pub sandbox_reach: Vec<fastbox_api::net::Ipv4Net>,
     /// Networks inside the special ranges (`fastbox_image::SPECIAL_RANGES`) that image pulls
     /// may connect to after all: registries, token realms, redirects (none by default).
     pub registry_allow_private: Vec<fastbox_image::IpNet>,
@@ -722,7 +722,7 @@ impl ServerConfig {
                 .unwrap_or(DEFAULT_POOL_MAX),
             spare_slots: settings.spare_slots.unwrap_or(DEFAULT_SPARE_SLOTS),
             lazy_restore_min_bytes: match settings.lazy_restore_min_mib.as_deref() {
-                None => Some(fastbox_fastlet::DEFAULT_LAZY_RESTORE_MIN_BYTES),
+                None => Some(fastbox_api::limits::DEFAULT_LAZY_RESTORE_MIN_BYTES),
                 Some(text) => {
                     parse_lazy_restore_min(text).map_err(|e| invalid("lazy_restore_min_mib", e))?
                 }
@@ -1007,7 +1007,7 @@ mod tests {
         let cfg = ServerConfig::resolve(Settings::default()).unwrap();
         assert_eq!(
             cfg.lazy_restore_min_bytes,
-            Some(fastbox_fastlet::DEFAULT_LAZY_RESTORE_MIN_BYTES)
+            Some(fastbox_api::limits::DEFAULT_LAZY_RESTORE_MIN_BYTES)
         );
         let bad = Settings {
             lazy_restore_min_mib: Some("lots".into()),

@@ -74,6 +74,9 @@ pub enum ApiError {
     NotImplemented(String),
     #[error("sandbox port is unreachable: {0}")]
     Upstream(String),
+    /// A node did not answer: whether the operation happened is unknown.
+    #[error("node unavailable: {0}")]
+    NodeUnavailable(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -101,6 +104,7 @@ impl ApiError {
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             Self::Upstream(_) => StatusCode::BAD_GATEWAY,
+            Self::NodeUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -128,6 +132,7 @@ impl ApiError {
             Self::MethodNotAllowed(_) => "GENERAL::METHOD_NOT_ALLOWED",
             Self::NotImplemented(_) => "SANDBOX::API_NOT_SUPPORTED",
             Self::Upstream(_) => "SANDBOX::UPSTREAM_UNAVAILABLE",
+            Self::NodeUnavailable(_) => "SANDBOX::NODE_UNAVAILABLE",
             Self::Internal(_) => "GENERAL::UNKNOWN_ERROR",
         }
     }
@@ -160,9 +165,26 @@ impl From<crate::store::StoreError> for ApiError {
     }
 }
 
+/// A node's refusal or failure, by kind: a full node is a 429 (retry soon), a bad image the
+/// caller's 400, a node that cannot be reached a 503; the rest is the server's 500.
+impl From<fastbox_node_api::NodeError> for ApiError {
+    fn from(e: fastbox_node_api::NodeError) -> Self {
+        use fastbox_node_api::NodeErrorKind as Kind;
+        match e.kind {
+            Kind::NoCapacity => ApiError::Capacity {
+                message: e.message,
+                retry_after: 5,
+            },
+            Kind::BadImage => ApiError::InvalidParameter(format!("image: {}", e.message)),
+            Kind::Unreachable => ApiError::NodeUnavailable(e.message),
+            Kind::NotFound | Kind::Failed => ApiError::Internal(e.message),
+        }
+    }
+}
+
 /// The egress API on port 18080 (served by the node proxy) answers with the same statuses and
 /// codes as the lifecycle API.
-impl From<ApiError> for fastbox_fastlet::node_proxy::EgressApiError {
+impl From<ApiError> for fastbox_node_api::control::EgressApiError {
     fn from(e: ApiError) -> Self {
         Self {
             status: e.status(),

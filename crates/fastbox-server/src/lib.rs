@@ -1,5 +1,7 @@
 //! fastbox-server: the OpenSandbox lifecycle API, the sandbox state machine and its
-//! reconcilers, the embedded state store, and `fastbox up` (everything on one machine).
+//! reconcilers, and the embedded state store. It reaches nodes only through
+//! `fastbox-node-api`; the `fastbox` binary wires a node in (`fastbox up`: the in-process
+//! one).
 
 pub mod artifact_gc;
 pub mod config;
@@ -9,4 +11,3 @@ pub mod metrics;
 pub mod record;
 pub mod service;
 pub mod store;
-pub mod up;

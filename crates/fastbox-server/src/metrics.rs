@@ -26,8 +26,7 @@ use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use fastbox_artifact::{CacheStats, CachedStoreStats};
-use fastbox_fastlet::StartReport;
-use fastbox_fastlet::node_store::NodeStore;
+use fastbox_node_api::wire::StartReport;
 
 use crate::artifact_gc::{ArtifactCollector, GcStats};
 
@@ -71,10 +70,11 @@ impl StartMetrics {
                 .or_default()
                 .observe(took);
         };
-        for (phase, took, _) in report.phases.all() {
-            observe(phase, took);
+        let seconds = |ms: f64| Duration::from_secs_f64(ms.max(0.0) / 1000.0);
+        for phase in &report.phases {
+            observe(&phase.name, seconds(phase.ms));
         }
-        observe("total", report.phases.total());
+        observe("total", seconds(report.total_ms));
     }
 
     /// The Prometheus text exposition format (version 0.0.4).
@@ -102,14 +102,23 @@ const METRICS_PATHS: [&str; 2] = ["/metrics", "/v1/metrics"];
 /// The largest answer of the metrics route the middleware reads.
 const MAX_METRICS_BYTES: usize = 4 << 20;
 
+/// What a node's artifact store reports: its block cache, its reads from the origin, and
+/// the DART counters (each `None` where the store has no such layer).
+pub trait StoreStats: Send + Sync {
+    fn cache_stats(&self) -> Option<CacheStats>;
+    fn fetch_stats(&self) -> Option<CachedStoreStats>;
+    /// The DART counters in the Prometheus text format.
+    fn dart_text(&self) -> Option<String>;
+}
+
 /// What `/metrics` shows of the node's artifact store and its garbage collection.
 pub struct NodeMetrics {
-    store: Arc<NodeStore>,
+    store: Arc<dyn StoreStats>,
     collector: Arc<ArtifactCollector>,
 }
 
 impl NodeMetrics {
-    pub fn new(store: Arc<NodeStore>, collector: Arc<ArtifactCollector>) -> Self {
+    pub fn new(store: Arc<dyn StoreStats>, collector: Arc<ArtifactCollector>) -> Self {
         NodeMetrics { store, collector }
     }
 
@@ -122,8 +131,8 @@ impl NodeMetrics {
         if let Some(stats) = self.store.fetch_stats() {
             render_reads(&mut out, &stats);
         }
-        if let Some((node, counters)) = self.store.dart_counters() {
-            out.push_str(&counters.to_prometheus(node));
+        if let Some(text) = self.store.dart_text() {
+            out.push_str(&text);
         }
         render_gc(&mut out, &self.collector.stats());
         out
@@ -243,17 +252,21 @@ pub async fn append_node_metrics(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fastbox_fastlet::phases::Phases;
+    use fastbox_node_api::wire::PhaseTiming;
 
     #[test]
     fn phases_and_totals_become_cumulative_histograms() {
         let metrics = StartMetrics::default();
-        let mut phases = Phases::default();
-        phases.push("acquire", Duration::from_micros(10));
-        phases.push("claim", Duration::from_millis(3));
+        let phase = |name: &str, ms: f64| PhaseTiming {
+            name: name.into(),
+            ms,
+            detail: false,
+        };
         let report = StartReport {
             source: "pool".into(),
-            phases,
+            phases: vec![phase("acquire", 0.01), phase("claim", 3.0)],
+            total_ms: 3.01,
+            summary: String::new(),
         };
         metrics.record(&report);
         metrics.record(&report);
@@ -316,24 +329,23 @@ mod tests {
     /// other routes and failed answers untouched.
     #[tokio::test]
     async fn the_middleware_extends_only_a_successful_metrics_answer() {
+        /// A local store: no cache, no reads from an origin, no peers.
+        struct LocalStore;
+        impl StoreStats for LocalStore {
+            fn cache_stats(&self) -> Option<CacheStats> {
+                None
+            }
+            fn fetch_stats(&self) -> Option<CachedStoreStats> {
+                None
+            }
+            fn dart_text(&self) -> Option<String> {
+                None
+            }
+        }
         let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(
-            NodeStore::open(
-                &fastbox_fastlet::node_store::NodeStoreConfig {
-                    location: fastbox_fastlet::node_store::StoreLocation::local_default(dir.path()),
-                    cache_budget: 1 << 20,
-                    dart: None,
-                },
-                dir.path(),
-                &|_| None,
-            )
-            .unwrap(),
-        );
-        let collector = Arc::new(ArtifactCollector::new(
-            store.origin().clone(),
-            Duration::ZERO,
-        ));
-        let node = Arc::new(NodeMetrics::new(store, collector));
+        let origin = fastbox_artifact::LocalStore::open(dir.path()).unwrap();
+        let collector = Arc::new(ArtifactCollector::new(Arc::new(origin), Duration::ZERO));
+        let node = Arc::new(NodeMetrics::new(Arc::new(LocalStore), collector));
         let router = axum::Router::new()
             .route("/metrics", axum::routing::get(|| async { "start 1\n" }))
             .route(

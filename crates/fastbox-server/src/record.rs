@@ -6,8 +6,8 @@ use fastbox_api::lifecycle::{
     ImageSpec, NetworkPolicy, Sandbox, SandboxState, SandboxStatus, StringMap,
 };
 use fastbox_api::snapshots::{Snapshot, SnapshotState, SnapshotStatus};
-use fastbox_egress::EgressPolicy;
-use fastbox_fastlet::{Placement, SandboxTokens};
+use fastbox_egress_policy::EgressPolicy;
+use fastbox_node_api::wire::{NodePlacement, SandboxTokens};
 use serde::{Deserialize, Serialize};
 
 /// At most this many events are kept per sandbox (the oldest go first).
@@ -33,7 +33,7 @@ pub struct SandboxRecord {
     /// The network slot reserved for it (recorded before the start, so recovery finds it).
     pub slot: Option<u32>,
     /// Where it runs, once started.
-    pub placement: Option<Placement>,
+    pub placement: Option<NodePlacement>,
     pub events: Vec<Event>,
     /// The template (templates API) it was created from, if any.
     #[serde(default)]

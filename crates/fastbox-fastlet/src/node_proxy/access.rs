@@ -27,27 +27,15 @@ use axum::http::HeaderMap;
 pub use fastbox_proxy::access::{
     AccessToken, FailureLimiter, FailureLimits, Limited, LimitedBy, SECURE_ACCESS_HEADER,
 };
+// How a sandbox's ports may be reached, and what the node proxy asks the server about it:
+// types of the node boundary.
+pub use fastbox_node_api::control::{AccessApi, SandboxAccess};
 use fastbox_proxy::{RoutePath, RouteSigner};
 
 use super::{NodeProxyError, Unsigned};
 
 /// The longest a signed route may be valid by default: 24 hours.
 pub const DEFAULT_MAX_ROUTE_LIFETIME: Duration = Duration::from_secs(24 * 3600);
-
-/// How a sandbox's ports may be reached.
-#[derive(Debug, Clone)]
-pub enum SandboxAccess {
-    /// By anyone who knows the URL (OpenSandbox's default).
-    Open,
-    /// With this token in `OpenSandbox-Secure-Access`, or a signed route.
-    Secure(AccessToken),
-}
-
-/// What the node proxy asks the server about a sandbox's access.
-pub trait AccessApi: Send + Sync {
-    /// The access rule of sandbox `id`; `None` when there is no such sandbox.
-    fn access(&self, id: &str) -> Option<SandboxAccess>;
-}
 
 /// The rules every check applies, and the failure counters of this process.
 #[derive(Debug)]

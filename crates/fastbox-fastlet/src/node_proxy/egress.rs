@@ -4,7 +4,8 @@
 //!
 //! Here: the `OPENSANDBOX-EGRESS-AUTH` check against the sandbox's egress token (the
 //! endpoint's `headers` carry it), routing and bodies. The policy operations are the server's
-//! [`EgressApi`], so a change made through this port is validated, applied and recorded by
+//! [`EgressApi`] (a trait of the node boundary, `fastbox_node_api::control`, re-exported here
+//! with its types), so a change made through this port is validated, applied and recorded by
 //! the same code as one made through the lifecycle API's `networkpolicy` routes.
 
 use std::sync::Arc;
@@ -14,66 +15,16 @@ use axum::extract::Request;
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use fastbox_api::egress::PolicyStatusResponse;
-use fastbox_api::lifecycle::{ErrorResponse, NetworkPolicy, NetworkRule};
+use fastbox_api::lifecycle::ErrorResponse;
+pub use fastbox_node_api::control::{
+    EGRESS_AUTH_HEADER, EGRESS_PORT, EgressApi, EgressApiError, PolicyChange, VIA_EGRESS_PORT,
+};
 use serde::de::DeserializeOwned;
 
 use crate::Route;
 
-/// The OpenSandbox egress policy port.
-pub const EGRESS_PORT: u16 = 18080;
-/// The header that carries a sandbox's egress token.
-pub const EGRESS_AUTH_HEADER: &str = "OPENSANDBOX-EGRESS-AUTH";
 /// Largest request body (256 rules of the longest names fit well within it).
 const MAX_BODY: usize = 1 << 20;
-/// Where the change came from, for the sandbox's events.
-pub const VIA_EGRESS_PORT: &str = "port 18080";
-
-/// A change of a sandbox's egress policy.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PolicyChange {
-    /// `PUT` (lifecycle API only): the whole policy.
-    Replace(NetworkPolicy),
-    /// `PATCH`: rules merged in front of the current ones (the first rule of a target wins).
-    Patch(Vec<NetworkRule>),
-    /// `DELETE`: the rules of these targets go; unknown targets are ignored.
-    Delete(Vec<String>),
-}
-
-impl PolicyChange {
-    /// The HTTP method that asks for it.
-    pub fn method(&self) -> &'static str {
-        match self {
-            Self::Replace(_) => "PUT",
-            Self::Patch(_) => "PATCH",
-            Self::Delete(_) => "DELETE",
-        }
-    }
-}
-
-/// A refusal of the [`EgressApi`], already mapped to HTTP by its implementation.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct EgressApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
-    pub message: String,
-}
-
-/// The policy operations behind port 18080 (the lifecycle server implements them: it owns
-/// the records a change must be written to).
-pub trait EgressApi: Send + Sync {
-    /// The policy of sandbox `id`.
-    fn policy(&self, id: &str) -> Result<PolicyStatusResponse, EgressApiError>;
-
-    /// Validates `change`, applies it live and records it; `via` names the path it came
-    /// through (for the sandbox's events). Blocking: it runs `nft` and `conntrack`.
-    fn change(
-        &self,
-        id: &str,
-        change: PolicyChange,
-        via: &str,
-    ) -> Result<PolicyStatusResponse, EgressApiError>;
-}
 
 /// Why a request to port 18080 was not answered with a policy.
 #[derive(Debug, thiserror::Error)]
@@ -155,16 +106,13 @@ async fn answer(
         return Err(EgressRequestError::NoRoute(path.to_string()));
     }
     let change = match req.method().clone() {
-        Method::GET => return Ok(api.policy(id)?),
+        Method::GET => return Ok(api.policy(id).await?),
         Method::PATCH => PolicyChange::Patch(body(req).await?),
         Method::DELETE => PolicyChange::Delete(body(req).await?),
         other => return Err(EgressRequestError::MethodNotAllowed(other)),
     };
-    let id = id.to_string();
-    Ok(crate::blocking::run("egress-policy", move || {
-        api.change(&id, change, VIA_EGRESS_PORT)
-    })
-    .await?)
+    // The implementation does its own blocking work (`nft`, `conntrack`) off this thread.
+    Ok(api.change(id, change, VIA_EGRESS_PORT).await?)
 }
 
 /// A JSON body.

@@ -11,7 +11,9 @@
 //!
 //! [`NodeStore::open`] assembles the layers from a [`NodeStoreConfig`] (a [`StoreLocation`],
 //! a cache budget, optional [`DartSettings`]); `fastbox up` and `fastbox verify p2p-node` both
-//! use it. Its parts:
+//! use it. The configuration types are `fastbox_dart::store_config`'s (pure configuration,
+//! which the lifecycle server resolves without this crate), re-exported here. A
+//! [`NodeStore`]'s parts:
 //! - [`NodeStore::store`]: what the fastlet publishes into and reads from
 //!   (`FastletConfig::artifact_store`). Writes, the index and listings reach the origin in
 //!   every layout; a `CachedStore` also keeps what it wrote, a `Delivery` does not.
@@ -26,9 +28,6 @@
 //! small runtime from [`NodeStore::open`] until [`NodeStore::shutdown`] or drop; both are
 //! safe on any thread, as is dropping the S3 store.
 
-mod dart;
-mod location;
-
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -38,8 +37,10 @@ use fastbox_artifact::{
 };
 use fastbox_dart::{CounterSnapshot, DartConfig, Delivery, PeerServer, StartError};
 
-pub use dart::{DART_KEY_ENV, DartSettings, DartSettingsError};
-pub use location::{LOCAL_STORE_DIR, LocationError, StoreLocation};
+pub use fastbox_dart::store_config::{
+    DART_KEY_ENV, DartSettings, DartSettingsError, LOCAL_STORE_DIR, LocationError, NodeStoreConfig,
+    StoreLocation,
+};
 
 /// The node block cache's directory under the node's data directory.
 pub const BLOCK_CACHE_DIR: &str = "block-cache";
@@ -67,17 +68,6 @@ pub enum NodeStoreError {
     /// The peer server did not start.
     #[error("DART peer server: {0}")]
     PeerServer(#[from] StartError),
-}
-
-/// How a node reaches its artifacts.
-#[derive(Debug, Clone)]
-pub struct NodeStoreConfig {
-    /// The origin.
-    pub location: StoreLocation,
-    /// Byte budget of the node block cache (a remote origin only).
-    pub cache_budget: u64,
-    /// The delivery group, if the node is in one (a remote origin only).
-    pub dart: Option<DartSettings>,
 }
 
 /// What a node fetched, from where, whatever its layout (zero where a layer has no such

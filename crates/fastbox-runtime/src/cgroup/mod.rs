@@ -63,24 +63,12 @@ pub enum CgroupVersion {
     V2,
 }
 
-/// The limits of one sandbox. `None` means unlimited.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct CgroupLimits {
-    /// CPU time per wall-clock time in thousandths of a CPU (`500` = half a CPU), enforced
-    /// with a 100 ms period. At least [`MIN_CPU_MILLIS`].
-    pub cpu_millis: Option<u64>,
-    /// Memory (RAM; no swap) in bytes; the OOM killer acts inside the group beyond it.
-    pub memory_bytes: Option<u64>,
-    /// Number of tasks (processes and threads).
-    pub pids: Option<u64>,
-}
+// The limits of one sandbox and the smallest cpu limit: defined in `fastbox_api::limits`
+// (the server decides them without the runtime), applied here.
+pub use fastbox_api::limits::{CgroupLimits, MIN_CPU_MILLIS};
 
 /// The CFS period fastbox uses, in microseconds (the kernel's default).
 pub const CPU_PERIOD_US: u64 = 100_000;
-
-/// The smallest cpu limit: the kernel refuses quotas below 1 ms per period.
-pub const MIN_CPU_MILLIS: u64 = 10;
 
 /// Device access a sandbox cgroup allows after denying everything, in the v1 `devices.allow`
 /// syntax (`TYPE MAJOR:MINOR ACCESS`; on v2 compiled to the cgroup's BPF device program):

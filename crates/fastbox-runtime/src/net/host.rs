@@ -557,7 +557,9 @@ mod tests {
         let (sys, host) = host();
         assert!(matches!(
             host.create_slot(128),
-            Err(NetError::IndexOutOfPool { .. })
+            Err(NetError::Addr(
+                fastbox_api::net::AddrError::IndexOutOfPool { .. }
+            ))
         ));
         assert!(sys.calls().is_empty());
     }

@@ -124,16 +124,9 @@ pub enum NetError {
     /// The configuration is unusable.
     #[error("invalid network config: {0}")]
     InvalidConfig(String),
-    /// The pool has no slot with this index.
-    #[error("slot index {index} is outside pool {pool} ({capacity} slots)")]
-    IndexOutOfPool {
-        /// Requested index.
-        index: u32,
-        /// The pool.
-        pool: Ipv4Pool,
-        /// Slots in the pool.
-        capacity: u32,
-    },
+    /// An address or pool error (a network that is not one, a slot outside the pool).
+    #[error(transparent)]
+    Addr(#[from] fastbox_api::net::AddrError),
     /// Some piece of the slot (netns or host interface) already exists.
     #[error("slot {name} already exists")]
     SlotExists {

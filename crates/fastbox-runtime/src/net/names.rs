@@ -12,7 +12,7 @@
 //! instance's `{prefix}-` or `{prefix}_`, even when one prefix is a prefix of the other
 //! (`fb1` and `fb12`). The longest slot name is 8 + 1 + 5 = 14 bytes, within the kernel's
 //! 15-byte interface-name limit, because pools are at most 2^23 slots (see
-//! [`super::pool::MIN_POOL_PREFIX_LEN`]).
+//! [`fastbox_api::net::MIN_POOL_PREFIX_LEN`]).
 
 use super::NetError;
 

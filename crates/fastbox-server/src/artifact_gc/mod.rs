@@ -30,7 +30,6 @@ use std::time::{Duration, SystemTime};
 use fastbox_artifact::{
     ArtifactStore, Digest, GcError, GcOptions, GcReport, IndexKey, StoreError, collect_garbage,
 };
-use fastbox_fastlet::blocking;
 
 pub use refs::ArtifactRefs;
 
@@ -212,7 +211,8 @@ pub async fn collect_periodically(
         wait = interval;
         let refs = lifecycle.artifact_refs();
         let collector = collector.clone();
-        match blocking::run("fastbox-gc", move || collector.collect(&refs)).await {
+        let collected = tokio::task::spawn_blocking(move || collector.collect(&refs)).await;
+        match collected.expect("the collection panicked") {
             Ok(report) => {
                 tracing::info!(summary = %report::summary(&report), "artifact garbage collected")
             }

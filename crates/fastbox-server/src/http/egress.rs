@@ -5,7 +5,7 @@ use axum::Json;
 use axum::extract::State;
 use fastbox_api::egress::PolicyStatusResponse;
 use fastbox_api::lifecycle::{ErrorResponse, NetworkPolicy, NetworkRule};
-use fastbox_fastlet::node_proxy::PolicyChange;
+use fastbox_node_api::control::PolicyChange;
 
 use crate::error::ApiError;
 

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use axum::Router;
 use axum::http::Method;
 use axum::routing::{any, get, post};
-use fastbox_fastlet::node_proxy::NodeProxy;
 
 use crate::error::ApiError;
 use crate::service::Lifecycle;
@@ -25,7 +24,6 @@ use crate::service::Lifecycle;
 pub struct AppState {
     pub lifecycle: Arc<Lifecycle>,
     pub api_key: Arc<str>,
-    pub node_proxy: NodeProxy,
 }
 
 /// The routes of one mount point.

@@ -1,12 +1,14 @@
 //! The server proxy, `/v1/sandboxes/{id}/proxy/{port}/...`: the API key or a signed route
 //! admits a request; the API key never reaches the sandbox. A `secureAccess` sandbox's ports
 //! also need its access token (`OpenSandbox-Secure-Access`) unless the route is signed: the
-//! node proxy's rules (`fastbox_fastlet::node_proxy::access`), which this proxy routes
-//! through, with the same failure counters.
+//! node proxy's rules, which this proxy routes through (the sandbox's node proxy checks
+//! them, with the same failure counters).
 
 use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use fastbox_fastlet::node_proxy::{NodeProxyError, Unsigned};
+use fastbox_api::lifecycle::ErrorResponse;
+use fastbox_node_api::wire::{ProxyRefusal, Unsigned};
 
 use crate::error::ApiError;
 
@@ -47,24 +49,40 @@ async fn forward(
         return Err(ApiError::SandboxNotFound(id));
     }
     let proxied = state
-        .node_proxy
-        .proxy_to_sandbox(&id, port, &rest, unsigned, &[API_KEY], req)
+        .lifecycle
+        .node()
+        .proxy(&id, port, &rest, unsigned, &[API_KEY], req)
         .await;
     proxied.or_else(|e| {
         Err(match e {
-            NodeProxyError::Unsigned => ApiError::MissingApiKey,
-            NodeProxyError::Forbidden(e) => ApiError::Forbidden(e.to_string()),
-            NodeProxyError::NotRunning(id) => ApiError::NotReady {
+            ProxyRefusal::Unsigned => ApiError::MissingApiKey,
+            ProxyRefusal::Forbidden(e) => ApiError::Forbidden(e),
+            ProxyRefusal::NotRunning(id) => ApiError::NotReady {
                 id,
                 state: "not running".into(),
             },
-            NodeProxyError::BadRoute(p) => ApiError::InvalidParameter(p),
-            NodeProxyError::Upstream(e) => ApiError::Upstream(e.to_string()),
-            // The node proxy's own answers, in the same `{code, message}` envelope (429
-            // with `Retry-After`).
-            e @ (NodeProxyError::Unauthorized(_) | NodeProxyError::TooManyFailures(_)) => {
-                return Ok(e.into_response());
-            }
+            ProxyRefusal::BadRoute(p) => ApiError::InvalidParameter(p),
+            ProxyRefusal::Upstream(e) => ApiError::Upstream(e),
+            // The node proxy's own answers, passed on as they are.
+            ProxyRefusal::Answered {
+                status,
+                code,
+                message,
+                retry_after_secs,
+            } => return Ok(answered(status, code, message, retry_after_secs)),
         })
     })
+}
+
+/// The node proxy's own answer (401, 429), in the same `{code, message}` envelope, with
+/// `Retry-After` when it gave one.
+fn answered(status: u16, code: String, message: String, retry_after: Option<u64>) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let mut response = (status, axum::Json(ErrorResponse { code, message })).into_response();
+    if let Some(secs) = retry_after {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    response
 }

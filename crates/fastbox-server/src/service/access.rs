@@ -2,7 +2,7 @@
 //! ([`AccessApi`]). A `secureAccess` sandbox's record holds its token; every other sandbox is
 //! open by URL.
 
-use fastbox_fastlet::node_proxy::{AccessApi, SandboxAccess};
+use fastbox_node_api::control::{AccessApi, SandboxAccess};
 
 use super::lifecycle::Lifecycle;
 

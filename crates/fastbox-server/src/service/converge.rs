@@ -6,8 +6,10 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use fastbox_api::lifecycle::SandboxState;
-use fastbox_fastlet::{Adoption, PlaceRequest, blocking};
-use fastbox_image::{NoProgress, RegistryAuth};
+use fastbox_node_api::NodeResult;
+use fastbox_node_api::wire::{
+    Adoption, PlaceSpec, Placed, RegistryCredentials, SandboxSettings, TemplateChoice,
+};
 use tokio::sync::oneshot;
 
 use crate::error::ApiError;
@@ -61,7 +63,9 @@ impl Lifecycle {
             Some(Err(message)) => {
                 // The create task stopped at the image and left the record to us.
                 let record = self.record(&id)?;
-                self.fastlet.release_slot(record.slot.unwrap_or(u32::MAX));
+                if let Some(slot) = record.slot {
+                    self.node.release_slot(slot).await;
+                }
                 self.forget(&id)?;
                 Err(ApiError::InvalidParameter(format!("image: {message}")))
             }
@@ -86,22 +90,20 @@ impl Lifecycle {
             if let Some(tx) = image_tx {
                 let _ = tx.send(Ok(()));
             }
-            self.run_clone(id, &snapshot, None, plan).await;
+            self.run_clone(id, &snapshot, plan).await;
             return;
         }
-        let fastlet = self.fastlet.clone();
-        let reference = plan.image.uri.clone();
         let auth = plan.image.auth.as_ref().and_then(|a| {
-            Some(RegistryAuth::new(
-                a.username.clone()?,
-                a.password.clone().unwrap_or_default(),
-            ))
+            Some(RegistryCredentials {
+                username: a.username.clone()?,
+                password: a.password.clone().unwrap_or_default(),
+            })
         });
-        let resolved = blocking::run("fastbox-image", move || {
-            fastlet.resolve_image(&reference, auth.as_ref(), &NoProgress)
-        })
-        .await
-        .map_err(|e| e.to_string());
+        let resolved = self
+            .node
+            .resolve_image(&plan.image.uri, auth)
+            .await
+            .map_err(|e| e.to_string());
         let outcome = resolved.as_ref().map(drop).map_err(Clone::clone);
         let handed_over = match image_tx {
             Some(tx) => tx.send(outcome).is_ok(),
@@ -139,43 +141,36 @@ impl Lifecycle {
             },
             None => None,
         };
-        let mut env = image.config.env.clone();
+        let mut env = image.env.clone();
         env.extend(plan.env.iter().map(|(k, v)| format!("{k}={v}")));
-        let req = PlaceRequest {
+        let spec = PlaceSpec {
             id: id.to_string(),
-            rootfs: image.rootfs.clone(),
+            image,
             // A template's entrypoint is its warm-up command: it runs in the golden
             // checkpoint already, so the claim starts nothing.
             entrypoint: match &recipe {
                 Some(_) => Vec::new(),
                 None => plan.entrypoint.clone(),
             },
+            template: plan
+                .template_id
+                .clone()
+                .zip(recipe)
+                .map(|(key, recipe)| TemplateChoice { key, recipe }),
+            use_pool: plan
+                .extensions
+                .as_ref()
+                .and_then(|e| e.get(POOL_EXTENSION))
+                .is_none_or(|v| v != "off"),
             env,
-            limits: plan.limits,
-            disk_bytes: plan.disk_bytes,
-            execd_token: record.execd_token.clone(),
-            egress_token: record.egress_token.clone(),
-            policy: plan.policy.clone(),
+            common: SandboxSettings {
+                limits: plan.limits,
+                disk_bytes: plan.disk_bytes,
+                tokens: record.tokens(),
+                policy: plan.policy.clone(),
+            },
         };
-        let fastlet = self.fastlet.clone();
-        let use_pool = plan
-            .extensions
-            .as_ref()
-            .and_then(|e| e.get(POOL_EXTENSION))
-            .is_none_or(|v| v != "off");
-        let template_key = plan.template_id.clone().zip(recipe);
-        let placed = blocking::run("fastbox-place", move || {
-            let template = match &template_key {
-                Some((key, recipe)) => fastlet.template_for(key, &image, recipe)?,
-                None => fastlet.template(&image)?,
-            };
-            fastlet.register_template(&template);
-            if use_pool && let Some(claimed) = fastlet.claim_pooled(&template, &req) {
-                return claimed;
-            }
-            fastlet.restore_from(&template, &req, slot)
-        })
-        .await;
+        let placed = self.node.place(spec, slot).await;
         self.finish_start(id, slot, placed, Some(&image_event))
             .await;
     }
@@ -186,14 +181,11 @@ impl Lifecycle {
         self: &Arc<Self>,
         id: &str,
         slot: u32,
-        placed: Result<
-            (fastbox_fastlet::Placement, fastbox_fastlet::StartReport),
-            fastbox_fastlet::FastletError,
-        >,
+        placed: NodeResult<Placed>,
         image_event: Option<&str>,
     ) {
         match placed {
-            Ok((placement, report)) => {
+            Ok(Placed { placement, report }) => {
                 self.start_metrics.record(&report);
                 let address = placement.address;
                 let reserved = slot;
@@ -203,7 +195,7 @@ impl Lifecycle {
                     }
                     r.slot = Some(placement.slot);
                     r.placement = Some(placement);
-                    r.event("Started", &report.summary());
+                    r.event("Started", &report.summary);
                     if r.state() == SandboxState::Pending {
                         r.transition(
                             SandboxState::Running,
@@ -215,7 +207,7 @@ impl Lifecycle {
                 });
                 if updated.as_ref().is_ok_and(|r| r.slot != Some(reserved)) {
                     // Claimed from the pool: the slot reserved at admission is not needed.
-                    self.fastlet.release_slot(reserved);
+                    self.node.release_slot(reserved).await;
                 }
                 if updated.is_ok_and(|r| r.state() != SandboxState::Running) {
                     self.remove_now(id).await;
@@ -260,12 +252,10 @@ impl Lifecycle {
         if record.placement.is_none() && record.slot.is_none() && record.state().is_final() {
             return;
         }
-        let fastlet = self.fastlet.clone();
-        let (rid, placement, slot) = (id.to_string(), record.placement.clone(), record.slot);
-        let removed = blocking::run("fastbox-remove", move || {
-            fastlet.remove(&rid, placement.as_ref(), slot)
-        })
-        .await;
+        let removed = self
+            .node
+            .remove(id, record.placement.as_ref(), record.slot)
+            .await;
         if removed.is_ok() {
             self.drop_pause_checkpoint(id).await;
         }
@@ -294,7 +284,7 @@ impl Lifecycle {
     }
 
     /// One pass of the reconciler.
-    pub fn reconcile(self: &Arc<Self>) {
+    pub async fn reconcile(self: &Arc<Self>) {
         let now = Utc::now();
         let retention = chrono::Duration::from_std(self.cfg.retention).unwrap_or_default();
         for record in self.snapshot() {
@@ -313,10 +303,7 @@ impl Lifecycle {
                     self.start_removal(id);
                 }
                 SandboxState::Running
-                    if record
-                        .placement
-                        .as_ref()
-                        .is_some_and(|p| !self.fastlet.is_alive(p)) =>
+                    if record.placement.is_some() && !self.runs(&record).await =>
                 {
                     let _ = self.update(id, |r| {
                         r.transition(
@@ -351,13 +338,21 @@ impl Lifecycle {
         }
     }
 
+    /// Whether `record`'s processes still run on its node (`false` without a placement).
+    pub(super) async fn runs(&self, record: &SandboxRecord) -> bool {
+        match &record.placement {
+            Some(p) => self.node.is_alive(p).await,
+            None => false,
+        }
+    }
+
     /// Runs [`Lifecycle::reconcile`] forever.
     pub async fn reconcile_forever(self: Arc<Self>) {
         let mut tick = tokio::time::interval(self.cfg.reconcile_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            self.reconcile();
+            self.reconcile().await;
         }
     }
 
@@ -371,13 +366,14 @@ impl Lifecycle {
             match (record.state(), &record.placement) {
                 (SandboxState::Running, Some(p)) => {
                     let adoption = self
-                        .fastlet
-                        .adopt(&id, p, &record.tokens(), &record.policy());
+                        .node
+                        .adopt(&id, p, &record.tokens(), &record.policy())
+                        .await;
                     if adoption == Adoption::MemoryIncomplete
-                        && let Some(record) = self.resume_again(&record, p.slot)
+                        && let Some(record) = self.resume_again(&record, p.slot).await
                     {
                         restarted += 1;
-                        self.recover_paused(record);
+                        self.recover_paused(record).await;
                         continue;
                     }
                     let lost_because = match adoption {
@@ -413,18 +409,18 @@ impl Lifecycle {
                 }
                 (SandboxState::Pausing | SandboxState::Resuming, _) => {
                     restarted += 1;
-                    self.recover_paused(record);
+                    self.recover_paused(record).await;
                 }
                 (SandboxState::Pending, _) => {
                     if let Some(slot) = record.slot {
-                        self.fastlet.claim_slot(slot);
+                        self.node.claim_slot(slot).await;
                     }
                     restarted += 1;
                     self.restart_create(record);
                 }
                 _ => {
                     if let Some(slot) = record.placement.as_ref().map(|p| p.slot).or(record.slot) {
-                        self.fastlet.claim_slot(slot);
+                        self.node.claim_slot(slot).await;
                     }
                 }
             }
@@ -435,9 +431,11 @@ impl Lifecycle {
     /// A sandbox lazily resumed whose memory transfer a restart cut short: `Resuming` again
     /// from the checkpoint it was resumed from, when this node still has it (the caller
     /// then resumes it). `None` when it cannot be (a clone: it has no checkpoint of its own).
-    fn resume_again(&self, record: &SandboxRecord, slot: u32) -> Option<SandboxRecord> {
+    async fn resume_again(&self, record: &SandboxRecord, slot: u32) -> Option<SandboxRecord> {
         let key = record.resumed_from.clone()?;
-        self.fastlet.load_snapshot(&key)?;
+        if !self.node.has_snapshot(&key).await {
+            return None;
+        }
         self.update(&record.id, |r| {
             r.transition(
                 SandboxState::Resuming,
@@ -458,12 +456,10 @@ impl Lifecycle {
         self.claim(&id);
         let this = self.clone();
         tokio::spawn(async move {
-            let fastlet = this.fastlet.clone();
-            let (rid, placement, slot) = (id.clone(), record.placement.clone(), record.slot);
-            let cleaned = blocking::run("fastbox-remove", move || {
-                fastlet.remove(&rid, placement.as_ref(), slot)
-            })
-            .await;
+            let cleaned = this
+                .node
+                .remove(&id, record.placement.as_ref(), record.slot)
+                .await;
             let plan = recorded_limits(&record.resource_limits, &this.cfg.resources)
                 .map(|(limits, disk_bytes)| CreatePlan {
                     image: record.image.clone(),
@@ -486,7 +482,7 @@ impl Lifecycle {
                 (Ok(_), Ok(plan)) => {
                     // remove() freed the slot: take it again for the retry.
                     if let Some(slot) = record.slot {
-                        this.fastlet.claim_slot(slot);
+                        this.node.claim_slot(slot).await;
                     }
                     let _ = this.update(&id, |r| {
                         r.event(

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use fastbox_api::egress::PolicyStatusResponse;
 use fastbox_api::lifecycle::{NetworkPolicy, SandboxState};
-use fastbox_egress::{EgressPolicy, Mode, rules_from_wire};
-use fastbox_fastlet::node_proxy::{EgressApi, EgressApiError, PolicyChange};
-use fastbox_fastlet::{FastletError, blocking};
+use fastbox_egress_policy::{EgressPolicy, Mode, rules_from_wire};
+use fastbox_node_api::control::{EgressApi, EgressApiError, PolicyChange};
+use fastbox_node_api::{NodeError, NodeErrorKind};
 
 use crate::error::ApiError;
 
@@ -32,23 +32,19 @@ impl Lifecycle {
         id: String,
         change: PolicyChange,
     ) -> Result<PolicyStatusResponse, ApiError> {
-        let this = self.clone();
-        blocking::run("egress-policy", move || {
-            this.change_policy(&id, change, VIA_LIFECYCLE_API)
-        })
-        .await
+        self.change_policy(&id, change, VIA_LIFECYCLE_API).await
     }
 
     /// Computes the new policy from the recorded one, applies it live (connections it newly
     /// denies are cut) and records it with an event. Changes are serialized, so concurrent
-    /// PATCHes merge instead of losing each other. Blocking (`nft`, `conntrack`).
-    fn change_policy(
+    /// PATCHes merge instead of losing each other.
+    async fn change_policy(
         &self,
         id: &str,
         change: PolicyChange,
         via: &str,
     ) -> Result<PolicyStatusResponse, ApiError> {
-        let _serial = self.policy_changes.lock().expect("policy changes lock");
+        let _serial = self.policy_changes.lock().await;
         let record = self.record(id)?;
         if record.state() != SandboxState::Running {
             return Err(not_running(
@@ -59,8 +55,9 @@ impl Lifecycle {
         let current = record.policy();
         let method = change.method();
         let next = next_policy(&current, change)?;
-        self.fastlet
+        self.node
             .set_egress_policy(id, &next)
+            .await
             .map_err(|e| apply_error(&record, e))?;
         let recorded = self.update(id, |r| {
             r.network_policy = recorded(&next);
@@ -72,7 +69,7 @@ impl Lifecycle {
         });
         if let Err(e) = recorded {
             // What runs must be what a restart re-applies: put the recorded policy back.
-            if let Err(undo) = self.fastlet.set_egress_policy(id, &current) {
+            if let Err(undo) = self.node.set_egress_policy(id, &current).await {
                 tracing::error!(sandbox = %id, error = %undo, "could not restore the recorded egress policy");
             }
             return Err(e);
@@ -82,18 +79,19 @@ impl Lifecycle {
     }
 }
 
+#[async_trait::async_trait]
 impl EgressApi for Lifecycle {
-    fn policy(&self, id: &str) -> Result<PolicyStatusResponse, EgressApiError> {
+    async fn policy(&self, id: &str) -> Result<PolicyStatusResponse, EgressApiError> {
         Ok(self.network_policy(id)?)
     }
 
-    fn change(
+    async fn change(
         &self,
         id: &str,
         change: PolicyChange,
         via: &str,
     ) -> Result<PolicyStatusResponse, EgressApiError> {
-        Ok(self.change_policy(id, change, via)?)
+        Ok(self.change_policy(id, change, via).await?)
     }
 }
 
@@ -115,7 +113,7 @@ pub fn status_of(policy: &EgressPolicy) -> PolicyStatusResponse {
 
 /// `current` changed by `change`, validated; a 400 naming the rule otherwise.
 fn next_policy(current: &EgressPolicy, change: PolicyChange) -> Result<EgressPolicy, ApiError> {
-    let invalid = |e: fastbox_egress::PolicyError| ApiError::InvalidParameter(e.to_string());
+    let invalid = |e: fastbox_egress_policy::PolicyError| ApiError::InvalidParameter(e.to_string());
     match change {
         PolicyChange::Replace(wire) => EgressPolicy::from_wire(Some(&wire)).map_err(invalid),
         PolicyChange::Patch(rules) if rules.is_empty() => Err(ApiError::InvalidParameter(
@@ -132,10 +130,10 @@ fn next_policy(current: &EgressPolicy, change: PolicyChange) -> Result<EgressPol
     }
 }
 
-fn apply_error(record: &super::super::record::SandboxRecord, e: FastletError) -> ApiError {
-    match e {
-        FastletError::NotHere(_) => not_running(record, " (not on this node)"),
-        other => ApiError::Internal(other.to_string()),
+fn apply_error(record: &super::super::record::SandboxRecord, e: NodeError) -> ApiError {
+    match e.kind {
+        NodeErrorKind::NotFound => not_running(record, " (not on this node)"),
+        _ => e.into(),
     }
 }
 

@@ -8,7 +8,7 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use fastbox_runtime::spec::EXECD_PORT;
+use fastbox_api::limits::EXECD_PORT;
 
 use super::lifecycle::EXECD_TOKEN_HEADER;
 

@@ -9,10 +9,12 @@ use fastbox_api::lifecycle::{
     CreateSandboxRequest, DiagnosticContentResponse, Endpoint, ListSandboxesResponse,
     PaginationInfo, Sandbox, SandboxState, SandboxStatus, StringMap,
 };
-use fastbox_fastlet::Fastlet;
-use fastbox_fastlet::node_proxy::{EGRESS_AUTH_HEADER, EGRESS_PORT, SECURE_ACCESS_HEADER};
+use fastbox_api::limits::EXECD_PORT;
+use fastbox_image::ImageConfig;
+use fastbox_node_api::NodeAgent;
+use fastbox_node_api::control::{EGRESS_AUTH_HEADER, EGRESS_PORT, SECURE_ACCESS_HEADER};
+use fastbox_node_api::wire::NodePlacement;
 use fastbox_proxy::{RouteKeys, RouteSigner, to_b36};
-use fastbox_runtime::spec::EXECD_PORT;
 
 use crate::config::ServerConfig;
 use crate::error::ApiError;
@@ -38,14 +40,18 @@ pub struct Lifecycle {
     pub(super) records: Mutex<HashMap<String, SandboxRecord>>,
     /// Sandboxes with a create or removal task running; the reconciler leaves them alone.
     pub(super) busy: Mutex<HashSet<String>>,
-    pub(super) fastlet: Arc<Fastlet>,
+    /// The node sandboxes run on.
+    pub(super) node: Arc<dyn NodeAgent>,
+    /// How image references are read (a local one is refused outside
+    /// `--allow-local-images`).
+    pub(super) images: ImageConfig,
     /// The route signing keys (followed as the key file is rotated).
     pub(super) keys: RouteKeys,
     health: RwLock<Health>,
     /// Templates of the templates API, written through to the store.
     pub(super) templates: Mutex<HashMap<String, fastbox_api::templates::Template>>,
     /// Held while an egress policy changes (`service::egress`), so changes never interleave.
-    pub(super) policy_changes: Mutex<()>,
+    pub(super) policy_changes: tokio::sync::Mutex<()>,
     /// Start phases for `GET /metrics`.
     pub(super) start_metrics: crate::metrics::StartMetrics,
     /// Snapshots, written through to the store.
@@ -71,15 +77,12 @@ pub struct EndpointQuery {
     pub api_host: Option<String>,
 }
 
-/// How long a create waits for a slot that a teardown in flight is about to release, before
-/// it answers 429 (no wait when no teardown is pending).
-pub const ADMISSION_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-
 impl Lifecycle {
     pub fn new(
         cfg: ServerConfig,
         store: Store,
-        fastlet: Arc<Fastlet>,
+        node: Arc<dyn NodeAgent>,
+        images: ImageConfig,
         keys: RouteKeys,
     ) -> Result<Arc<Self>, ApiError> {
         let records = store
@@ -104,9 +107,10 @@ impl Lifecycle {
             store,
             records: Mutex::new(records),
             busy: Mutex::new(HashSet::new()),
-            policy_changes: Mutex::new(()),
+            policy_changes: tokio::sync::Mutex::new(()),
             start_metrics: Default::default(),
-            fastlet,
+            node,
+            images,
             keys,
             health: RwLock::new(Health::Starting("starting".into())),
         }))
@@ -121,8 +125,9 @@ impl Lifecycle {
         &self.cfg
     }
 
-    pub fn fastlet(&self) -> &Arc<Fastlet> {
-        &self.fastlet
+    /// The node sandboxes run on.
+    pub fn node(&self) -> &Arc<dyn NodeAgent> {
+        &self.node
     }
 
     /// The route signing keys in force.
@@ -190,12 +195,12 @@ impl Lifecycle {
         self.busy.lock().expect("busy lock").remove(id);
     }
 
-    /// Runtime names (cgroup, directory) of every placed sandbox: pooled sandboxes keep
-    /// their pool name after a claim.
-    pub fn runtime_ids(&self) -> HashSet<String> {
+    /// The placement of every placed sandbox (its node tells what it holds from them: a
+    /// pooled sandbox keeps its pool name after a claim).
+    pub fn placements(&self) -> Vec<NodePlacement> {
         self.snapshot()
             .into_iter()
-            .filter_map(|r| r.placement.map(|p| p.handle.id))
+            .filter_map(|r| r.placement)
             .collect()
     }
 
@@ -206,24 +211,6 @@ impl Lifecycle {
             .values()
             .cloned()
             .collect()
-    }
-
-    /// Admission: a free slot now, or, while slots are still being released by teardowns in
-    /// flight, one of those within [`ADMISSION_WAIT`]; otherwise the node is full.
-    async fn admit(&self) -> Result<u32, fastbox_fastlet::FastletError> {
-        let deadline = tokio::time::Instant::now() + ADMISSION_WAIT;
-        loop {
-            match self.fastlet.reserve_slot() {
-                Ok(slot) => return Ok(slot),
-                Err(e)
-                    if self.fastlet.teardowns_pending() == 0
-                        || tokio::time::Instant::now() >= deadline =>
-                {
-                    return Err(e);
-                }
-                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
-            }
-        }
     }
 
     /// `POST /v1/sandboxes`: validate, admit into a slot, record the intent, start.
@@ -251,7 +238,7 @@ impl Lifecycle {
         self: &Arc<Self>,
         plan: &super::plan::CreatePlan,
     ) -> Result<String, ApiError> {
-        self.fastlet
+        self.node
             .check_image(&plan.image.uri)
             .map_err(|e| ApiError::InvalidParameter(format!("image: {e}")))?;
         // Every create comes here (from an image, a template, a snapshot, a fork): a local
@@ -264,10 +251,7 @@ impl Lifecycle {
             })?),
             false => None,
         };
-        let slot = self.admit().await.map_err(|e| ApiError::Capacity {
-            message: e.to_string(),
-            retry_after: 5,
-        })?;
+        let slot = self.node.admit().await?;
         let id = uuid::Uuid::new_v4().to_string();
         let now = Utc::now();
         let mut record = SandboxRecord {
@@ -306,7 +290,7 @@ impl Lifecycle {
         };
         record.event("Created", &format!("sandbox created from {from}"));
         if let Err(e) = self.insert(record) {
-            self.fastlet.release_slot(slot);
+            self.node.release_slot(slot).await;
             return Err(e);
         }
         Ok(id)
@@ -315,11 +299,7 @@ impl Lifecycle {
     /// A caller's image reference naming a host path outside `--allow-local-images` is a 400
     /// (`service::local_images`).
     pub(super) fn check_local_image(&self, reference: &str) -> Result<(), ApiError> {
-        super::local_images::check(
-            reference,
-            &self.cfg.allow_local_images,
-            &self.fastlet.config().images,
-        )
+        super::local_images::check(reference, &self.cfg.allow_local_images, &self.images)
     }
 
     /// `GET /v1/sandboxes/{id}`.

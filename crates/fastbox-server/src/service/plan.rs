@@ -4,12 +4,11 @@
 use std::path::Path;
 
 use fastbox_api::lifecycle::{CreateSandboxRequest, ImageSpec, StringMap};
+use fastbox_api::limits::{CgroupLimits, DEFAULT_DISK_BYTES};
 use fastbox_api::quantity::{parse_bytes, parse_cpu_millis};
 use fastbox_api::templates::Template;
-use fastbox_runtime::cgroup::CgroupLimits;
-use fastbox_runtime::spec::DEFAULT_DISK_BYTES;
 
-use fastbox_egress::EgressPolicy;
+use fastbox_egress_policy::EgressPolicy;
 
 use crate::config::{MIN_RESOURCES, ResourcePolicy, ServerConfig, format_bytes, format_cpu};
 use crate::error::ApiError;
@@ -707,7 +706,7 @@ mod tests {
         let (cgroup, disk) = limits(&[], &rules()).unwrap();
         assert_eq!(cgroup.cpu_millis, Some(1000));
         assert_eq!(cgroup.memory_bytes, Some(512 << 20));
-        assert_eq!(cgroup.pids, Some(fastbox_runtime::spec::DEFAULT_PIDS));
+        assert_eq!(cgroup.pids, Some(fastbox_api::limits::DEFAULT_PIDS));
         assert_eq!(
             disk, None,
             "the runtime's own layer size, which pooled sandboxes and spares have"

@@ -12,10 +12,10 @@ use fastbox_api::lifecycle::{
 use fastbox_api::snapshots::{
     ForkRequest, ForkResponse, ListSnapshotsResponse, Snapshot, SnapshotState, SnapshotStatus,
 };
-use fastbox_fastlet::Placement;
-use fastbox_fastlet::snapshot::{SnapshotSource, StagedSnapshot};
-use fastbox_fastlet::template::Template;
-use fastbox_fastlet::{FastletError, PlaceRequest, blocking};
+use fastbox_node_api::wire::{
+    NodePlacement, Placed, RestoreSpec, SandboxSettings, SnapshotReport, SnapshotSource,
+};
+use fastbox_node_api::{NodeError, NodeResult};
 
 use crate::config::ResourcePolicy;
 use crate::error::ApiError;
@@ -25,10 +25,10 @@ use super::converge::{PROCESS_LOST, START_FAILED};
 use super::lifecycle::{Lifecycle, not_running};
 use super::plan::{CreatePlan, Rules, plan_from_snapshot, recorded_limits};
 
-/// A live snapshot dumped and not yet kept, with the placement it was taken of.
+/// A live snapshot dumped (staged on its node under the snapshot's id) and not yet kept:
+/// the placement it was taken of.
 struct Staged {
-    staged: StagedSnapshot,
-    placement: Placement,
+    placement: NodePlacement,
 }
 
 /// Reasons recorded on sandboxes and snapshots.
@@ -200,7 +200,9 @@ impl Lifecycle {
 
     /// The first half of [`Lifecycle::take_snapshot`]: the dump of recorded snapshot `id`'s
     /// (busy) source into the staging area (`short_freeze`: see
-    /// [`fastbox_fastlet::Fastlet::stage_snapshot`]). Releases the source once it ran.
+    /// [`NodeAgent::stage_snapshot`]). Releases the source once it ran.
+    ///
+    /// [`NodeAgent::stage_snapshot`]: fastbox_node_api::NodeAgent::stage_snapshot
     async fn stage_snapshot(
         self: &Arc<Self>,
         id: &str,
@@ -210,23 +212,14 @@ impl Lifecycle {
         let source = self.record(&snapshot.sandbox_id);
         let staged = match source {
             Ok(source) if source.placement.is_some() => {
-                let fastlet = self.fastlet.clone();
-                let key = snapshot.id.clone();
-                blocking::run("fastbox-snapshot", move || {
-                    let placement = source.placement.expect("placed");
-                    let staged = fastlet.stage_snapshot(
-                        &SnapshotSource {
-                            key: &key,
-                            placement: &placement,
-                            execd_token: &source.execd_token,
-                            image_reference: &source.image.uri,
-                        },
-                        short_freeze,
-                    )?;
-                    Ok::<_, FastletError>(Staged { staged, placement })
-                })
-                .await
-                .map_err(|e| e.to_string())
+                let source = snapshot_source(&snapshot.id, &source).expect("placed");
+                self.node
+                    .stage_snapshot(&source, short_freeze)
+                    .await
+                    .map(|()| Staged {
+                        placement: source.placement,
+                    })
+                    .map_err(|e| e.to_string())
             }
             _ => Err(format!(
                 "sandbox {} is no longer running",
@@ -246,29 +239,24 @@ impl Lifecycle {
     ) -> SnapshotState {
         let sandbox_id = self.snapshot_record(id).map(|s| s.sandbox_id).ok();
         let taken = match staged {
-            Ok(Staged { staged, placement }) => {
-                let fastlet = self.fastlet.clone();
-                blocking::run("fastbox-snapshot", move || {
-                    fastlet.commit_snapshot(staged, &placement)
-                })
+            Ok(Staged { placement }) => self
+                .node
+                .commit_snapshot(id, &placement)
                 .await
-                .map_err(|e| e.to_string())
-            }
+                .map_err(|e| e.to_string()),
             Err(message) => Err(message),
         };
         let updated = self.update_snapshot(id, |s| match &taken {
-            Ok((_, report)) => {
-                s.report = Some(report.summary());
-                s.transition(SnapshotState::Ready, None, &report.summary());
+            Ok(report) => {
+                s.report = Some(report.summary.clone());
+                s.transition(SnapshotState::Ready, None, &report.summary);
             }
             Err(message) => s.transition(SnapshotState::Failed, Some(SNAPSHOT_FAILED), message),
         });
         if let Some(sandbox_id) = sandbox_id {
             let _ = self.update(&sandbox_id, |r| {
                 match &taken {
-                    Ok((_, report)) => {
-                        r.event("Snapshotted", &format!("{id}: {}", report.summary()))
-                    }
+                    Ok(report) => r.event("Snapshotted", &format!("{id}: {}", report.summary)),
                     Err(message) => r.event("SnapshotFailed", &format!("{id}: {message}")),
                 }
                 Ok(())
@@ -323,9 +311,8 @@ impl Lifecycle {
     }
 
     async fn finish_snapshot_delete(&self, id: &str) -> Result<(), ApiError> {
-        let fastlet = self.fastlet.clone();
-        let key = id.to_string();
-        blocking::run("fastbox-snapshot", move || fastlet.remove_snapshot(&key))
+        self.node
+            .remove_snapshot(id)
             .await
             .map_err(|e| ApiError::Internal(format!("remove snapshot files: {e}")))?;
         self.store.remove_snapshot(id)?;
@@ -405,38 +392,22 @@ impl Lifecycle {
     /// sandbox is `Running` again, with the reason; if they are gone it is `Failed`.
     pub(super) async fn run_pause(self: &Arc<Self>, id: &str) {
         let Ok(record) = self.record(id) else { return };
-        let (Some(placement), Some(key)) =
-            (record.placement.clone(), record.paused_checkpoint.clone())
+        let Some(source) = record
+            .paused_checkpoint
+            .as_deref()
+            .and_then(|key| snapshot_source(key, &record))
         else {
             self.fail_paused(id, "no placement or checkpoint name is recorded")
                 .await;
             return;
         };
-        let fastlet = self.fastlet.clone();
-        let (rid, token, image, k) = (
-            id.to_string(),
-            record.execd_token.clone(),
-            record.image.uri.clone(),
-            key.clone(),
-        );
-        let paused = blocking::run("fastbox-pause", move || {
-            fastlet.pause(
-                &rid,
-                &SnapshotSource {
-                    key: &k,
-                    placement: &placement,
-                    execd_token: &token,
-                    image_reference: &image,
-                },
-            )
-        })
-        .await;
+        let paused: NodeResult<SnapshotReport> = self.node.pause(id, &source).await;
         match paused {
-            Ok((_, report)) => {
+            Ok(report) => {
                 let _ = self.update(id, |r| {
                     r.placement = None;
                     if r.state() == SandboxState::Pausing {
-                        r.transition(SandboxState::Paused, None, &report.summary());
+                        r.transition(SandboxState::Paused, None, &report.summary);
                     }
                     Ok(())
                 });
@@ -445,11 +416,8 @@ impl Lifecycle {
         }
     }
 
-    async fn pause_failed(self: &Arc<Self>, id: &str, record: &SandboxRecord, e: &FastletError) {
-        let alive = record
-            .placement
-            .as_ref()
-            .is_some_and(|p| self.fastlet.is_alive(p));
+    async fn pause_failed(self: &Arc<Self>, id: &str, record: &SandboxRecord, e: &NodeError) {
+        let alive = self.runs(record).await;
         tracing::warn!(sandbox = %id, error = %e, alive, "pause failed");
         if alive {
             let _ = self.update(id, |r| {
@@ -485,32 +453,18 @@ impl Lifecycle {
                 .await;
             return;
         };
-        let fastlet = self.fastlet.clone();
-        let rec = record.clone();
-        let resources = self.cfg.resources;
-        let resumed = blocking::run("fastbox-resume", move || {
-            let checkpoint = fastlet
-                .load_snapshot(&key)
-                .ok_or_else(|| FastletError::Snapshot {
-                    key: key.clone(),
-                    message: "this node does not have the checkpoint".into(),
-                })?;
-            let req = place_request(&rec, &checkpoint, &resources)?;
-            let resumed = fastlet.resume(&checkpoint, &req, slot);
-            if resumed.is_err() {
-                let _ = fastlet.release_keeping_address(&rec.id, None, slot);
-            }
-            resumed
-        })
-        .await;
+        let resumed = match restore_spec(&record, &self.cfg.resources) {
+            Ok(spec) => self.node.resume(&key, spec, slot).await,
+            Err(e) => Err(e),
+        };
         match resumed {
-            Ok((placement, report)) => {
+            Ok(Placed { placement, report }) => {
                 self.start_metrics.record(&report);
                 let mut dropped = None;
                 let updated = self.update(id, |r| {
                     r.placement = Some(placement);
                     if r.state() == SandboxState::Resuming {
-                        r.transition(SandboxState::Running, None, &report.summary());
+                        r.transition(SandboxState::Running, None, &report.summary);
                         dropped = r.paused_checkpoint.take();
                         r.resumed_from = dropped.clone();
                     }
@@ -525,11 +479,7 @@ impl Lifecycle {
                     let this = self.clone();
                     let id = id.to_string();
                     tokio::spawn(async move {
-                        let fastlet = this.fastlet.clone();
-                        let k = key.clone();
-                        let removed =
-                            blocking::run("fastbox-snapshot", move || fastlet.remove_snapshot(&k))
-                                .await;
+                        let removed = this.node.remove_snapshot(&key).await;
                         match removed {
                             Ok(()) => {
                                 let _ = this.update(&id, |r| {
@@ -564,9 +514,7 @@ impl Lifecycle {
         let Some(key) = record.paused_checkpoint else {
             return;
         };
-        let fastlet = self.fastlet.clone();
-        let removed =
-            blocking::run("fastbox-snapshot", move || fastlet.remove_snapshot(&key)).await;
+        let removed = self.node.remove_snapshot(&key).await;
         match removed {
             Ok(()) => {
                 let _ = self.update(id, |r| {
@@ -580,40 +528,26 @@ impl Lifecycle {
         }
     }
 
-    /// The create of a sandbox recorded from a snapshot: a clone restored into its slot,
-    /// from `staged` when given (a fork's snapshot not yet on disk), else from the node's
-    /// snapshot.
-    pub(super) async fn run_clone(
-        self: &Arc<Self>,
-        id: &str,
-        snapshot_id: &str,
-        staged: Option<Template>,
-        plan: CreatePlan,
-    ) {
-        let Ok(record) = self.record(id) else { return };
+    /// The create of a sandbox recorded from a snapshot: a clone restored into its slot
+    /// (from the staged dump while a fork's snapshot is not yet on disk: the node knows).
+    pub(super) async fn run_clone(self: &Arc<Self>, id: &str, snapshot_id: &str, plan: CreatePlan) {
+        let Ok(mut record) = self.record(id) else {
+            return;
+        };
         let Some(slot) = record.slot else {
             self.fail(id, START_FAILED, "no slot was reserved").await;
             return;
         };
-        let fastlet = self.fastlet.clone();
-        let key = snapshot_id.to_string();
-        let mut rec = record.clone();
-        let resources = self.cfg.resources;
-        rec.env = plan.env.clone();
-        let placed = blocking::run("fastbox-place", move || {
-            let snapshot = staged
-                .or_else(|| fastlet.load_snapshot(&key))
-                .ok_or_else(|| FastletError::Snapshot {
-                    key: key.clone(),
-                    message: "this node does not have the snapshot".into(),
-                })?;
-            let mut req = place_request(&rec, &snapshot, &resources)?;
-            req.policy = plan.policy.clone();
-            req.limits = plan.limits;
-            req.disk_bytes = plan.disk_bytes;
-            fastlet.clone_snapshot(&snapshot, &req, slot)
-        })
-        .await;
+        record.env = plan.env.clone();
+        let placed = match restore_spec(&record, &self.cfg.resources) {
+            Ok(mut spec) => {
+                spec.common.policy = plan.policy.clone();
+                spec.common.limits = plan.limits;
+                spec.common.disk_bytes = plan.disk_bytes;
+                self.node.clone_snapshot(snapshot_id, spec, slot).await
+            }
+            Err(e) => Err(e),
+        };
         self.finish_start(id, slot, placed, None).await;
     }
 
@@ -681,7 +615,7 @@ impl Lifecycle {
             // The fork waits for the whole dump: no streaming ahead of it.
             let staged = this.stage_snapshot(&snapshot_id, false).await;
             let staged_ms = clock.elapsed().as_secs_f64() * 1000.0;
-            let template = staged.as_ref().ok().map(|s| s.staged.template().clone());
+            let is_staged = staged.is_ok();
             // Two restores per core: a restore also waits (for CRIU's helpers, the lazy
             // daemon, execd). Forks of 10 at 256 MiB here, p50 of 5: one per core 780 ms;
             // three on two cores 613-693 ms; two per core 560-632 ms; all ten 560-663 ms.
@@ -693,11 +627,10 @@ impl Lifecycle {
                 let plan = plan.clone();
                 let snapshot_id = snapshot_id.clone();
                 let permits = permits.clone();
-                let template = template.clone();
                 tasks.push(tokio::spawn(async move {
                     let _permit = permits.acquire_owned().await;
-                    if template.is_some() {
-                        this.run_clone(&clone, &snapshot_id, template, plan).await;
+                    if is_staged {
+                        this.run_clone(&clone, &snapshot_id, plan).await;
                     } else {
                         this.fail(&clone, START_FAILED, "the fork's snapshot failed")
                             .await;
@@ -755,24 +688,17 @@ impl Lifecycle {
         for snapshot in all {
             match snapshot.state() {
                 SnapshotState::Creating => {
-                    if self.fastlet.load_snapshot(&snapshot.id).is_some() {
+                    if self.node.has_snapshot(&snapshot.id).await {
                         let _ = self.update_snapshot(&snapshot.id, |s| {
                             s.transition(SnapshotState::Ready, None, "finished before a restart")
                         });
                         continue;
                     }
-                    let runs = self.record(&snapshot.sandbox_id).is_ok_and(|r| {
-                        r.state() == SandboxState::Running
-                            && r.placement
-                                .as_ref()
-                                .is_some_and(|p| self.fastlet.is_alive(p))
-                    });
-                    let fastlet = self.fastlet.clone();
-                    let key = snapshot.id.clone();
-                    blocking::run("fastbox-snapshot", move || {
-                        fastlet.discard_interrupted_snapshot(&key)
-                    })
-                    .await;
+                    let runs = match self.record(&snapshot.sandbox_id) {
+                        Ok(r) => r.state() == SandboxState::Running && self.runs(&r).await,
+                        Err(_) => false,
+                    };
+                    self.node.discard_interrupted_snapshot(&snapshot.id).await;
                     if runs && self.claim(&snapshot.sandbox_id) {
                         let this = self.clone();
                         tokio::spawn(async move { this.take_snapshot(&snapshot.id).await });
@@ -800,10 +726,10 @@ impl Lifecycle {
     /// was committed ends `Paused` (the runtime released again); one that was not runs again
     /// while the processes live (`Failed` when they are gone). A resume starts over from a
     /// clean slot.
-    pub(super) fn recover_paused(self: &Arc<Self>, record: SandboxRecord) {
+    pub(super) async fn recover_paused(self: &Arc<Self>, record: SandboxRecord) {
         let id = record.id.clone();
         if let Some(slot) = record.slot {
-            self.fastlet.claim_slot(slot);
+            self.node.claim_slot(slot).await;
         }
         self.claim(&id);
         let this = self.clone();
@@ -812,12 +738,7 @@ impl Lifecycle {
                 SandboxState::Pausing => this.recover_pause(&record).await,
                 _ => {
                     if let Some(slot) = record.slot {
-                        let fastlet = this.fastlet.clone();
-                        let rid = id.clone();
-                        let _ = blocking::run("fastbox-remove", move || {
-                            fastlet.release_keeping_address(&rid, None, slot)
-                        })
-                        .await;
+                        let _ = this.node.release_keeping_address(&id, None, slot).await;
                     }
                     let _ = this.update(&id, |r| {
                         r.placement = None;
@@ -839,40 +760,17 @@ impl Lifecycle {
             return;
         };
         // A dump may have outlived the crash: wait for it, and keep what it completed.
-        let committed = match record.placement.clone() {
-            Some(placement) => {
-                let fastlet = self.fastlet.clone();
-                let (k, token, image) = (
-                    key.clone(),
-                    record.execd_token.clone(),
-                    record.image.uri.clone(),
-                );
-                blocking::run("fastbox-pause", move || {
-                    fastlet
-                        .finish_interrupted_pause(&SnapshotSource {
-                            key: &k,
-                            placement: &placement,
-                            execd_token: &token,
-                            image_reference: &image,
-                        })
-                        .is_some()
-                })
-                .await
-            }
-            None => self.fastlet.load_snapshot(&key).is_some(),
+        let committed = match snapshot_source(&key, record) {
+            Some(source) => self.node.finish_interrupted_pause(&source).await,
+            None => self.node.has_snapshot(&key).await,
         };
-        let alive = record
-            .placement
-            .as_ref()
-            .is_some_and(|p| self.fastlet.is_alive(p));
+        let alive = self.runs(record).await;
         match (committed, alive, record.slot) {
             (true, _, Some(slot)) => {
-                let fastlet = self.fastlet.clone();
-                let (rid, placement) = (id.to_string(), record.placement.clone());
-                let released = blocking::run("fastbox-remove", move || {
-                    fastlet.release_keeping_address(&rid, placement.as_ref(), slot)
-                })
-                .await;
+                let released = self
+                    .node
+                    .release_keeping_address(id, record.placement.as_ref(), slot)
+                    .await;
                 let _ = self.update(id, |r| {
                     match &released {
                         Ok(()) => {
@@ -896,7 +794,7 @@ impl Lifecycle {
                 self.run_pause(id).await;
             }
             _ => {
-                let _ = self.fastlet.remove_snapshot(&key);
+                let _ = self.node.remove_snapshot(&key).await;
                 self.fail_paused(
                     id,
                     "the pause was interrupted by a restart and the sandbox's processes are gone",
@@ -907,29 +805,29 @@ impl Lifecycle {
     }
 }
 
-/// What the node needs to restore `record` from `checkpoint` (a pause's or a snapshot's).
-fn place_request(
-    record: &SandboxRecord,
-    checkpoint: &Template,
-    resources: &ResourcePolicy,
-) -> Result<PlaceRequest, FastletError> {
-    let (limits, disk_bytes) =
-        recorded_limits(&record.resource_limits, resources).map_err(|e| {
-            FastletError::Snapshot {
-                key: checkpoint.key.clone(),
-                message: e.to_string(),
-            }
-        })?;
-    Ok(PlaceRequest {
+/// What the node needs to restore `record` from a checkpoint (a pause's or a snapshot's).
+fn restore_spec(record: &SandboxRecord, resources: &ResourcePolicy) -> NodeResult<RestoreSpec> {
+    let (limits, disk_bytes) = recorded_limits(&record.resource_limits, resources)
+        .map_err(|e| NodeError::failed(e.to_string()))?;
+    Ok(RestoreSpec {
         id: record.id.clone(),
-        rootfs: checkpoint.rootfs.clone(),
-        entrypoint: Vec::new(),
         env: record.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
-        limits,
-        disk_bytes,
+        common: SandboxSettings {
+            limits,
+            disk_bytes,
+            tokens: record.tokens(),
+            policy: record.policy(),
+        },
+    })
+}
+
+/// Running sandbox `record` as the source of checkpoint `key` (`None` without a placement).
+fn snapshot_source(key: &str, record: &SandboxRecord) -> Option<SnapshotSource> {
+    Some(SnapshotSource {
+        key: key.to_string(),
+        placement: record.placement.clone()?,
         execd_token: record.execd_token.clone(),
-        egress_token: record.egress_token.clone(),
-        policy: record.policy(),
+        image_reference: record.image.uri.clone(),
     })
 }
 

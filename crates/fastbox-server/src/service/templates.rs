@@ -9,9 +9,7 @@ use fastbox_api::lifecycle::{PaginationInfo, StringMap};
 use fastbox_api::templates::{
     CreateTemplateRequest, ListTemplatesResponse, Template, TemplatePhase, TemplateStatus,
 };
-use fastbox_fastlet::blocking;
-use fastbox_fastlet::warmup::{GoldenRecipe, Readiness};
-use fastbox_image::NoProgress;
+use fastbox_node_api::recipe::{GoldenRecipe, Readiness};
 
 use crate::error::ApiError;
 
@@ -70,7 +68,7 @@ impl Lifecycle {
                 "format {format:?} is not native or overlaybd"
             )));
         }
-        self.fastlet
+        self.node
             .check_image(&req.image)
             .map_err(|e| invalid(format!("image: {e}")))?;
         self.check_local_image(&req.image)?;
@@ -133,28 +131,17 @@ impl Lifecycle {
                 return;
             }
         };
-        let fastlet = self.fastlet.clone();
-        let key = template.template_id.clone();
-        let image = template.image.clone();
-        let built = blocking::run("fastbox-template", move || {
-            let resolved = fastlet.resolve_image(&image, None, &NoProgress)?;
-            let golden = fastlet.template_for(&key, &resolved, &recipe)?;
-            let published = fastlet.publish_template(&golden, &key)?;
-            fastlet.register_template(&golden);
-            Ok::<_, fastbox_fastlet::FastletError>((golden, published))
-        })
-        .await;
+        let built = self
+            .node
+            .build_template(&template.template_id, &template.image, &recipe)
+            .await;
         let result = match built {
-            Ok((golden, published)) => {
-                let manifest = format!("blake3:{}", published.manifest.to_hex());
+            Ok(built) => {
                 let message = format!(
                     "golden checkpoint built in {} ms, published in {:.1} s ({} blocks, {} new)",
-                    golden.build_ms,
-                    published.seconds,
-                    published.stats.blocks,
-                    published.stats.new_blocks
+                    built.build_ms, built.publish_seconds, built.blocks, built.new_blocks
                 );
-                self.set_manifest(id, manifest)
+                self.set_manifest(id, built.manifest)
                     .and_then(|_| self.set_phase(id, TemplatePhase::Succeeded, Some(message)))
             }
             Err(e) => self.set_phase(id, TemplatePhase::Failed, Some(e.to_string())),
@@ -255,9 +242,8 @@ impl Lifecycle {
         self.get_template(id)?;
         self.store.remove_template(id)?;
         self.templates.lock().expect("templates lock").remove(id);
-        let fastlet = self.fastlet.clone();
-        let key = id.to_string();
-        blocking::run("fastbox-template", move || fastlet.remove_template(&key))
+        self.node
+            .remove_template(id)
             .await
             .map_err(|e| ApiError::Internal(format!("remove template files: {e}")))
     }

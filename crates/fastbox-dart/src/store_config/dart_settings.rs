@@ -12,8 +12,8 @@
 
 use std::net::SocketAddr;
 
-use fastbox_dart::auth::AuthError;
-use fastbox_dart::{GroupSecret, Membership, MembershipError, NodeId};
+use crate::auth::AuthError;
+use crate::{GroupSecret, Membership, MembershipError, NodeId};
 
 /// The environment variable that carries the group secret.
 pub const DART_KEY_ENV: &str = "FASTBOX_DART_KEY";

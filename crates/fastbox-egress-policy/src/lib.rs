@@ -1,5 +1,10 @@
 //! The egress policy of one sandbox: a default action and ordered rules.
 //!
+//! This crate is the policy model only (pure: no I/O, no runtime), so the lifecycle server
+//! can validate and store policies without reaching the node's runtime. Enforcing a policy
+//! (per-slot nft chains, the DNS forwarder's hook) is `fastbox-egress`, which re-exports this
+//! crate as `fastbox_egress::policy`.
+//!
 //! A policy is validated once, when it is built ([`EgressPolicy::try_new`] or from the wire
 //! type, see [`wire`]); afterwards it is only read. Decisions:
 //! - **names** (what the DNS forwarder may resolve): the first rule whose name or wildcard
@@ -21,6 +26,7 @@ use std::net::Ipv4Addr;
 use serde::Serialize;
 
 pub use target::{Ipv4Net, MAX_LABEL_LEN, MAX_NAME_LEN, Target};
+pub use wire::rules_from_wire;
 
 /// Most rules a policy may hold. Address rules are one nft rule each, evaluated in order
 /// for every new connection, so the list stays short; OpenSandbox's sidecar allows 4096.

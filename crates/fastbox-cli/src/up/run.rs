@@ -2,12 +2,17 @@
 //! the state store in the data directory. Sandboxes outlive the process: SIGTERM stops
 //! serving and leaves them running; the next start re-adopts them.
 //!
+//! The server reaches its node through `fastbox_node_api::NodeAgent` only; here the
+//! in-process node ([`LocalNode`]) is wired in, with its node proxy, whose port-18080 policy
+//! changes and access checks call back into the server.
+//!
 //! The node's artifact store (`fastbox_fastlet::node_store`: a local directory, or an S3
 //! origin behind the node block cache and, with peers, DART) is opened right after the state
 //! store and before anything touches the host, so an unreachable origin, bad credentials or
 //! a missing bucket stop the start with the store's own message. The DART peer server runs
 //! until the process stops; the artifact garbage collection runs on its schedule
-//! (`crate::artifact_gc`); both report in `/metrics` (`crate::metrics::NodeMetrics`).
+//! (`fastbox_server::artifact_gc`); both report in `/metrics`
+//! (`fastbox_server::metrics::NodeMetrics`).
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -15,19 +20,20 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use fastbox_artifact::{CacheStats, CachedStoreStats};
 use fastbox_fastlet::node_proxy::{self, AccessGuard, NodeProxy};
 use fastbox_fastlet::node_store::{NodeStore, NodeStoreError};
-use fastbox_fastlet::{Fastlet, FastletConfig, blocking};
+use fastbox_fastlet::{Fastlet, FastletConfig, LocalNode, blocking};
 use fastbox_image::{ImageConfig, StderrProgress};
+use fastbox_node_api::wire::NodePlacement;
 use fastbox_proxy::{Forwarder, ForwarderConfig, RouteKeys};
+use fastbox_server::artifact_gc::{self, ArtifactCollector};
+use fastbox_server::config::{ServerConfig, format_duration};
+use fastbox_server::http::{self, AppState};
+use fastbox_server::metrics::{self, NodeMetrics, StoreStats};
+use fastbox_server::service::{Health, Lifecycle};
+use fastbox_server::store::Store;
 use tokio::net::TcpListener;
-
-use crate::artifact_gc::{self, ArtifactCollector};
-use crate::config::{ServerConfig, format_duration};
-use crate::http::{self, AppState};
-use crate::metrics::{self, NodeMetrics};
-use crate::service::{Health, Lifecycle};
-use crate::store::Store;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpError {
@@ -44,20 +50,23 @@ pub enum UpError {
     #[error("route signing key: {0}")]
     Signer(#[from] fastbox_proxy::RouteError),
     #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
+    Store(#[from] fastbox_server::store::StoreError),
     /// Not a `source`: the store's messages carry their causes already.
     #[error("artifact store: {0}")]
     Artifacts(NodeStoreError),
     #[error(transparent)]
     Node(#[from] fastbox_fastlet::FastletError),
     #[error("{0}")]
-    Api(#[from] crate::error::ApiError),
+    Api(#[from] fastbox_server::error::ApiError),
     #[error("server: {0}")]
     Serve(std::io::Error),
 }
 
 /// The route signing keys in the data directory (`fastbox route-key` rotates them).
 pub const ROUTE_KEY_FILE: &str = "route-signing.key";
+
+/// The in-process node's name.
+const LOCAL_NODE_ID: &str = "local";
 
 /// Runs `fastbox up` until SIGTERM or SIGINT. `helper` is the `fastbox` executable itself.
 pub async fn run(
@@ -80,6 +89,11 @@ pub async fn run(
     // Followed as it changes: `fastbox route-key rotate` adds a signing key while the server
     // runs, the older keys verify until retired.
     let keys = RouteKeys::load_or_create(&data_dir.join(ROUTE_KEY_FILE))?;
+    let images = ImageConfig {
+        cache_dir: cfg.cache_dir.clone(),
+        registry_allow_private: cfg.registry_allow_private.clone(),
+        ..ImageConfig::default()
+    };
     let store = Store::open(&data_dir.join("state.redb"))?;
     let node_store = open_node_store(&cfg).await?;
     let fastlet_cfg = FastletConfig {
@@ -87,11 +101,7 @@ pub async fn run(
         data_dir: data_dir.clone(),
         helper,
         pool: cfg.pool,
-        images: ImageConfig {
-            cache_dir: cfg.cache_dir.clone(),
-            registry_allow_private: cfg.registry_allow_private.clone(),
-            ..ImageConfig::default()
-        },
+        images: images.clone(),
         execd_bin,
         criu,
         pool_min: cfg.pool_min,
@@ -104,7 +114,8 @@ pub async fn run(
     };
     let fastlet =
         Arc::new(blocking::run("fastbox-node", move || Fastlet::start(fastlet_cfg)).await?);
-    let lifecycle = Lifecycle::new(cfg.clone(), store, fastlet.clone(), keys.clone())?;
+    let node = Arc::new(LocalNode::new(fastlet.clone(), LOCAL_NODE_ID.to_string()));
+    let lifecycle = Lifecycle::new(cfg.clone(), store, node.clone(), images, keys.clone())?;
     let staged = fastlet.purge_staging();
     if staged > 0 {
         println!(
@@ -118,7 +129,7 @@ pub async fn run(
             tracing::warn!(checkpoint = %key, error = %e, "could not remove a pause checkpoint left by an earlier run");
         }
     }
-    let claimed = lifecycle.runtime_ids();
+    let claimed = runtime_ids(&lifecycle.placements());
     let stale = fastlet.purge_pool_leftovers(&claimed);
     if stale > 0 {
         println!(
@@ -153,16 +164,20 @@ pub async fn run(
             cfg.route_max_lifetime,
         )),
     };
+    // The server proxy forwards through the node, the node through its proxy.
+    node.attach_proxy(node_proxy.clone());
     let state = AppState {
         lifecycle: lifecycle.clone(),
         api_key: api_key.into(),
-        node_proxy: node_proxy.clone(),
     };
     let collector = Arc::new(ArtifactCollector::new(
         node_store.origin().clone(),
         cfg.artifacts.gc_grace,
     ));
-    let node_metrics = Arc::new(NodeMetrics::new(node_store.clone(), collector.clone()));
+    let node_metrics = Arc::new(NodeMetrics::new(
+        Arc::new(StoreMetrics(node_store.clone())),
+        collector.clone(),
+    ));
     let router = http::router(state).layer(axum::middleware::from_fn_with_state(
         node_metrics,
         metrics::append_node_metrics,
@@ -186,7 +201,7 @@ pub async fn run(
     );
     let _ = std::io::stdout().flush();
 
-    let prepare = prepare_images(lifecycle.clone());
+    let prepare = prepare_images(lifecycle.clone(), fastlet.clone());
     tokio::spawn(lifecycle.clone().reconcile_forever());
     let servers = async { tokio::try_join!(api, node) };
     tokio::pin!(servers);
@@ -252,7 +267,7 @@ fn api_key(cfg: &ServerConfig, data_dir: &Path) -> Result<String, UpError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io(e)),
     }
-    let key = crate::service::random_token();
+    let key = fastbox_server::service::random_token();
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -290,32 +305,28 @@ async fn serve(
 }
 
 /// Prepares the default images (progress on stderr), then reports healthy.
-async fn prepare_images(lifecycle: Arc<Lifecycle>) {
+async fn prepare_images(lifecycle: Arc<Lifecycle>, fastlet: Arc<Fastlet>) {
     let images = lifecycle.config().default_images.clone();
     for reference in images {
         lifecycle.set_health(Health::Starting(format!("preparing image {reference}")));
         eprintln!("fastbox: preparing image {reference}");
-        let fastlet = lifecycle.fastlet().clone();
+        let node = fastlet.clone();
         let r = reference.clone();
         let started = Instant::now();
         let result = blocking::run("fastbox-image", move || {
-            let image = fastlet.resolve_image(&r, None, &StderrProgress::new())?;
+            let image = node.resolve_image(&r, None, &StderrProgress::new())?;
             eprintln!("fastbox: building the golden checkpoint of {r}");
-            let template = fastlet.template(&image)?;
-            fastlet.register_template(&template);
+            let template = node.template(&image)?;
+            node.register_template(&template);
             Ok::<_, fastbox_fastlet::FastletError>((image, template))
         })
         .await;
         if let Ok((_, template)) = &result {
             // The artifact (packed rootfs + checkpoint, indexed by the reference) is made in
             // the background: creates do not wait for it.
-            let (fastlet, template, key) = (
-                lifecycle.fastlet().clone(),
-                template.clone(),
-                reference.clone(),
-            );
+            let (node, template, key) = (fastlet.clone(), template.clone(), reference.clone());
             tokio::spawn(blocking::run("fastbox-publish", move || {
-                if let Err(e) = fastlet.publish_template(&template, &key) {
+                if let Err(e) = node.publish_template(&template, &key) {
                     tracing::warn!(image = %key, error = %e, "template artifact not published");
                 }
             }));
@@ -340,5 +351,37 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// The runtime names (cgroup, directory) of the sandboxes placed at `placements` (a pooled
+/// sandbox keeps its pool name after a claim): what the node must not purge.
+fn runtime_ids(placements: &[NodePlacement]) -> std::collections::HashSet<String> {
+    placements
+        .iter()
+        .filter_map(|p| {
+            serde_json::from_value::<fastbox_runtime::sandbox::SandboxHandle>(p.handle.0.clone())
+                .ok()
+        })
+        .map(|handle| handle.id)
+        .collect()
+}
+
+/// The node store's layers as `/metrics` shows them.
+struct StoreMetrics(Arc<NodeStore>);
+
+impl StoreStats for StoreMetrics {
+    fn cache_stats(&self) -> Option<CacheStats> {
+        self.0.cache_stats()
+    }
+
+    fn fetch_stats(&self) -> Option<CachedStoreStats> {
+        self.0.fetch_stats()
+    }
+
+    fn dart_text(&self) -> Option<String> {
+        self.0
+            .dart_counters()
+            .map(|(node, counters)| counters.to_prometheus(node))
     }
 }

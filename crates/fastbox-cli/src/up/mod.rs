@@ -9,6 +9,9 @@ use fastbox_server::config::{ServerConfig, Settings};
 
 use crate::paths::{self, HostArgs};
 
+mod run;
+pub use run::ROUTE_KEY_FILE;
+
 /// Every setting can also come from the config file; flags and environment win over it.
 #[derive(clap::Args, Debug)]
 pub struct UpArgs {
@@ -267,7 +270,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<i32> {
         .enable_all()
         .build()
         .context("start the async runtime")?;
-    runtime.block_on(fastbox_server::up::run(cfg, helper, execd, criu))?;
+    runtime.block_on(run::run(cfg, helper, execd, criu))?;
     Ok(0)
 }
 

@@ -169,3 +169,36 @@ mod tests {
         );
     }
 }
+
+/// A policy travels (to a node, in a record) in its canonical wire form, and is validated
+/// again on the way in: an invalid one never deserializes.
+impl serde::Serialize for EgressPolicy {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.to_wire().serialize(serializer)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for EgressPolicy {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let wire = NetworkPolicy::deserialize(deserializer)?;
+        Self::from_wire(Some(&wire)).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod serde_tests {
+    use super::*;
+
+    #[test]
+    fn a_policy_travels_as_its_wire_form_and_is_checked_on_the_way_in() {
+        let wire: NetworkPolicy = serde_json::from_str(
+            r#"{"defaultAction":"deny","egress":[{"action":"allow","target":"*.example.com"}]}"#,
+        )
+        .unwrap();
+        let policy = EgressPolicy::from_wire(Some(&wire)).unwrap();
+        let json = serde_json::to_string(&policy).unwrap();
+        assert_eq!(serde_json::from_str::<EgressPolicy>(&json).unwrap(), policy);
+        let bad = json.replace("*.example.com", "exa mple..com");
+        assert!(serde_json::from_str::<EgressPolicy>(&bad).is_err(), "{bad}");
+    }
+}

@@ -1,0 +1,235 @@
+//! What travels between the server and a node: requests, placements and reports. Plain data
+//! with serde, the same for the in-process node and a remote one.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use fastbox_api::limits::CgroupLimits;
+use fastbox_egress_policy::EgressPolicy;
+use serde::{Deserialize, Serialize};
+
+use crate::recipe::GoldenRecipe;
+
+/// Where a running sandbox lives. The server records it durably and hands it back on every
+/// call about the sandbox; only the node reads `handle` (its runtime's handle: the server
+/// never interprets it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodePlacement {
+    /// The node's slot (its network slot: the address follows from it).
+    pub slot: u32,
+    pub address: Ipv4Addr,
+    /// The node's own record of the sandbox's processes, opaque to the server.
+    #[serde(default)]
+    pub handle: NodeHandle,
+}
+
+/// A node's opaque handle of a sandbox (see [`NodePlacement::handle`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct NodeHandle(pub serde_json::Value);
+
+/// The per-sandbox secrets a node needs: execd's token (the node's calls to execd carry it)
+/// and the egress token (port 18080 checks it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxTokens {
+    pub execd: String,
+    pub egress: String,
+}
+
+/// Registry credentials of a create.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistryCredentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for RegistryCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryCredentials")
+            .field("username", &self.username)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An image a node resolved (and holds).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageInfo {
+    /// The reference as the caller wrote it.
+    pub reference: String,
+    /// The normalized reference (`docker.io/library/python:3.12`, `dir:/abs/path`).
+    pub canonical_reference: String,
+    /// Content address, `sha256:<hex>`.
+    pub digest: String,
+    /// The image's own `KEY=VALUE` environment.
+    pub env: Vec<String>,
+}
+
+/// What a sandbox is started from, beyond its image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateChoice {
+    /// The templates API's id: the golden checkpoint's name on the node.
+    pub key: String,
+    pub recipe: GoldenRecipe,
+}
+
+/// A start from an image (or a template of the templates API).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlaceSpec {
+    pub id: String,
+    /// As [`crate::NodeAgent::resolve_image`] answered it.
+    pub image: ImageInfo,
+    /// A template of the templates API; `None`: the image's own template.
+    pub template: Option<TemplateChoice>,
+    /// Whether a pre-restored sandbox may be claimed (`false`: restore now).
+    pub use_pool: bool,
+    /// Started next to execd (empty: none).
+    pub entrypoint: Vec<String>,
+    /// `KEY=VALUE`, after the image's own.
+    pub env: Vec<String>,
+    #[serde(flatten)]
+    pub common: SandboxSettings,
+}
+
+/// What every start (from an image, a snapshot or a pause checkpoint) sets.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxSettings {
+    pub limits: CgroupLimits,
+    /// The writable layer's size (`None`: the node's default).
+    pub disk_bytes: Option<u64>,
+    pub tokens: SandboxTokens,
+    pub policy: EgressPolicy,
+}
+
+/// A restore of a checkpoint (a snapshot's or a pause's) as sandbox `id`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RestoreSpec {
+    pub id: String,
+    /// `KEY=VALUE` of the sandbox's record (execd's environment for new commands).
+    pub env: Vec<String>,
+    #[serde(flatten)]
+    pub common: SandboxSettings,
+}
+
+/// A running sandbox, as a checkpoint is taken of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotSource {
+    /// The checkpoint's name on the node (the snapshot id, or a pause's key).
+    pub key: String,
+    pub placement: NodePlacement,
+    pub execd_token: String,
+    /// The image reference the sandbox was created from (kept with the checkpoint).
+    pub image_reference: String,
+}
+
+/// How a start went.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StartReport {
+    /// `pool`, `restore`, `clone` or `resume`.
+    pub source: String,
+    /// Phases in order: (name, milliseconds, whether it details the phase before it).
+    pub phases: Vec<PhaseTiming>,
+    /// The whole start, in milliseconds.
+    pub total_ms: f64,
+    /// One line for the sandbox's events.
+    pub summary: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PhaseTiming {
+    pub name: String,
+    pub ms: f64,
+    /// A part of the phase before it (measured by someone else), not counted in the total.
+    pub detail: bool,
+}
+
+/// A started sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Placed {
+    pub placement: NodePlacement,
+    pub report: StartReport,
+}
+
+/// How a removal went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveReport {
+    pub processes_gone_ms: u64,
+    pub total_ms: u64,
+}
+
+/// How a checkpoint went.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotReport {
+    /// One line for the events (timings, size).
+    pub summary: String,
+    /// Its manifest in the artifact store (blake3, hex).
+    pub manifest: Option<String>,
+    /// Size of the checkpoint (memory images and writable layer).
+    pub bytes: u64,
+    /// Whether the images were streamed into memory while the sandbox was frozen.
+    pub streamed: bool,
+}
+
+/// A template's golden checkpoint, built and published.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TemplateBuilt {
+    /// `blake3:<hex>` of its manifest in the artifact store.
+    pub manifest: String,
+    pub build_ms: u64,
+    pub publish_seconds: f64,
+    pub blocks: u64,
+    pub new_blocks: u64,
+}
+
+/// What a node made of a sandbox it was asked to take back after a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Adoption {
+    /// Running and routable again.
+    Adopted,
+    /// Its processes are gone (or its egress policy could not be applied again).
+    Gone,
+    /// A sandbox whose memory was still being copied in when the last run ended: its
+    /// missing pages would read as zeros (it is frozen).
+    MemoryIncomplete,
+}
+
+/// A node's capacity and what it holds ready.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    pub node_id: String,
+    /// Slots of the node's address pool, and how many are free.
+    pub slots: u32,
+    pub free_slots: u32,
+    /// Pre-restored sandboxes waiting, per template key.
+    pub pools: BTreeMap<String, usize>,
+}
+
+/// Whether a request without a route signature may pass the node proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Unsigned {
+    Allowed,
+    Refused,
+}
+
+/// A request the node proxy did not forward, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum ProxyRefusal {
+    #[error("no route {0}: expected /{{sandbox id}}/{{port}}/...")]
+    BadRoute(String),
+    #[error("sandbox {0} is not running on this node")]
+    NotRunning(String),
+    #[error("route credential rejected: {0}")]
+    Forbidden(String),
+    #[error("this route needs a signature")]
+    Unsigned,
+    /// The node proxy's own answer (a secure sandbox's port without a valid credential: 401;
+    /// too many failed checks: 429 with `Retry-After`), passed on as it is.
+    #[error("{message}")]
+    Answered {
+        status: u16,
+        code: String,
+        message: String,
+        retry_after_secs: Option<u64>,
+    },
+    #[error("sandbox port is unreachable: {0}")]
+    Upstream(String),
+}
