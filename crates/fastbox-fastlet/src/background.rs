@@ -69,23 +69,36 @@ impl Drop for StartGuard<'_> {
 mod tests {
     use super::*;
 
+    /// Orderings, not timings: nothing in flight returns at once (well before the limit);
+    /// a start in flight holds the wait to the limit (the wait measures itself); the end of
+    /// the last start ends a wait, which returns only after it.
     #[test]
     fn waiting_for_quiet_ends_with_the_last_start_or_at_the_limit() {
+        use std::sync::atomic::{AtomicBool, Ordering};
         let starts = std::sync::Arc::new(Starts::default());
-        assert!(starts.wait_quiet(Duration::from_secs(5)) < Duration::from_millis(50));
+        assert!(starts.wait_quiet(Duration::from_secs(30)) < Duration::from_secs(30));
         let guard = starts.begin();
         let waited = starts.wait_quiet(Duration::from_millis(60));
         assert!(waited >= Duration::from_millis(60), "{waited:?}");
+        let ended = std::sync::Arc::new(AtomicBool::new(false));
         let waiter = {
-            let starts = starts.clone();
-            std::thread::spawn(move || starts.wait_quiet(Duration::from_secs(10)))
+            let (starts, ended) = (starts.clone(), ended.clone());
+            std::thread::spawn(move || {
+                let waited = starts.wait_quiet(Duration::from_secs(60));
+                (waited, ended.load(Ordering::SeqCst))
+            })
         };
         std::thread::sleep(Duration::from_millis(50));
+        ended.store(true, Ordering::SeqCst);
         drop(guard);
-        let waited = waiter.join().unwrap();
+        let (waited, after_the_end) = waiter.join().unwrap();
         assert!(
-            waited >= Duration::from_millis(50) && waited < Duration::from_secs(5),
-            "{waited:?}"
+            after_the_end,
+            "the wait returned while the start was in flight"
+        );
+        assert!(
+            waited < Duration::from_secs(60),
+            "{waited:?}: held to the limit"
         );
     }
 
