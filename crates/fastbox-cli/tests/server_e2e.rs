@@ -38,9 +38,10 @@ fn kill_sandbox_processes(server: &UpServer, id: &str) {
         .find(|r| r.id == id)
         .unwrap();
     // The node's handle, opaque to the server, is the runtime's.
-    let handle = record.placement.expect("placed").handle.0;
-    let runtime_id = serde_json::from_value::<fastbox_runtime::sandbox::SandboxHandle>(handle)
+    let placement = record.placement.expect("placed");
+    let runtime_id = fastbox_fastlet::local_node::to_placement(&placement)
         .expect("the in-process node's handle")
+        .handle
         .id;
     let root = CgroupRoot::detect().unwrap();
     let cgroup = Cgroup::open(&root, &server.prefix, &runtime_id).expect("the sandbox's cgroup");

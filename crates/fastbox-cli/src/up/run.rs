@@ -359,11 +359,8 @@ async fn shutdown_signal() {
 fn runtime_ids(placements: &[NodePlacement]) -> std::collections::HashSet<String> {
     placements
         .iter()
-        .filter_map(|p| {
-            serde_json::from_value::<fastbox_runtime::sandbox::SandboxHandle>(p.handle.0.clone())
-                .ok()
-        })
-        .map(|handle| handle.id)
+        .filter_map(|p| fastbox_fastlet::local_node::to_placement(p).ok())
+        .map(|p| p.handle.id)
         .collect()
 }
 
