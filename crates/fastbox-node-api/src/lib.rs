@@ -8,6 +8,8 @@ mod agent;
 pub mod control;
 mod error;
 pub mod recipe;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod wire;
 
 pub use agent::NodeAgent;
