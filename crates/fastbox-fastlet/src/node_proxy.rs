@@ -129,6 +129,7 @@ impl NodeProxy {
         let access = self
             .access
             .access(id)
+            .await
             .ok_or_else(|| NodeProxyError::NotRunning(id.to_string()))?;
         let source = req
             .extensions()

@@ -74,8 +74,11 @@ pub enum SandboxAccess {
     Secure(AccessToken),
 }
 
-/// What the node proxy asks the server about a sandbox's access.
+/// What the node proxy asks the server about a sandbox's access (a remote node asks over
+/// the network: see [`crate::remote`]).
+#[async_trait]
 pub trait AccessApi: Send + Sync {
-    /// The access rule of sandbox `id`; `None` when there is no such sandbox.
-    fn access(&self, id: &str) -> Option<SandboxAccess>;
+    /// The access rule of sandbox `id`; `None` when there is no such sandbox (or, for a
+    /// remote node, when the server could not be asked: the request is refused).
+    async fn access(&self, id: &str) -> Option<SandboxAccess>;
 }
