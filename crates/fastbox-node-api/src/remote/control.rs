@@ -1,0 +1,436 @@
+//! The control API: [`control_router`] serves the server's [`EgressApi`] and [`AccessApi`]
+//! to remote nodes, [`ControlClient`] is a node's [`EgressApi`] and [`AccessApi`] over it
+//! (wire format: the module docs of [`super`]).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use fastbox_api::egress::PolicyStatusResponse;
+use fastbox_api::lifecycle::{NetworkPolicy, NetworkRule};
+use http::{StatusCode, header};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::credential::{Credential, require};
+use super::http_util::{envelope, read_bounded};
+use super::node_client::{ClientError, base_url, http_client, transport_error};
+use super::{CREDENTIAL_HEADER, MAX_BODY};
+use crate::control::{
+    AccessApi, AccessToken, EgressApi, EgressApiError, PolicyChange, SandboxAccess,
+};
+
+/// How long a node keeps an answer of the access route by default: a sandbox's access rule
+/// is fixed at its create, and a proxied request should not wait for the server every time.
+pub const DEFAULT_ACCESS_TTL: Duration = Duration::from_secs(5);
+
+/// Answers of the access route kept at most (the oldest go first once full).
+const MAX_CACHED: usize = 4096;
+
+/// The egress operations: a change is applied on the sandbox's node (the server calls this
+/// node back) before it answers.
+const EGRESS_TIMEOUT: Duration = Duration::from_secs(60);
+/// The access check, on a proxied request's path.
+const ACCESS_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The code of an [`EgressApiError`] the wire cannot name.
+const UNKNOWN_CODE: &str = "GENERAL::UNKNOWN_ERROR";
+
+// The wire forms.
+
+#[derive(Serialize, Deserialize)]
+struct IdArgs {
+    id: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ChangeArgs {
+    id: String,
+    change: WireChange,
+    via: String,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum WireChange {
+    Replace(NetworkPolicy),
+    Patch(Vec<NetworkRule>),
+    Delete(Vec<String>),
+}
+
+impl From<PolicyChange> for WireChange {
+    fn from(change: PolicyChange) -> Self {
+        match change {
+            PolicyChange::Replace(policy) => Self::Replace(policy),
+            PolicyChange::Patch(rules) => Self::Patch(rules),
+            PolicyChange::Delete(targets) => Self::Delete(targets),
+        }
+    }
+}
+
+impl From<WireChange> for PolicyChange {
+    fn from(change: WireChange) -> Self {
+        match change {
+            WireChange::Replace(policy) => Self::Replace(policy),
+            WireChange::Patch(rules) => Self::Patch(rules),
+            WireChange::Delete(targets) => Self::Delete(targets),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireEgressError {
+    status: u16,
+    code: String,
+    message: String,
+}
+
+impl From<EgressApiError> for WireEgressError {
+    fn from(e: EgressApiError) -> Self {
+        Self {
+            status: e.status.as_u16(),
+            code: e.code.to_string(),
+            message: e.message,
+        }
+    }
+}
+
+impl From<WireEgressError> for EgressApiError {
+    fn from(e: WireEgressError) -> Self {
+        Self {
+            status: StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_GATEWAY),
+            code: static_code(&e.code),
+            message: e.message,
+        }
+    }
+}
+
+type EgressAnswer = Result<PolicyStatusResponse, WireEgressError>;
+
+/// A sandbox's access rule on the wire: the only place a sandbox's access token is written
+/// out, as its text.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum WireAccess {
+    Open,
+    Secure(String),
+}
+
+/// `code` as the `&'static str` of [`EgressApiError`]: the codes are a short, fixed list (the
+/// lifecycle API's), each kept once; anything unlike one is [`UNKNOWN_CODE`].
+fn static_code(code: &str) -> &'static str {
+    const MAX_CODES: usize = 64;
+    const MAX_LEN: usize = 64;
+    static CODES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    if code.is_empty() || code.len() > MAX_LEN || !code.bytes().all(|b| b.is_ascii_graphic()) {
+        return UNKNOWN_CODE;
+    }
+    let mut codes = CODES
+        .get_or_init(Default::default)
+        .lock()
+        .expect("codes lock");
+    if let Some(known) = codes.get(code) {
+        return known;
+    }
+    if codes.len() >= MAX_CODES {
+        return UNKNOWN_CODE;
+    }
+    let kept: &'static str = Box::leak(code.to_string().into_boxed_str());
+    codes.insert(kept);
+    kept
+}
+
+// The server side.
+
+#[derive(Clone)]
+struct Control {
+    egress: Arc<dyn EgressApi>,
+    access: Arc<dyn AccessApi>,
+}
+
+/// The control API of `egress` and `access`, every route behind `auth` (the credential the
+/// node presents: its own, not the one the server presents to it).
+pub fn control_router(
+    egress: Arc<dyn EgressApi>,
+    access: Arc<dyn AccessApi>,
+    auth: Credential,
+) -> Router {
+    Router::new()
+        .route("/control/v1/egress/policy", post(policy))
+        .route("/control/v1/egress/change", post(change))
+        .route("/control/v1/access", post(access_rule))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(Control { egress, access })
+        .fallback(async || {
+            envelope(
+                StatusCode::NOT_FOUND,
+                "NODE::UNKNOWN_VERB",
+                "no such route of the control API",
+            )
+        })
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(auth),
+            require,
+        ))
+}
+
+/// The arguments in `body`, or the 400 (or 413) that refuses them.
+fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, Box<Response>> {
+    let body =
+        body.map_err(|e| Box::new(envelope(e.status(), "NODE::BAD_REQUEST", e.body_text())))?;
+    serde_json::from_slice(&body).map_err(|e| {
+        Box::new(envelope(
+            StatusCode::BAD_REQUEST,
+            "NODE::BAD_REQUEST",
+            format!("the arguments: {e}"),
+        ))
+    })
+}
+
+fn json<T: Serialize>(answer: &T) -> Response {
+    match serde_json::to_vec(answer) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => envelope(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "GENERAL::UNKNOWN_ERROR",
+            format!("the answer could not be written: {e}"),
+        ),
+    }
+}
+
+async fn policy(State(control): State<Control>, body: Result<Bytes, BytesRejection>) -> Response {
+    let args: IdArgs = match parse(body) {
+        Ok(args) => args,
+        Err(refused) => return *refused,
+    };
+    let answer: EgressAnswer = control.egress.policy(&args.id).await.map_err(Into::into);
+    json(&answer)
+}
+
+async fn change(State(control): State<Control>, body: Result<Bytes, BytesRejection>) -> Response {
+    let args: ChangeArgs = match parse(body) {
+        Ok(args) => args,
+        Err(refused) => return *refused,
+    };
+    let answer: EgressAnswer = control
+        .egress
+        .change(&args.id, args.change.into(), &args.via)
+        .await
+        .map_err(Into::into);
+    json(&answer)
+}
+
+async fn access_rule(
+    State(control): State<Control>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let args: IdArgs = match parse(body) {
+        Ok(args) => args,
+        Err(refused) => return *refused,
+    };
+    let answer = control
+        .access
+        .access(&args.id)
+        .await
+        .map(|access| match access {
+            SandboxAccess::Open => WireAccess::Open,
+            SandboxAccess::Secure(token) => WireAccess::Secure(token.expose().to_string()),
+        });
+    json(&answer)
+}
+
+// The node side.
+
+/// The control plane at a URL, as a node's [`EgressApi`] and [`AccessApi`].
+#[derive(Debug)]
+pub struct ControlClient {
+    base: String,
+    credential: Credential,
+    http: reqwest::Client,
+    access_ttl: Duration,
+    /// Answers of the access route: sandbox id -> (when, rule).
+    cached: Mutex<HashMap<String, (Instant, SandboxAccess)>>,
+}
+
+impl ControlClient {
+    /// A client of the server serving [`control_router`] at `url`, presenting `credential`
+    /// (this node's own).
+    pub fn new(url: &str, credential: Credential) -> Result<Self, ClientError> {
+        Ok(Self {
+            base: base_url(url)?,
+            credential,
+            http: http_client(CONNECT_TIMEOUT)?,
+            access_ttl: DEFAULT_ACCESS_TTL,
+            cached: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Keeps answers of the access route for `ttl` instead ([`Duration::ZERO`]: asks every
+    /// time).
+    pub fn with_access_ttl(mut self, ttl: Duration) -> Self {
+        self.access_ttl = ttl;
+        self
+    }
+
+    /// Posts `args` to `route`; the answer, or why there is none.
+    async fn post<A: Serialize, T: DeserializeOwned>(
+        &self,
+        route: &str,
+        args: &A,
+        timeout: Duration,
+    ) -> Result<T, String> {
+        let body = serde_json::to_vec(args).map_err(|e| e.to_string())?;
+        let response = self
+            .http
+            .post(format!("{}/control/v1/{route}", self.base))
+            .header(CREDENTIAL_HEADER, self.credential.header_value())
+            .header(header::CONTENT_TYPE, "application/json")
+            .timeout(timeout)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| {
+                format!(
+                    "unreachable at {}: {}",
+                    self.base,
+                    transport_error(&e, timeout)
+                )
+            })?;
+        let status = response.status();
+        let body = read_bounded(response, MAX_BODY, timeout).await?;
+        if status != StatusCode::OK {
+            let text = serde_json::from_slice::<fastbox_api::lifecycle::ErrorResponse>(&body)
+                .map(|e| format!("{}: {}", e.code, e.message))
+                .unwrap_or_else(|_| String::from_utf8_lossy(&body[..body.len().min(512)]).into());
+            return Err(format!("answered {status}: {text}"));
+        }
+        serde_json::from_slice(&body).map_err(|e| format!("an answer that does not parse: {e}"))
+    }
+
+    /// An egress operation the control plane did not answer.
+    fn unavailable(&self, route: &str, why: String) -> EgressApiError {
+        tracing::warn!(control = %self.base, route, error = %why, "the control plane did not answer");
+        EgressApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "SANDBOX::CONTROL_PLANE_UNAVAILABLE",
+            message: format!("the control plane did not answer: {why}"),
+        }
+    }
+
+    fn cached(&self, id: &str) -> Option<SandboxAccess> {
+        let cached = self.cached.lock().expect("access cache lock");
+        let (at, access) = cached.get(id)?;
+        (at.elapsed() < self.access_ttl).then(|| access.clone())
+    }
+
+    fn keep(&self, id: &str, access: &SandboxAccess) {
+        if self.access_ttl.is_zero() {
+            return;
+        }
+        let mut cached = self.cached.lock().expect("access cache lock");
+        if cached.len() >= MAX_CACHED {
+            cached.retain(|_, (at, _)| at.elapsed() < self.access_ttl);
+        }
+        if cached.len() >= MAX_CACHED {
+            cached.clear();
+        }
+        cached.insert(id.to_string(), (Instant::now(), access.clone()));
+    }
+}
+
+#[async_trait]
+impl EgressApi for ControlClient {
+    async fn policy(&self, id: &str) -> Result<PolicyStatusResponse, EgressApiError> {
+        let args = IdArgs { id: id.to_string() };
+        match self
+            .post::<_, EgressAnswer>("egress/policy", &args, EGRESS_TIMEOUT)
+            .await
+        {
+            Ok(answer) => answer.map_err(Into::into),
+            Err(why) => Err(self.unavailable("egress/policy", why)),
+        }
+    }
+
+    async fn change(
+        &self,
+        id: &str,
+        change: PolicyChange,
+        via: &str,
+    ) -> Result<PolicyStatusResponse, EgressApiError> {
+        let args = ChangeArgs {
+            id: id.to_string(),
+            change: change.into(),
+            via: via.to_string(),
+        };
+        match self
+            .post::<_, EgressAnswer>("egress/change", &args, EGRESS_TIMEOUT)
+            .await
+        {
+            Ok(answer) => answer.map_err(Into::into),
+            Err(why) => Err(self.unavailable("egress/change", why)),
+        }
+    }
+}
+
+#[async_trait]
+impl AccessApi for ControlClient {
+    async fn access(&self, id: &str) -> Option<SandboxAccess> {
+        if let Some(access) = self.cached(id) {
+            return Some(access);
+        }
+        let args = IdArgs { id: id.to_string() };
+        let answer = match self
+            .post::<_, Option<WireAccess>>("access", &args, ACCESS_TIMEOUT)
+            .await
+        {
+            Ok(answer) => answer?,
+            Err(why) => {
+                // Refused as not running: a port is never opened on a guess.
+                tracing::warn!(control = %self.base, sandbox = %id, error = %why, "the control plane did not answer an access check");
+                return None;
+            }
+        };
+        let access = match answer {
+            WireAccess::Open => SandboxAccess::Open,
+            WireAccess::Secure(token) => SandboxAccess::Secure(AccessToken::from_recorded(token)),
+        };
+        self.keep(id, &access);
+        Some(access)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_come_back_static_and_strange_ones_do_not() {
+        let code = static_code("SANDBOX::NOT_FOUND");
+        assert_eq!(code, "SANDBOX::NOT_FOUND");
+        assert!(std::ptr::eq(code, static_code("SANDBOX::NOT_FOUND")));
+        for strange in ["", "a b", &"X".repeat(65), "é"] {
+            assert_eq!(static_code(strange), UNKNOWN_CODE, "{strange:?}");
+        }
+    }
+
+    #[test]
+    fn changes_travel_as_one_tagged_object() {
+        let change = PolicyChange::Delete(vec!["example.com".into()]);
+        let json = serde_json::to_string(&WireChange::from(change.clone())).unwrap();
+        assert_eq!(json, r#"{"delete":["example.com"]}"#);
+        let back: WireChange = serde_json::from_str(&json).unwrap();
+        assert_eq!(PolicyChange::from(back), change);
+        let secure = serde_json::to_string(&Some(WireAccess::Secure("t".into()))).unwrap();
+        assert_eq!(secure, r#"{"secure":"t"}"#);
+        let open = serde_json::to_string(&Some(WireAccess::Open)).unwrap();
+        assert_eq!(open, r#""open""#);
+    }
+}
