@@ -774,7 +774,8 @@ impl State {
     }
 
     /// Checks slot `slot` for a start of sandbox `id`: `Some` answers an earlier start of the
-    /// same sandbox there; `kept_ok` accepts a slot kept for it (a resume).
+    /// same sandbox there; `kept_ok` accepts a slot kept for it (a resume, or a create
+    /// started again after a restart: the in-process node restores into a kept slot alike).
     fn start_slot(
         &mut self,
         verb: Verb,
@@ -1153,7 +1154,7 @@ impl NodeAgent for FakeNode {
                     format!("{}: the fake node does not have it", spec.image.reference),
                 ));
             }
-            if let Some(existing) = s.start_slot(Verb::Place, &spec.id, slot, false)? {
+            if let Some(existing) = s.start_slot(Verb::Place, &spec.id, slot, true)? {
                 return Ok(existing);
             }
             let template = spec.template.as_ref().map(|t| t.key.clone());

@@ -217,12 +217,18 @@ impl Lifecycle {
         }
     }
 
-    /// Records a failure and removes whatever the sandbox had on the node.
+    /// Records a failure and removes whatever the sandbox had on the node. A sandbox being
+    /// deleted (`Stopping`) keeps going to `Terminated`: the failure is an event.
     pub(super) async fn fail(self: &Arc<Self>, id: &str, reason: &str, message: &str) {
         tracing::warn!(sandbox = %id, reason, message, "sandbox failed");
         if self
             .update(id, |r| {
-                r.transition(SandboxState::Failed, Some(reason), message);
+                match r.state() {
+                    SandboxState::Stopping => {
+                        r.event("FailedWhileStopping", &format!("{reason}: {message}"))
+                    }
+                    _ => r.transition(SandboxState::Failed, Some(reason), message),
+                }
                 Ok(())
             })
             .is_ok()
@@ -425,6 +431,7 @@ impl Lifecycle {
                 }
             }
         }
+        self.recover_templates();
         (adopted, lost, restarted)
     }
 
@@ -456,10 +463,20 @@ impl Lifecycle {
         self.claim(&id);
         let this = self.clone();
         tokio::spawn(async move {
-            let cleaned = this
-                .node
-                .remove(&id, record.placement.as_ref(), record.slot)
-                .await;
+            // Whatever the interrupted start left goes; its slot stays the sandbox's (a
+            // removal would give the slot back when its teardown ends: under the new start).
+            let cleaned = match record.slot {
+                Some(slot) => this
+                    .node
+                    .release_keeping_address(&id, record.placement.as_ref(), slot)
+                    .await
+                    .map(drop),
+                None => this
+                    .node
+                    .remove(&id, record.placement.as_ref(), None)
+                    .await
+                    .map(drop),
+            };
             let plan = recorded_limits(&record.resource_limits, &this.cfg.resources)
                 .map(|(limits, disk_bytes)| CreatePlan {
                     image: record.image.clone(),
@@ -479,11 +496,7 @@ impl Lifecycle {
                 // The operator may have withdrawn the image's directory since.
                 .and_then(|plan| this.check_local_image(&plan.image.uri).map(|()| plan));
             match (cleaned, plan) {
-                (Ok(_), Ok(plan)) => {
-                    // remove() freed the slot: take it again for the retry.
-                    if let Some(slot) = record.slot {
-                        this.node.claim_slot(slot).await;
-                    }
+                (Ok(()), Ok(plan)) => {
                     let _ = this.update(&id, |r| {
                         r.event(
                             "CreateRestarted",

@@ -119,6 +119,28 @@ impl Lifecycle {
         Ok(template)
     }
 
+    /// After a restart: builds that were waiting or running start again (their node work
+    /// is idempotent: a golden checkpoint the node finished is found, not rebuilt).
+    pub(super) fn recover_templates(self: &Arc<Self>) {
+        let interrupted: Vec<String> = self
+            .templates
+            .lock()
+            .expect("templates lock")
+            .values()
+            .filter(|t| {
+                matches!(
+                    t.status.phase,
+                    TemplatePhase::Pending | TemplatePhase::Building
+                )
+            })
+            .map(|t| t.template_id.clone())
+            .collect();
+        for id in interrupted {
+            let this = self.clone();
+            tokio::spawn(async move { this.build_template(&id).await });
+        }
+    }
+
     /// Builds template `id`: resolve the image, then the golden checkpoint of its recipe.
     async fn build_template(self: &Arc<Self>, id: &str) {
         let Ok(template) = self.set_phase(id, TemplatePhase::Building, None) else {
