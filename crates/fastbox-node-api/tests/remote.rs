@@ -4,8 +4,8 @@
 //! - every verb answers through `NodeClient` what the node answers directly, and the node
 //!   sees the same arguments (a twin node driven directly is the reference);
 //! - errors keep their kind and message; what is not an answer is `Unreachable` (a stopped
-//!   server, a node that does not answer in time, an answer that does not parse) or `Failed`
-//!   (the router's own refusal);
+//!   server, a node that does not answer in time, an answer that does not parse, the node
+//!   refusing the client's credential) or `Failed` (the router's other refusals);
 //! - a missing or wrong credential is a 401 that names neither token, and the agent is not
 //!   called;
 //! - the proxy route streams both ways, carries its path exactly, its side channels
@@ -642,10 +642,15 @@ async fn a_missing_or_wrong_credential_is_401_and_the_node_is_not_called() {
     assert!(served.proxied().is_empty());
     assert!(served.node.calls().is_empty());
 
-    // The client with the wrong credential: the node refused the call, nothing was done.
+    // The client with the wrong credential: the node refused the call, nothing was done,
+    // and the node is of no use to this client (the server answers 503).
     let stranger = client(&server.url(), &wrong);
     let e = stranger.admit().await.unwrap_err();
-    assert_eq!(e.kind, NodeErrorKind::Failed);
+    assert_eq!(e.kind, NodeErrorKind::Unreachable);
+    assert!(
+        e.message.contains("refused this server's credential"),
+        "{e}"
+    );
     assert!(
         e.message.contains(NODE) && e.message.contains("admit"),
         "{e}"

@@ -37,8 +37,11 @@
 //!
 //! [`NodeClient`] maps what cannot be an answer to [`NodeErrorKind`]s: no connection, a
 //! timeout, a 5xx, or a 200 whose body does not parse or is over the limit are
-//! [`NodeErrorKind::Unreachable`] (whether the node acted is unknown); a 4xx of the router
-//! (the node refused the call itself: nothing was done) is [`NodeErrorKind::Failed`]. Every
+//! [`NodeErrorKind::Unreachable`] (whether the node acted is unknown), and so is a 401 (the
+//! node refused the server's credential: nothing was done, but the node is of no use to this
+//! server until the configuration is fixed, which the lifecycle API answers as 503); another
+//! 4xx of the router (the node refused the call itself: nothing was done) is
+//! [`NodeErrorKind::Failed`]. Every
 //! message names the node and the verb. Nothing is retried here: every verb is safe to repeat
 //! and the server decides when to.
 //!

@@ -225,6 +225,18 @@ impl NodeClient {
                 ))
             });
         }
+        if status == StatusCode::UNAUTHORIZED {
+            // The node refused this server's credential: nothing was done, and the node is
+            // of no use to this server until its configuration is fixed.
+            return Err(self.error(
+                NodeErrorKind::Unreachable,
+                name,
+                format_args!(
+                    "the node refused this server's credential ({}): check the server-to-node credential the server was given",
+                    refusal_text(&body)
+                ),
+            ));
+        }
         // The router's own refusal (nothing was done), or something in the way.
         let kind = if status.is_client_error() {
             NodeErrorKind::Failed
