@@ -8,6 +8,7 @@ pub mod bench_memory;
 pub mod bench_runc;
 pub mod bench_snapshot;
 pub mod client;
+pub mod node;
 pub mod paths;
 pub mod route_key;
 pub mod sandbox_run;

@@ -4,7 +4,7 @@
 
 use clap::{Parser, Subcommand};
 use fastbox_cli::{
-    artifacts, bench, bench_create, bench_memory, bench_snapshot, client, paths, route_key,
+    artifacts, bench, bench_create, bench_memory, bench_snapshot, client, node, paths, route_key,
     sandbox_run, up,
 };
 
@@ -21,6 +21,9 @@ struct Cli {
 enum Command {
     /// Run the whole service on this machine: lifecycle API, node agent, proxies.
     Up(Box<up::UpArgs>),
+    /// Run a node agent alone (sandboxes, node API, node proxy) for a `fastbox up
+    /// --remote-node` server elsewhere.
+    Node(Box<node::NodeArgs>),
     /// Remove everything a stopped instance left on the host (sandboxes, network, cgroups).
     Purge(up::PurgeArgs),
     /// List host-wide state carrying a prefix (exit status 1 if any): a leak check.
@@ -183,6 +186,7 @@ fn main() {
         } => artifacts::gc(args),
         Command::RouteKey { command } => route_key::run(command),
         Command::Up(args) => up::up(*args),
+        Command::Node(args) => node::node(*args),
         Command::Purge(args) => up::purge(args),
         Command::Leftovers(args) => up::leftovers(args),
     };

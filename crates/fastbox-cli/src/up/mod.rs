@@ -4,13 +4,15 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use anyhow::Context;
 use fastbox_server::config::{ServerConfig, Settings};
 
-use crate::paths::{self, HostArgs};
+use crate::node::NodeCredentials;
+use crate::paths;
 
+pub(crate) mod node_side;
 mod run;
-pub use run::ROUTE_KEY_FILE;
+use run::{NodeMode, RemoteNode};
+pub use run::{ROUTE_KEY_FILE, UpError};
 
 /// Every setting can also come from the config file; flags and environment win over it.
 #[derive(clap::Args, Debug)]
@@ -32,19 +34,8 @@ pub struct UpArgs {
     /// kept in DATA_DIR/api-key].
     #[arg(long, env = "FASTBOX_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// State directory: state store, sandboxes, keys [default: /var/lib/fastbox].
-    #[arg(long, env = "FASTBOX_DATA_DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// Host-wide image cache [default: /var/lib/fastbox/cache].
-    #[arg(long, env = "FASTBOX_CACHE_DIR")]
-    pub cache_dir: Option<PathBuf>,
-    /// Prefix of this instance's host-wide names (netns, veths, cgroups, nft table); at most
-    /// 8 of [a-z0-9] [default: fb].
-    #[arg(long, env = "FASTBOX_PREFIX")]
-    pub prefix: Option<String>,
-    /// Sandbox address pool, BASE/LEN [default: 10.89.0.0/16].
-    #[arg(long, env = "FASTBOX_POOL")]
-    pub pool: Option<String>,
+    #[command(flatten)]
+    pub instance: InstanceArgs,
     /// Image prepared before /health answers 200 (repeatable) [default: python:3.12].
     #[arg(
         long = "default-image",
@@ -61,13 +52,6 @@ pub struct UpArgs {
     /// How long terminated and failed sandboxes stay listed, seconds [default: 3600].
     #[arg(long)]
     pub retention_seconds: Option<u64>,
-    /// The static execd binary.
-    #[arg(long, env = "FASTBOX_EXECD_BIN")]
-    pub execd: Option<PathBuf>,
-    /// The CRIU binary (>= 4.2) [default: .deps/criu/bin/criu of the repository, then the
-    /// system's].
-    #[arg(long, env = "FASTBOX_CRIU")]
-    pub criu: Option<PathBuf>,
     /// How long a create waits for its image before answering `Pending` (an image that
     /// fails within this time is a 400) [default: 1500].
     #[arg(long)]
@@ -195,6 +179,54 @@ pub struct UpArgs {
     /// answer 429 to everyone [default: 1000].
     #[arg(long, env = "FASTBOX_ACCESS_FAILURES_GLOBAL")]
     pub access_failures_global: Option<u32>,
+    /// Run no node in this process: the lifecycle server uses the node agent (`fastbox
+    /// node`) whose node API is at this URL (`http://HOST:PORT`); --node-proxy-public must
+    /// name that node's proxy.
+    #[arg(
+        long,
+        env = "FASTBOX_REMOTE_NODE",
+        requires = "remote_node_credentials",
+        requires = "node_proxy_public"
+    )]
+    pub remote_node: Option<String>,
+    /// The remote node's credentials: the two lines `fastbox node --print-credentials`
+    /// prints.
+    #[arg(
+        long,
+        env = "FASTBOX_REMOTE_NODE_CREDENTIALS",
+        requires = "remote_node"
+    )]
+    pub remote_node_credentials: Option<PathBuf>,
+    /// Where the control API a remote node calls listens (its --control-url).
+    #[arg(long, env = "FASTBOX_CONTROL_LISTEN", default_value = "127.0.0.1:8092")]
+    pub control_listen: SocketAddr,
+}
+
+/// Where an instance keeps its state and names its host-wide things, and its binaries: the
+/// same for `fastbox up` and `fastbox node`.
+#[derive(clap::Args, Debug)]
+pub struct InstanceArgs {
+    /// State directory: sandboxes, checkpoints, keys, the server's state store [default:
+    /// /var/lib/fastbox].
+    #[arg(long, env = "FASTBOX_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Host-wide image cache [default: /var/lib/fastbox/cache].
+    #[arg(long, env = "FASTBOX_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Prefix of this instance's host-wide names (netns, veths, cgroups, nft table); at most
+    /// 8 of [a-z0-9] [default: fb].
+    #[arg(long, env = "FASTBOX_PREFIX")]
+    pub prefix: Option<String>,
+    /// Sandbox address pool, BASE/LEN [default: 10.89.0.0/16].
+    #[arg(long, env = "FASTBOX_POOL")]
+    pub pool: Option<String>,
+    /// The static execd binary.
+    #[arg(long, env = "FASTBOX_EXECD_BIN")]
+    pub execd: Option<PathBuf>,
+    /// The CRIU binary (>= 4.2) [default: .deps/criu/bin/criu of the repository, then the
+    /// system's].
+    #[arg(long, env = "FASTBOX_CRIU")]
+    pub criu: Option<PathBuf>,
 }
 
 impl UpArgs {
@@ -204,10 +236,10 @@ impl UpArgs {
             node_proxy_listen: self.node_proxy_listen,
             node_proxy_public: self.node_proxy_public.clone(),
             api_key: self.api_key.clone(),
-            data_dir: self.data_dir.clone(),
-            cache_dir: self.cache_dir.clone(),
-            prefix: self.prefix.clone(),
-            pool: self.pool.clone(),
+            data_dir: self.instance.data_dir.clone(),
+            cache_dir: self.instance.cache_dir.clone(),
+            prefix: self.instance.prefix.clone(),
+            pool: self.instance.pool.clone(),
             default_images: if self.no_default_images {
                 Some(Vec::new())
             } else {
@@ -215,7 +247,7 @@ impl UpArgs {
             },
             max_timeout_seconds: self.max_timeout_seconds,
             retention_seconds: self.retention_seconds,
-            execd: self.execd.clone(),
+            execd: self.instance.execd.clone(),
             create_image_wait_ms: self.create_image_wait_ms,
             pool_size: self.pool_size,
             pool_min: self.pool_min,
@@ -251,26 +283,20 @@ impl UpArgs {
 }
 
 pub fn up(args: UpArgs) -> anyhow::Result<i32> {
-    paths::require_root()?;
     let file = match &args.config {
         Some(path) => Settings::from_file(path)?,
         None => Settings::default(),
     };
     let cfg = ServerConfig::resolve(args.settings().over(file))?;
-    let host = HostArgs {
-        criu: args.criu.clone(),
-        execd: cfg.execd.clone(),
-        data_dir: cfg.data_dir.clone(),
-        cache_dir: cfg.cache_dir.clone(),
+    let mode = match (&args.remote_node, &args.remote_node_credentials) {
+        (Some(url), Some(credentials)) => NodeMode::Remote(RemoteNode {
+            url: url.clone(),
+            credentials: NodeCredentials::read(credentials)?,
+            control_listen: args.control_listen,
+        }),
+        _ => NodeMode::Local(node_side::binaries(&cfg, args.instance.criu.clone())?),
     };
-    let execd = host.execd()?;
-    let criu = host.criu()?;
-    let helper = std::env::current_exe().context("locate the fastbox executable")?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("start the async runtime")?;
-    runtime.block_on(run::run(cfg, helper, execd, criu))?;
+    node_side::runtime()?.block_on(run::run(cfg, mode))?;
     Ok(0)
 }
 

@@ -4,7 +4,12 @@
 //!
 //! The server reaches its node through `fastbox_node_api::NodeAgent` only; here the
 //! in-process node ([`LocalNode`]) is wired in, with its node proxy, whose port-18080 policy
-//! changes and access checks call back into the server.
+//! changes and access checks call back into the server. With `--remote-node`
+//! ([`NodeMode::Remote`]) there is no node in this process: the node is a
+//! `fastbox_node_api::remote::NodeClient` of a `fastbox node` elsewhere, and the server
+//! serves that node the control API (its policy changes and access checks) instead of a
+//! node proxy. The node parts (store, fastlet, proxy) are [`super::node_side`]'s, shared with
+//! `fastbox node`.
 //!
 //! The node's artifact store (`fastbox_fastlet::node_store`: a local directory, or an S3
 //! origin behind the node block cache and, with peers, DART) is opened right after the state
@@ -12,28 +17,35 @@
 //! a missing bucket stop the start with the store's own message. The DART peer server runs
 //! until the process stops; the artifact garbage collection runs on its schedule
 //! (`fastbox_server::artifact_gc`); both report in `/metrics`
-//! (`fastbox_server::metrics::NodeMetrics`).
+//! (`fastbox_server::metrics::NodeMetrics`). A remote node's store is the node's: the
+//! server collects no garbage and reports no store metrics then.
 
+use std::future::Future;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
 use fastbox_artifact::{CacheStats, CachedStoreStats};
-use fastbox_fastlet::node_proxy::{self, AccessGuard, NodeProxy};
+use fastbox_fastlet::node_proxy;
 use fastbox_fastlet::node_store::{NodeStore, NodeStoreError};
-use fastbox_fastlet::{Fastlet, FastletConfig, LocalNode, blocking};
-use fastbox_image::{ImageConfig, StderrProgress};
+use fastbox_fastlet::{Fastlet, LocalNode, blocking};
+use fastbox_image::StderrProgress;
+use fastbox_node_api::NodeAgent;
+use fastbox_node_api::remote::{NodeClient, Timeouts, control_router};
 use fastbox_node_api::wire::NodePlacement;
-use fastbox_proxy::{Forwarder, ForwarderConfig, RouteKeys};
+use fastbox_proxy::RouteKeys;
 use fastbox_server::artifact_gc::{self, ArtifactCollector};
-use fastbox_server::config::{ServerConfig, format_duration};
+use fastbox_server::config::ServerConfig;
 use fastbox_server::http::{self, AppState};
 use fastbox_server::metrics::{self, NodeMetrics, StoreStats};
 use fastbox_server::service::{Health, Lifecycle};
 use fastbox_server::store::Store;
-use tokio::net::TcpListener;
+
+use super::node_side::{self, NodeBinaries, bind, serve, shutdown_signal};
+use crate::node::NodeCredentials;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpError {
@@ -56,6 +68,11 @@ pub enum UpError {
     Artifacts(NodeStoreError),
     #[error(transparent)]
     Node(#[from] fastbox_fastlet::FastletError),
+    #[error("remote node {url}: {source}")]
+    RemoteNode {
+        url: String,
+        source: fastbox_node_api::remote::ClientError,
+    },
     #[error("{0}")]
     Api(#[from] fastbox_server::error::ApiError),
     #[error("server: {0}")]
@@ -68,81 +85,84 @@ pub const ROUTE_KEY_FILE: &str = "route-signing.key";
 /// The in-process node's name.
 const LOCAL_NODE_ID: &str = "local";
 
-/// Runs `fastbox up` until SIGTERM or SIGINT. `helper` is the `fastbox` executable itself.
-pub async fn run(
-    cfg: ServerConfig,
-    helper: PathBuf,
-    execd_bin: PathBuf,
-    criu: fastbox_runtime::criu::Criu,
-) -> Result<(), UpError> {
+/// Where the server's node runs.
+pub(crate) enum NodeMode {
+    /// In this process, with these binaries.
+    Local(NodeBinaries),
+    /// In a `fastbox node` elsewhere.
+    Remote(RemoteNode),
+}
+
+/// A `fastbox node` the server uses.
+pub(crate) struct RemoteNode {
+    /// Its node API's base URL.
+    pub url: String,
+    pub credentials: NodeCredentials,
+    /// Where the control API it calls listens.
+    pub control_listen: std::net::SocketAddr,
+}
+
+/// The in-process node's parts that `fastbox up` runs besides the server.
+struct InProcess {
+    fastlet: Arc<Fastlet>,
+    node_store: Arc<NodeStore>,
+    node: Arc<LocalNode>,
+}
+
+/// Runs `fastbox up` until SIGTERM or SIGINT.
+pub(crate) async fn run(cfg: ServerConfig, mode: NodeMode) -> Result<(), UpError> {
     let started = Instant::now();
     let data_dir = cfg.data_dir.clone();
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&data_dir)
-        .map_err(|source| UpError::DataDir {
-            path: data_dir.clone(),
-            source,
-        })?;
+    node_side::create_data_dir(&data_dir)?;
     let api_key = api_key(&cfg, &data_dir)?;
     // Followed as it changes: `fastbox route-key rotate` adds a signing key while the server
     // runs, the older keys verify until retired.
     let keys = RouteKeys::load_or_create(&data_dir.join(ROUTE_KEY_FILE))?;
-    let images = ImageConfig {
-        cache_dir: cfg.cache_dir.clone(),
-        registry_allow_private: cfg.registry_allow_private.clone(),
-        ..ImageConfig::default()
-    };
+    let images = node_side::image_config(&cfg);
     let store = Store::open(&data_dir.join("state.redb"))?;
-    let node_store = open_node_store(&cfg).await?;
-    let fastlet_cfg = FastletConfig {
-        prefix: cfg.prefix.clone(),
-        data_dir: data_dir.clone(),
-        helper,
-        pool: cfg.pool,
-        images: images.clone(),
-        execd_bin,
-        criu,
-        pool_min: cfg.pool_min,
-        pool_max: cfg.pool_max,
-        spare_slots: cfg.spare_slots,
-        dns_upstreams: cfg.dns_upstreams.clone(),
-        sandbox_reach: cfg.sandbox_reach.clone(),
-        artifact_store: node_store.store(),
-        lazy_restore_min_bytes: cfg.lazy_restore_min_bytes,
+    let (agent, local, remote): (Arc<dyn NodeAgent>, _, _) = match mode {
+        NodeMode::Local(binaries) => {
+            let node_store = node_side::open_node_store(&cfg).await?;
+            let fastlet = node_side::start_fastlet(&cfg, binaries, &node_store).await?;
+            let node = Arc::new(LocalNode::new(fastlet.clone(), LOCAL_NODE_ID.to_string()));
+            let local = InProcess {
+                fastlet,
+                node_store,
+                node: node.clone(),
+            };
+            (node, Some(local), None)
+        }
+        NodeMode::Remote(remote) => {
+            let client = NodeClient::new(
+                remote.url.clone(),
+                &remote.url,
+                remote.credentials.server_to_node.clone(),
+                Timeouts::default(),
+            )
+            .map_err(|source| UpError::RemoteNode {
+                url: remote.url.clone(),
+                source,
+            })?
+            .with_image_config(images.clone());
+            println!(
+                "fastbox: no node in this process: the node at {}",
+                remote.url
+            );
+            (Arc::new(client), None, Some(remote))
+        }
     };
-    let fastlet =
-        Arc::new(blocking::run("fastbox-node", move || Fastlet::start(fastlet_cfg)).await?);
-    let node = Arc::new(LocalNode::new(fastlet.clone(), LOCAL_NODE_ID.to_string()));
-    let lifecycle = Lifecycle::new(cfg.clone(), store, node.clone(), images, keys.clone())?;
-    let staged = fastlet.purge_staging();
-    if staged > 0 {
-        println!(
-            "fastbox: removed {staged} live-snapshot staging directory(ies) of the previous run"
-        );
-    }
+    let lifecycle = Lifecycle::new(cfg.clone(), store, agent.clone(), images, keys.clone())?;
     let (adopted, lost, restarted) = lifecycle.recover().await;
     lifecycle.recover_snapshots().await;
-    for key in lifecycle.unreferenced_pauses(&fastlet.snapshot_keys()) {
-        if let Err(e) = fastlet.remove_snapshot(&key) {
+    for key in lifecycle.unreferenced_pauses(&agent.snapshot_keys().await) {
+        if let Err(e) = agent.remove_snapshot(&key).await {
             tracing::warn!(checkpoint = %key, error = %e, "could not remove a pause checkpoint left by an earlier run");
         }
     }
-    let claimed = runtime_ids(&lifecycle.placements());
-    let stale = fastlet.purge_pool_leftovers(&claimed);
-    if stale > 0 {
-        println!(
-            "fastbox: removed {stale} unclaimed pooled sandbox(es) and spare slot(s) of the previous run"
-        );
+    if let Some(local) = &local {
+        let claimed = runtime_ids(&lifecycle.placements());
+        node_side::recover_and_start(&local.fastlet, &claimed, true);
     }
-    let stale_slots = fastlet.purge_stale_slots();
-    if stale_slots > 0 {
-        println!("fastbox: removed {stale_slots} network slot(s) that no sandbox held");
-    }
-    fastlet.start_reaper();
-    fastlet.start_spares();
-    fastlet.start_refill();
     if adopted + lost + restarted > 0 {
         println!(
             "fastbox: recovered sandboxes: {adopted} re-adopted, {lost} lost (Failed: PROCESS_LOST), {restarted} interrupted creates restarted"
@@ -150,58 +170,84 @@ pub async fn run(
     }
 
     let api_listener = bind(cfg.listen).await?;
-    let node_listener = bind(cfg.node_proxy_listen).await?;
-    let node_proxy = NodeProxy {
-        fastlet: fastlet.clone(),
-        keys,
-        forwarder: Arc::new(Forwarder::new(ForwarderConfig::default())),
-        // Port 18080's policy changes are applied and recorded by the lifecycle service.
-        egress: lifecycle.clone(),
-        // Which sandboxes are secure (`secureAccess`), from the records.
-        access: lifecycle.clone(),
-        guard: Arc::new(AccessGuard::new(
-            cfg.access_failures,
-            cfg.route_max_lifetime,
-        )),
-    };
-    // The server proxy forwards through the node, the node through its proxy.
-    node.attach_proxy(node_proxy.clone());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let state = AppState {
         lifecycle: lifecycle.clone(),
         api_key: api_key.into(),
     };
-    let collector = Arc::new(ArtifactCollector::new(
-        node_store.origin().clone(),
-        cfg.artifacts.gc_grace,
-    ));
-    let node_metrics = Arc::new(NodeMetrics::new(
-        Arc::new(StoreMetrics(node_store.clone())),
-        collector.clone(),
-    ));
-    let router = http::router(state).layer(axum::middleware::from_fn_with_state(
-        node_metrics,
-        metrics::append_node_metrics,
-    ));
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    if let Some(interval) = cfg.artifacts.gc_interval {
-        tokio::spawn(artifact_gc::collect_periodically(
-            collector,
-            lifecycle.clone(),
-            interval,
-            stop_rx.clone(),
-        ));
-    }
+    let mut router = http::router(state);
+    // The node's other listener: its proxy in process, or the control API a remote node
+    // calls.
+    let (second, second_router, prepare): (_, _, Pin<Box<dyn Future<Output = ()> + Send>>) = match (
+        &local, &remote,
+    ) {
+        (Some(local), _) => {
+            let node_proxy = node_side::node_proxy(
+                &cfg,
+                local.fastlet.clone(),
+                keys,
+                // Port 18080's policy changes are applied and recorded by the lifecycle
+                // service; which sandboxes are secure comes from its records.
+                lifecycle.clone(),
+                lifecycle.clone(),
+            );
+            // The server proxy forwards through the node, the node through its proxy.
+            local.node.attach_proxy(node_proxy.clone());
+            let collector = Arc::new(ArtifactCollector::new(
+                local.node_store.origin().clone(),
+                cfg.artifacts.gc_grace,
+            ));
+            let node_metrics = Arc::new(NodeMetrics::new(
+                Arc::new(StoreMetrics(local.node_store.clone())),
+                collector.clone(),
+            ));
+            router = router.layer(axum::middleware::from_fn_with_state(
+                node_metrics,
+                metrics::append_node_metrics,
+            ));
+            if let Some(interval) = cfg.artifacts.gc_interval {
+                tokio::spawn(artifact_gc::collect_periodically(
+                    collector,
+                    lifecycle.clone(),
+                    interval,
+                    stop_rx.clone(),
+                ));
+            }
+            println!(
+                "fastbox: lifecycle API on http://{} (also /v1), node proxy on {}, data in {}",
+                cfg.listen,
+                cfg.node_proxy_listen,
+                data_dir.display()
+            );
+            (
+                bind(cfg.node_proxy_listen).await?,
+                node_proxy::router(node_proxy),
+                Box::pin(prepare_images(lifecycle.clone(), local.fastlet.clone())),
+            )
+        }
+        (None, Some(remote)) => {
+            println!(
+                "fastbox: lifecycle API on http://{} (also /v1), control API for the node on {}, data in {}",
+                cfg.listen,
+                remote.control_listen,
+                data_dir.display()
+            );
+            (
+                bind(remote.control_listen).await?,
+                control_router(
+                    lifecycle.clone(),
+                    lifecycle.clone(),
+                    remote.credentials.node_to_server.clone(),
+                ),
+                Box::pin(prepare_remote_images(lifecycle.clone())),
+            )
+        }
+        (None, None) => unreachable!("a node in process or a remote one"),
+    };
     let api = serve(api_listener, router, stop_rx.clone());
-    let node = serve(node_listener, node_proxy::router(node_proxy), stop_rx);
-    println!(
-        "fastbox: lifecycle API on http://{} (also /v1), node proxy on {}, data in {}",
-        cfg.listen,
-        cfg.node_proxy_listen,
-        data_dir.display()
-    );
+    let node = serve(second, second_router, stop_rx);
     let _ = std::io::stdout().flush();
 
-    let prepare = prepare_images(lifecycle.clone(), fastlet.clone());
     tokio::spawn(lifecycle.clone().reconcile_forever());
     let servers = async { tokio::try_join!(api, node) };
     tokio::pin!(servers);
@@ -214,41 +260,16 @@ pub async fn run(
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), &mut servers).await;
         }
     }
-    // Off the async threads: removing sandboxes blocks, and the node's blocking HTTP client
-    // must not be dropped on a runtime thread.
-    blocking::run("fastbox-stop", move || {
-        fastlet.drain_pools();
-        if let Ok(fastlet) = Arc::try_unwrap(fastlet) {
-            fastlet.shutdown();
-        }
-        node_store.shutdown();
-    })
-    .await;
+    if let Some(InProcess {
+        fastlet,
+        node_store,
+        node,
+    }) = local
+    {
+        drop(node);
+        node_side::stop(fastlet, node_store).await;
+    }
     Ok(())
-}
-
-/// Opens the node's artifact store (on a plain thread: an S3 origin is checked over the
-/// network) and says what it is and when its garbage is collected.
-async fn open_node_store(cfg: &ServerConfig) -> Result<Arc<NodeStore>, UpError> {
-    let (store_cfg, data_dir) = (cfg.artifacts.store.clone(), cfg.data_dir.clone());
-    let node_store = blocking::run("fastbox-artifacts", move || {
-        NodeStore::open(&store_cfg, &data_dir, &|name| std::env::var(name).ok())
-    })
-    .await
-    .map_err(UpError::Artifacts)?;
-    let collection = match cfg.artifacts.gc_interval {
-        Some(interval) => format!(
-            "every {} (grace {})",
-            format_duration(interval),
-            format_duration(cfg.artifacts.gc_grace)
-        ),
-        None => "off".into(),
-    };
-    println!(
-        "fastbox: artifact store: {}; garbage collection {collection}",
-        node_store.describe()
-    );
-    Ok(Arc::new(node_store))
 }
 
 /// The API key: configured, or kept in the data dir, or generated now (and printed once).
@@ -281,27 +302,6 @@ fn api_key(cfg: &ServerConfig, data_dir: &Path) -> Result<String, UpError> {
         path.display()
     );
     Ok(key)
-}
-
-async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, UpError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| UpError::Listen { addr, source })
-}
-
-async fn serve(
-    listener: TcpListener,
-    router: axum::Router,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) -> std::io::Result<()> {
-    axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move {
-        let _ = stop.wait_for(|s| *s).await;
-    })
-    .await
 }
 
 /// Prepares the default images (progress on stderr), then reports healthy.
@@ -345,13 +345,19 @@ async fn prepare_images(lifecycle: Arc<Lifecycle>, fastlet: Arc<Fastlet>) {
     lifecycle.set_health(Health::Ready);
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+/// Has the remote node pull the default images (their golden checkpoints are built at their
+/// first create there), then reports healthy.
+async fn prepare_remote_images(lifecycle: Arc<Lifecycle>) {
+    let images = lifecycle.config().default_images.clone();
+    for reference in images {
+        lifecycle.set_health(Health::Starting(format!("preparing image {reference}")));
+        eprintln!("fastbox: the node prepares image {reference}");
+        match lifecycle.node().resolve_image(&reference, None).await {
+            Ok(image) => eprintln!("fastbox: image {reference} ready ({})", image.digest),
+            Err(e) => eprintln!("fastbox: warning: image {reference} could not be prepared: {e}"),
+        }
     }
+    lifecycle.set_health(Health::Ready);
 }
 
 /// The runtime names (cgroup, directory) of the sandboxes placed at `placements` (a pooled

@@ -64,6 +64,23 @@ impl UpServer {
         }
         let prefix = fastbox_testkit::run_prefix(&tag.to_string());
         let (kept, extra_args) = setup(&prefix);
+        let server = Self::launch(prefix, &format!("10.217.{}.0/24", tag as u8), extra_args);
+        Some((server, kept))
+    }
+
+    /// Starts `fastbox up` with host-wide names under `prefix` (a suite's own, e.g. from
+    /// `fastbox_testkit::run_prefix_pair`) and sandbox addresses in `pool`, and waits until
+    /// it is healthy. None, with the reason printed, when this machine cannot run it.
+    pub fn start_prefixed(prefix: &str, pool: &str, extra_args: &[&str]) -> Option<UpServer> {
+        if let Some(reason) = super::unavailable() {
+            eprintln!("skipped: {reason}");
+            return None;
+        }
+        let extra_args = extra_args.iter().map(|a| a.to_string()).collect();
+        Some(Self::launch(prefix.to_string(), pool, extra_args))
+    }
+
+    fn launch(prefix: String, pool: &str, extra_args: Vec<String>) -> UpServer {
         let dir = tempfile::Builder::new()
             .prefix(&format!("{prefix}-"))
             .tempdir()
@@ -87,7 +104,7 @@ impl UpServer {
             "--prefix".into(),
             prefix.clone(),
             "--pool".into(),
-            format!("10.217.{}.0/24", tag as u8),
+            pool.into(),
             "--execd".into(),
             fastbox_testkit::execd_path().unwrap().display().to_string(),
         ];
@@ -119,7 +136,7 @@ impl UpServer {
             http,
         };
         server.spawn();
-        Some((server, kept))
+        server
     }
 
     /// Starts the server process (again) and waits for `/health`. Its log level is

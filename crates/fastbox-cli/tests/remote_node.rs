@@ -1,0 +1,320 @@
+//! A node in its own process: `fastbox node` runs the sandboxes, `fastbox up --remote-node`
+//! runs the lifecycle server with no node of its own, and everything a client does passes
+//! between them over the node API and the control API.
+//!
+//! Root and CRIU (skipped with the reason otherwise). Prefixes `rn` (the node), `rs` (the
+//! server) and `rw` (a server given a wrong credential), from
+//! `fastbox_testkit::run_prefix_pair`.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::execd::Execd;
+use common::server::{UpServer, test_cache_dir};
+use serde_json::json;
+
+/// A `fastbox node` child process with its own prefix, pool and data directory.
+struct NodeProcess {
+    prefix: String,
+    dir: tempfile::TempDir,
+    data_dir: PathBuf,
+    /// `http://127.0.0.1:PORT` of the node API.
+    api: String,
+    /// `127.0.0.1:PORT` of the node proxy.
+    proxy: String,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl NodeProcess {
+    /// Starts the node and waits until its node API answers (401 without a credential).
+    fn start(prefix: &str, pool: &str, control_url: &str) -> NodeProcess {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{prefix}-"))
+            .tempdir()
+            .unwrap();
+        let data_dir = dir.path().join("data");
+        let (api_port, proxy_port) = (
+            fastbox_testkit::server_port(),
+            fastbox_testkit::server_port(),
+        );
+        let proxy = format!("127.0.0.1:{proxy_port}");
+        let log = dir.path().join("node.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_fastbox"))
+            .args(["node", "--listen", &format!("127.0.0.1:{api_port}")])
+            .args(["--node-proxy-listen", &proxy, "--node-proxy-public", &proxy])
+            .args([
+                "--control-url",
+                control_url,
+                "--prefix",
+                prefix,
+                "--pool",
+                pool,
+            ])
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .arg("--cache-dir")
+            .arg(test_cache_dir())
+            .arg("--execd")
+            .arg(fastbox_testkit::execd_path().unwrap())
+            .env("FASTBOX_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("spawn fastbox node");
+        let mut node = NodeProcess {
+            prefix: prefix.to_string(),
+            dir,
+            data_dir,
+            api: format!("http://127.0.0.1:{api_port}"),
+            proxy,
+            log,
+            child: Some(child),
+        };
+        let http = reqwest::blocking::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Some(status) = node.child.as_mut().unwrap().try_wait().unwrap() {
+                node.child = None;
+                panic!("fastbox node exited with {status}:\n{}", node.log_text());
+            }
+            let answered = http
+                .post(format!("{}/node/v1/status", node.api))
+                .json(&json!({}))
+                .timeout(Duration::from_secs(2))
+                .send()
+                .is_ok_and(|r| r.status() == 401);
+            if answered {
+                return node;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "fastbox node not serving after 120 s:\n{}",
+                node.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `fastbox node --print-credentials`: the two lines the server is given.
+    fn credentials(&self) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_fastbox"))
+            .args(["node", "--print-credentials", "--data-dir"])
+            .arg(&self.data_dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// SIGTERM and wait.
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = fastbox_fastlet::host::purge(&self.prefix, &self.data_dir);
+    }
+}
+
+/// `fastbox leftovers --prefix PREFIX`: whether it found nothing, and what it printed.
+fn no_leftovers(prefix: &str) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_fastbox"))
+        .args(["leftovers", "--prefix", prefix])
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn the_server_runs_its_sandboxes_on_a_node_in_another_process() {
+    if let Some(reason) = common::unavailable() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let (node_prefix, server_prefix, wrong_prefix) = (
+        fastbox_testkit::run_prefix_pair("rn"),
+        fastbox_testkit::run_prefix_pair("rs"),
+        fastbox_testkit::run_prefix_pair("rw"),
+    );
+    let control = format!("127.0.0.1:{}", fastbox_testkit::server_port());
+    let mut node = NodeProcess::start(
+        &node_prefix,
+        "10.218.110.0/24",
+        &format!("http://{control}"),
+    );
+    assert!(
+        node.log_text().contains("node credentials made in"),
+        "{}",
+        node.log_text()
+    );
+    let credentials = node.dir.path().join("credentials");
+    std::fs::write(&credentials, node.credentials()).unwrap();
+    let server = UpServer::start_prefixed(
+        &server_prefix,
+        "10.218.115.0/24",
+        &[
+            "--remote-node",
+            &node.api,
+            "--remote-node-credentials",
+            credentials.to_str().unwrap(),
+            "--control-listen",
+            &control,
+            "--node-proxy-public",
+            &node.proxy,
+        ],
+    )
+    .expect("prerequisites checked above");
+
+    // A create runs on the node; its endpoint is the node's proxy.
+    let id = server.create_busybox();
+    server.wait_state(&id, "Running");
+    let (status, ep) = server.get(&format!("/v1/sandboxes/{id}/endpoints/44772"));
+    assert_eq!(status, 200, "{ep}");
+    let endpoint = ep["endpoint"].as_str().unwrap();
+    assert!(
+        endpoint.starts_with(&format!("{}/{id}/44772", node.proxy)),
+        "{endpoint}"
+    );
+    let run = Execd::of(&server, &id).sh("echo remote-$((6 * 7))");
+    assert!(run.stdout.contains("remote-42"), "{}", run.stdout);
+    // The server proxy reaches it through the node API's proxy route.
+    let token = ep["headers"]["X-EXECD-ACCESS-TOKEN"].as_str().unwrap();
+    let through_server = reqwest::blocking::Client::new()
+        .get(server.url(&format!("/v1/sandboxes/{id}/proxy/44772/ping")))
+        .header("OPEN-SANDBOX-API-KEY", &server.api_key)
+        .header("X-EXECD-ACCESS-TOKEN", token)
+        .send()
+        .unwrap();
+    assert_eq!(through_server.status(), 200);
+
+    // Pause and resume: the checkpoint is on the node.
+    let (status, body) = server.post(&format!("/v1/sandboxes/{id}/pause"), &json!({}));
+    assert_eq!(status, 202, "{body}");
+    server.wait_state(&id, "Paused");
+    let on_node = std::fs::read_dir(node.data_dir.join("snapshots"))
+        .unwrap()
+        .flatten()
+        .any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("pause-{id}-"))
+        });
+    assert!(on_node, "no pause checkpoint of {id} on the node");
+    let (status, body) = server.post(&format!("/v1/sandboxes/{id}/resume"), &json!({}));
+    assert_eq!(status, 202, "{body}");
+    server.wait_state(&id, "Running");
+    let run = Execd::of(&server, &id).sh("echo resumed");
+    assert!(run.stdout.contains("resumed"), "{}", run.stdout);
+
+    assert_eq!(server.delete(&format!("/v1/sandboxes/{id}")), 204);
+    server.wait_state(&id, "Terminated");
+
+    // The node did the work; the server has no node of its own.
+    let node_log = node.log_text();
+    assert!(
+        node_log.contains(&id) && node_log.contains("sandbox removed"),
+        "{node_log}"
+    );
+    assert!(
+        !server.data_dir.join("sandboxes").exists(),
+        "the server made sandboxes of its own"
+    );
+    let server_host = fastbox_cli::local_sandbox::leftovers(&server_prefix);
+    assert!(
+        server_host.is_empty(),
+        "the server has host state: {server_host:?}"
+    );
+
+    // A server given a wrong server-to-node credential: its node calls fail, a create is 503.
+    let wrong = node.dir.path().join("wrong-credentials");
+    let real = node.credentials();
+    let node_to_server = real
+        .lines()
+        .find(|l| l.starts_with("node-to-server="))
+        .unwrap();
+    std::fs::write(
+        &wrong,
+        format!(
+            "server-to-node={}\n{node_to_server}\n",
+            fastbox_node_api::remote::Credential::generate().unwrap()
+        ),
+    )
+    .unwrap();
+    let refused = UpServer::start_prefixed(
+        &wrong_prefix,
+        "10.218.119.0/24",
+        &[
+            "--remote-node",
+            &node.api,
+            "--remote-node-credentials",
+            wrong.to_str().unwrap(),
+            "--control-listen",
+            &format!("127.0.0.1:{}", fastbox_testkit::server_port()),
+            "--node-proxy-public",
+            &node.proxy,
+            "--no-default-images",
+        ],
+    )
+    .expect("prerequisites checked above");
+    let (status, body) = refused.post(
+        "/v1/sandboxes",
+        &json!({
+            "image": {"uri": "fastbox/busybox"},
+            "entrypoint": ["sleep", "100000"],
+            "timeout": 3600,
+        }),
+    );
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["code"], "SANDBOX::NODE_UNAVAILABLE", "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("refused this server's credential")),
+        "{body}"
+    );
+    refused.finish();
+    server.finish();
+
+    // The node stops with nothing of its own running but its nft table; a purge takes that.
+    node.stop();
+    let table = format!("nft table inet {node_prefix}");
+    let left: Vec<String> = fastbox_cli::local_sandbox::leftovers(&node_prefix)
+        .into_iter()
+        .filter(|l| *l != table)
+        .collect();
+    assert!(
+        left.is_empty(),
+        "the node left: {left:?}\n{}",
+        node.log_text()
+    );
+    fastbox_fastlet::host::purge(&node_prefix, &node.data_dir).unwrap();
+    for prefix in [&node_prefix, &server_prefix, &wrong_prefix] {
+        let (clean, found) = no_leftovers(prefix);
+        assert!(clean, "fastbox leftovers --prefix {prefix}: {found}");
+    }
+}
