@@ -100,19 +100,28 @@ async fn answer(
         .map(|v| v.as_bytes())
         .unwrap_or_default();
     if !token_matches(presented, route.egress_token.as_bytes()) {
-        return Err(EgressRequestError::Unauthorized);
+        return Err(refused(req, EgressRequestError::Unauthorized).await);
     }
     if path != "/policy" {
-        return Err(EgressRequestError::NoRoute(path.to_string()));
+        let why = EgressRequestError::NoRoute(path.to_string());
+        return Err(refused(req, why).await);
     }
     let change = match req.method().clone() {
         Method::GET => return Ok(api.policy(id).await?),
         Method::PATCH => PolicyChange::Patch(body(req).await?),
         Method::DELETE => PolicyChange::Delete(body(req).await?),
-        other => return Err(EgressRequestError::MethodNotAllowed(other)),
+        other => return Err(refused(req, EgressRequestError::MethodNotAllowed(other)).await),
     };
     // The implementation does its own blocking work (`nft`, `conntrack`) off this thread.
     Ok(api.change(id, change, VIA_EGRESS_PORT).await?)
+}
+
+/// `why`, once the request's body (at most [`MAX_BODY`]) is read: a refusal that left it
+/// unread would end the connection, and the client's next request on it (a keep-alive client
+/// reuses it) would fail without an answer.
+async fn refused(req: Request<Body>, why: EgressRequestError) -> EgressRequestError {
+    let _ = to_bytes(req.into_body(), MAX_BODY).await;
+    why
 }
 
 /// A JSON body.
