@@ -86,6 +86,11 @@ impl IntoResponse for NodeProxyError {
             message: self.to_string(),
         };
         let mut response = (self.status(), axum::Json(body)).into_response();
+        // The request's body was not read (it was for the sandbox): the connection ends with
+        // this answer, and says so, so a keep-alive client does not send its next request on it.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
         if let Self::TooManyFailures(limited) = &self {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
