@@ -9,11 +9,11 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command};
+use std::time::Duration;
 
 use common::execd::Execd;
-use common::server::{UpServer, test_cache_dir};
+use common::server::{UpServer, spawn_logged, test_cache_dir, wait_ready};
 use serde_json::json;
 
 /// A `fastbox node` child process with its own prefix, pool and data directory.
@@ -26,11 +26,12 @@ struct NodeProcess {
     /// `127.0.0.1:PORT` of the node proxy.
     proxy: String,
     log: PathBuf,
+    args: Vec<String>,
     child: Option<Child>,
 }
 
 impl NodeProcess {
-    /// Starts the node and waits until its node API answers (401 without a credential).
+    /// Starts the node and waits until its node API answers.
     fn start(prefix: &str, pool: &str, control_url: &str) -> NodeProcess {
         let dir = tempfile::Builder::new()
             .prefix(&format!("{prefix}-"))
@@ -42,63 +43,64 @@ impl NodeProcess {
             fastbox_testkit::server_port(),
         );
         let proxy = format!("127.0.0.1:{proxy_port}");
-        let log = dir.path().join("node.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_fastbox"))
-            .args(["node", "--listen", &format!("127.0.0.1:{api_port}")])
-            .args(["--node-proxy-listen", &proxy, "--node-proxy-public", &proxy])
-            .args([
-                "--control-url",
-                control_url,
-                "--prefix",
-                prefix,
-                "--pool",
-                pool,
-            ])
-            .arg("--data-dir")
-            .arg(&data_dir)
-            .arg("--cache-dir")
-            .arg(test_cache_dir())
-            .arg("--execd")
-            .arg(fastbox_testkit::execd_path().unwrap())
-            .env("FASTBOX_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .expect("spawn fastbox node");
+        let args = [
+            "node",
+            "--listen",
+            &format!("127.0.0.1:{api_port}"),
+            "--node-proxy-listen",
+            &proxy,
+            "--node-proxy-public",
+            &proxy,
+            "--control-url",
+            control_url,
+            "--prefix",
+            prefix,
+            "--pool",
+            pool,
+            "--data-dir",
+            &data_dir.display().to_string(),
+            "--cache-dir",
+            &test_cache_dir().display().to_string(),
+            "--execd",
+            &fastbox_testkit::execd_path().unwrap().display().to_string(),
+        ]
+        .map(String::from)
+        .to_vec();
         let mut node = NodeProcess {
             prefix: prefix.to_string(),
+            log: dir.path().join("node.log"),
             dir,
             data_dir,
             api: format!("http://127.0.0.1:{api_port}"),
             proxy,
-            log,
-            child: Some(child),
+            args,
+            child: None,
         };
-        let http = reqwest::blocking::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            if let Some(status) = node.child.as_mut().unwrap().try_wait().unwrap() {
-                node.child = None;
-                panic!("fastbox node exited with {status}:\n{}", node.log_text());
-            }
-            let answered = http
-                .post(format!("{}/node/v1/status", node.api))
-                .json(&json!({}))
-                .timeout(Duration::from_secs(2))
-                .send()
-                .is_ok_and(|r| r.status() == 401);
-            if answered {
-                return node;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "fastbox node not serving after 120 s:\n{}",
-                node.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        node.spawn();
+        node
+    }
+
+    /// Starts the process (again) and waits until its node API answers (401 without a
+    /// credential).
+    fn spawn(&mut self) {
+        self.child = Some(spawn_logged(&self.args, &self.log));
+        let (http, status) = (
+            reqwest::blocking::Client::new(),
+            format!("{}/node/v1/status", self.api),
+        );
+        wait_ready(
+            &mut self.child,
+            &self.log,
+            "fastbox node",
+            Duration::from_secs(120),
+            || {
+                http.post(&status)
+                    .json(&json!({}))
+                    .timeout(Duration::from_secs(2))
+                    .send()
+                    .is_ok_and(|r| r.status() == 401)
+            },
+        );
     }
 
     fn log_text(&self) -> String {
@@ -202,6 +204,22 @@ fn the_server_runs_its_sandboxes_on_a_node_in_another_process() {
     );
     let run = Execd::of(&server, &id).sh("echo remote-$((6 * 7))");
     assert!(run.stdout.contains("remote-42"), "{}", run.stdout);
+
+    // Both restart: the node keeps the sandbox running (and its slot held), the server takes
+    // it back through the node API.
+    let mut server = server;
+    server.stop();
+    node.stop();
+    node.spawn();
+    server.spawn();
+    assert_eq!(server.state(&id).0, "Running");
+    let run = Execd::of(&server, &id).sh("echo still-$((6 * 7))");
+    assert!(run.stdout.contains("still-42"), "{}", run.stdout);
+    let restarted = node.log_text();
+    assert!(
+        restarted.contains("holding 1 network slot(s) of the previous run"),
+        "{restarted}"
+    );
     // The server proxy reaches it through the node API's proxy route.
     let token = ep["headers"]["X-EXECD-ACCESS-TOKEN"].as_str().unwrap();
     let through_server = reqwest::blocking::Client::new()

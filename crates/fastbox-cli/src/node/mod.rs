@@ -20,7 +20,7 @@ use fastbox_node_api::remote::{ControlClient, node_router};
 use fastbox_proxy::RouteKeys;
 use fastbox_server::config::{ServerConfig, Settings};
 
-use crate::up::node_side::{self, NodeBinaries};
+use crate::up::node_side::{self, NodeBinaries, UnheldSlots};
 use crate::up::{InstanceArgs, ROUTE_KEY_FILE, UpError};
 
 pub mod credentials;
@@ -112,9 +112,10 @@ async fn run(
     let keys = RouteKeys::load_or_create(&data_dir.join(ROUTE_KEY_FILE)).map_err(UpError::from)?;
     let node_store = node_side::open_node_store(&cfg).await?;
     let fastlet = node_side::start_fastlet(&cfg, binaries, &node_store).await?;
-    // The records are the server's: every pooled sandbox is kept (it may have been claimed),
-    // and no slot is taken for stale (a running sandbox's until the server adopts it).
-    node_side::recover_and_start(&fastlet, &pooled_ids(&data_dir), false);
+    // The records are the server's: every pooled sandbox is kept (it may have been claimed;
+    // a clean stop removed the unclaimed ones), and every slot on the host is held for the
+    // server to take its sandbox back.
+    node_side::recover_and_start(&fastlet, &pooled_ids(&data_dir), UnheldSlots::Hold);
 
     let control = Arc::new(
         ControlClient::new(&control_url, credentials.node_to_server.clone())

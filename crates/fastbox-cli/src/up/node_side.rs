@@ -134,13 +134,23 @@ pub(crate) async fn start_fastlet(
     Ok(fastlet)
 }
 
-/// After the sandboxes that run were taken back: removes the pooled sandboxes a previous run
-/// left, except `claimed` ones (runtime ids), its spare slots and, with `stale_slots`, the
-/// network slots no sandbox holds. Then starts the fastlet's background threads.
+/// What happens at start to the network slots that no sandbox the fastlet knows holds.
+pub(crate) enum UnheldSlots {
+    /// Removed: the server took back every sandbox it has (`fastbox up`).
+    Purge,
+    /// Kept and held, so no new sandbox or spare takes them before the server takes their
+    /// sandboxes back (`fastbox node`: the records are the server's).
+    Hold,
+}
+
+/// After the sandboxes that run were taken back (or, for `Hold`, before): removes the pooled
+/// sandboxes a previous run left, except `claimed` ones (runtime ids), and its spare slots;
+/// deals with the slots no sandbox holds as `unheld` says. Then starts the fastlet's
+/// background threads.
 pub(crate) fn recover_and_start(
     fastlet: &Arc<Fastlet>,
     claimed: &std::collections::HashSet<String>,
-    stale_slots: bool,
+    unheld: UnheldSlots,
 ) {
     let stale = fastlet.purge_pool_leftovers(claimed);
     if stale > 0 {
@@ -148,15 +158,45 @@ pub(crate) fn recover_and_start(
             "fastbox: removed {stale} unclaimed pooled sandbox(es) and spare slot(s) of the previous run"
         );
     }
-    if stale_slots {
-        let stale_slots = fastlet.purge_stale_slots();
-        if stale_slots > 0 {
-            println!("fastbox: removed {stale_slots} network slot(s) that no sandbox held");
+    match unheld {
+        UnheldSlots::Purge => {
+            let stale_slots = fastlet.purge_stale_slots();
+            if stale_slots > 0 {
+                println!("fastbox: removed {stale_slots} network slot(s) that no sandbox held");
+            }
+        }
+        UnheldSlots::Hold => {
+            let held = hold_slots(fastlet);
+            if held > 0 {
+                println!(
+                    "fastbox: holding {held} network slot(s) of the previous run for the server to take back"
+                );
+            }
         }
     }
     fastlet.start_reaper();
     fastlet.start_spares();
     fastlet.start_refill();
+}
+
+/// Claims every network slot of the fastlet's prefix on the host; how many.
+fn hold_slots(fastlet: &Fastlet) -> usize {
+    let prefix = &fastlet.config().prefix;
+    let names = match fastbox_runtime::net::HostNetwork::leaked(prefix) {
+        Ok(found) => found.netns,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not list network slots");
+            return 0;
+        }
+    };
+    let slots: std::collections::BTreeSet<u32> = names
+        .iter()
+        .filter_map(|n| fastbox_runtime::net::names::slot_index(prefix, n))
+        .collect();
+    for &slot in &slots {
+        fastlet.claim_slot(slot);
+    }
+    slots.len()
 }
 
 /// The node proxy of `fastlet`: port 18080's policy changes go to `egress`, access checks

@@ -44,7 +44,7 @@ use fastbox_server::metrics::{self, NodeMetrics, StoreStats};
 use fastbox_server::service::{Health, Lifecycle};
 use fastbox_server::store::Store;
 
-use super::node_side::{self, NodeBinaries, bind, serve, shutdown_signal};
+use super::node_side::{self, NodeBinaries, UnheldSlots, bind, serve, shutdown_signal};
 use crate::node::NodeCredentials;
 
 #[derive(Debug, thiserror::Error)]
@@ -161,7 +161,7 @@ pub(crate) async fn run(cfg: ServerConfig, mode: NodeMode) -> Result<(), UpError
     }
     if let Some(local) = &local {
         let claimed = runtime_ids(&lifecycle.placements());
-        node_side::recover_and_start(&local.fastlet, &claimed, true);
+        node_side::recover_and_start(&local.fastlet, &claimed, UnheldSlots::Purge);
     }
     if adopted + lost + restarted > 0 {
         println!(

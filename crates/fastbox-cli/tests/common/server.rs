@@ -3,7 +3,7 @@
 //! deletes every sandbox through the API, stops the server, checks that nothing but the
 //! instance's nft table remained, purges the instance and checks the host is clean.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,55 @@ pub fn test_cache_dir() -> PathBuf {
     std::env::var_os("FASTBOX_TEST_CACHE_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| std::env::temp_dir().join("fastbox-test-cache"))
+}
+
+/// `fastbox ARGS` with its output appended to `log`, at the log level
+/// `FASTBOX_TEST_SERVER_LOG` (else `info`).
+pub fn spawn_logged(args: &[String], log: &Path) -> Child {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    Command::new(env!("CARGO_BIN_EXE_fastbox"))
+        .args(args)
+        .env(
+            "FASTBOX_LOG",
+            std::env::var("FASTBOX_TEST_SERVER_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn fastbox {args:?}: {e}"))
+}
+
+/// Polls `ready` until it holds; panics with `log` when `child` (`what`) exits first (and
+/// takes it) or after `patience`.
+pub fn wait_ready(
+    child: &mut Option<Child>,
+    log: &Path,
+    what: &str,
+    patience: Duration,
+    ready: impl Fn() -> bool,
+) {
+    let text = || std::fs::read_to_string(log).unwrap_or_default();
+    let deadline = Instant::now() + patience;
+    loop {
+        if let Some(status) = child.as_mut().unwrap().try_wait().unwrap() {
+            *child = None;
+            panic!("{what} exited with {status}:\n{}", text());
+        }
+        if ready() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} not ready after {patience:?}:\n{}",
+            text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 impl UpServer {
@@ -142,46 +191,21 @@ impl UpServer {
     /// Starts the server process (again) and waits for `/health`. Its log level is
     /// `FASTBOX_TEST_SERVER_LOG` (e.g. `info,fastbox_egress=debug`), else `info`.
     pub fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_fastbox"))
-            .args(&self.args)
-            .env(
-                "FASTBOX_LOG",
-                std::env::var("FASTBOX_TEST_SERVER_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("spawn fastbox up");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(300);
-        loop {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                // No server to clean up through: the drop purges by prefix.
-                self.child = None;
-                panic!("fastbox up exited with {status}:\n{}", self.log_text());
-            }
-            let ok = self
-                .http
-                .get(format!("{}/health", self.api))
-                .timeout(Duration::from_secs(2))
-                .send()
-                .is_ok_and(|r| r.status() == 200);
-            if ok {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "fastbox up not healthy after 300 s:\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.child = Some(spawn_logged(&self.args, &self.log));
+        let (http, health) = (&self.http, format!("{}/health", self.api));
+        // No server to clean up through when it exits: the drop purges by prefix.
+        wait_ready(
+            &mut self.child,
+            &self.log,
+            "fastbox up",
+            Duration::from_secs(300),
+            || {
+                http.get(&health)
+                    .timeout(Duration::from_secs(2))
+                    .send()
+                    .is_ok_and(|r| r.status() == 200)
+            },
+        );
     }
 
     pub fn log_text(&self) -> String {
