@@ -13,7 +13,7 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use common::execd::Execd;
-use common::server::{UpServer, spawn_logged, test_cache_dir, wait_ready};
+use common::server::{UpServer, busybox_request, spawn_logged, test_cache_dir, wait_ready};
 use serde_json::json;
 
 /// A `fastbox node` child process with its own prefix, pool and data directory.
@@ -205,6 +205,57 @@ fn the_server_runs_its_sandboxes_on_a_node_in_another_process() {
     let run = Execd::of(&server, &id).sh("echo remote-$((6 * 7))");
     assert!(run.stdout.contains("remote-42"), "{}", run.stdout);
 
+    // Port 18080 on the node asks the server's control API: a change made there is the
+    // server's to validate, apply (on the node) and record.
+    let (status, egress) = server.get(&format!("/v1/sandboxes/{id}/endpoints/18080"));
+    assert_eq!(status, 200, "{egress}");
+    let egress_url = format!("http://{}/policy", egress["endpoint"].as_str().unwrap());
+    assert!(egress_url.starts_with(&format!("http://{}/", node.proxy)));
+    let patched = reqwest::blocking::Client::new()
+        .patch(&egress_url)
+        .header(
+            "OPENSANDBOX-EGRESS-AUTH",
+            egress["headers"]["OPENSANDBOX-EGRESS-AUTH"]
+                .as_str()
+                .unwrap(),
+        )
+        .json(&json!([{"action": "allow", "target": "example.com"}]))
+        .send()
+        .unwrap();
+    let status = patched.status();
+    let text = patched.text().unwrap_or_default();
+    assert_eq!(status, 200, "{text}");
+    let (status, policy) = server.get(&format!("/v1/sandboxes/{id}/networkpolicy"));
+    assert_eq!(status, 200, "{policy}");
+    assert!(policy.to_string().contains("example.com"), "{policy}");
+
+    // A secure sandbox: the node proxy asks the server's control API for its access rule.
+    let secure = server.create_busybox_with(json!({"secureAccess": true}));
+    server.wait_state(&secure, "Running");
+    assert_eq!(server.ping(&secure), 200);
+    let (_, secure_ep) = server.get(&format!("/v1/sandboxes/{secure}/endpoints/44772"));
+    let bare = reqwest::blocking::Client::new()
+        .get(format!(
+            "http://{}/ping",
+            secure_ep["endpoint"].as_str().unwrap()
+        ))
+        .header(
+            "X-EXECD-ACCESS-TOKEN",
+            secure_ep["headers"]["X-EXECD-ACCESS-TOKEN"]
+                .as_str()
+                .unwrap(),
+        )
+        .send()
+        .unwrap()
+        .status()
+        .as_u16();
+    assert!(
+        matches!(bare, 401 | 403),
+        "without the access token: {bare}"
+    );
+    assert_eq!(server.delete(&format!("/v1/sandboxes/{secure}")), 204);
+    server.wait_state(&secure, "Terminated");
+
     // Both restart: the node keeps the sandbox running (and its slot held), the server takes
     // it back through the node API.
     let mut server = server;
@@ -217,7 +268,7 @@ fn the_server_runs_its_sandboxes_on_a_node_in_another_process() {
     assert!(run.stdout.contains("still-42"), "{}", run.stdout);
     let restarted = node.log_text();
     assert!(
-        restarted.contains("holding 1 network slot(s) of the previous run"),
+        restarted.contains("network slot(s) of the previous run for the server to take back"),
         "{restarted}"
     );
     // The server proxy reaches it through the node API's proxy route.
@@ -228,7 +279,9 @@ fn the_server_runs_its_sandboxes_on_a_node_in_another_process() {
         .header("X-EXECD-ACCESS-TOKEN", token)
         .send()
         .unwrap();
-    assert_eq!(through_server.status(), 200);
+    let status = through_server.status();
+    let text = through_server.text().unwrap_or_default();
+    assert_eq!(status, 200, "{text}");
 
     // Pause and resume: the checkpoint is on the node.
     let (status, body) = server.post(&format!("/v1/sandboxes/{id}/pause"), &json!({}));
@@ -299,14 +352,7 @@ fn the_server_runs_its_sandboxes_on_a_node_in_another_process() {
         ],
     )
     .expect("prerequisites checked above");
-    let (status, body) = refused.post(
-        "/v1/sandboxes",
-        &json!({
-            "image": {"uri": "fastbox/busybox"},
-            "entrypoint": ["sleep", "100000"],
-            "timeout": 3600,
-        }),
-    );
+    let (status, body) = refused.post("/v1/sandboxes", &busybox_request(json!({})));
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["code"], "SANDBOX::NODE_UNAVAILABLE", "{body}");
     assert!(

@@ -37,6 +37,21 @@ pub fn test_cache_dir() -> PathBuf {
         .unwrap_or_else(|| std::env::temp_dir().join("fastbox-test-cache"))
 }
 
+/// The create request of a busybox sandbox running `sleep`, with the fields of `extra` (an
+/// object) added or replaced.
+pub fn busybox_request(extra: Value) -> Value {
+    let mut request = serde_json::json!({
+        "image": {"uri": "fastbox/busybox"},
+        "entrypoint": ["sleep", "100000"],
+        "timeout": 3600,
+        "resourceLimits": {"cpu": "1", "memory": "256Mi"},
+    });
+    if let (Some(request), Value::Object(extra)) = (request.as_object_mut(), extra) {
+        request.extend(extra);
+    }
+    request
+}
+
 /// `fastbox ARGS` with its output appended to `log`, at the log level
 /// `FASTBOX_TEST_SERVER_LOG` (else `info`).
 pub fn spawn_logged(args: &[String], log: &Path) -> Child {
@@ -283,15 +298,13 @@ impl UpServer {
 
     /// Creates a busybox sandbox running `sleep` and returns its id.
     pub fn create_busybox(&self) -> String {
-        let (status, body) = self.post(
-            "/v1/sandboxes",
-            &serde_json::json!({
-                "image": {"uri": "fastbox/busybox"},
-                "entrypoint": ["sleep", "100000"],
-                "timeout": 3600,
-                "resourceLimits": {"cpu": "1", "memory": "256Mi"},
-            }),
-        );
+        self.create_busybox_with(serde_json::json!({}))
+    }
+
+    /// Creates a busybox sandbox running `sleep`, with `extra` fields in its request, and
+    /// returns its id.
+    pub fn create_busybox_with(&self, extra: Value) -> String {
+        let (status, body) = self.post("/v1/sandboxes", &busybox_request(extra));
         assert_eq!(status, 202, "{body}");
         body["id"].as_str().unwrap().to_string()
     }
