@@ -19,10 +19,10 @@ use http::{StatusCode, header};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use super::MAX_BODY;
 use super::credential::{Credential, require};
-use super::http_util::{envelope, read_bounded};
-use super::node_client::{ClientError, base_url, http_client, transport_error};
-use super::{CREDENTIAL_HEADER, MAX_BODY};
+use super::http_util::{envelope, post_json, refusal_text};
+use super::node_client::{ClientError, base_url, http_client};
 use crate::control::{
     AccessApi, AccessToken, EgressApi, EgressApiError, PolicyChange, SandboxAccess,
 };
@@ -288,29 +288,18 @@ impl ControlClient {
         timeout: Duration,
     ) -> Result<T, String> {
         let body = serde_json::to_vec(args).map_err(|e| e.to_string())?;
-        let response = self
-            .http
-            .post(format!("{}/control/v1/{route}", self.base))
-            .header(CREDENTIAL_HEADER, self.credential.header_value())
-            .header(header::CONTENT_TYPE, "application/json")
-            .timeout(timeout)
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| {
-                format!(
-                    "unreachable at {}: {}",
-                    self.base,
-                    transport_error(&e, timeout)
-                )
-            })?;
-        let status = response.status();
-        let body = read_bounded(response, MAX_BODY, timeout).await?;
+        let (status, body) = post_json(
+            &self.http,
+            &self.base,
+            &format!("/control/v1/{route}"),
+            &self.credential,
+            body,
+            timeout,
+            MAX_BODY,
+        )
+        .await?;
         if status != StatusCode::OK {
-            let text = serde_json::from_slice::<fastbox_api::lifecycle::ErrorResponse>(&body)
-                .map(|e| format!("{}: {}", e.code, e.message))
-                .unwrap_or_else(|_| String::from_utf8_lossy(&body[..body.len().min(512)]).into());
-            return Err(format!("answered {status}: {text}"));
+            return Err(format!("answered {status}: {}", refusal_text(&body)));
         }
         serde_json::from_slice(&body).map_err(|e| format!("an answer that does not parse: {e}"))
     }

@@ -93,6 +93,44 @@ pub(super) fn decode_segment(segment: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// POSTs the JSON `body` to `base` + `path` with `credential` (in [`super::CREDENTIAL_HEADER`]),
+/// within `timeout`: the answer's status and its body (at most `limit` bytes), or why there is
+/// none (`unreachable at BASE: ...`, or an answer over the limit).
+pub(super) async fn post_json(
+    http: &reqwest::Client,
+    base: &str,
+    path: &str,
+    credential: &super::credential::Credential,
+    body: Vec<u8>,
+    timeout: std::time::Duration,
+    limit: usize,
+) -> Result<(StatusCode, Vec<u8>), String> {
+    let response = http
+        .post(format!("{base}{path}"))
+        .header(super::CREDENTIAL_HEADER, credential.header_value())
+        .header(header::CONTENT_TYPE, "application/json")
+        .timeout(timeout)
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| {
+            format!(
+                "unreachable at {base}: {}",
+                super::node_client::transport_error(&e, timeout)
+            )
+        })?;
+    let status = response.status();
+    Ok((status, read_bounded(response, limit, timeout).await?))
+}
+
+/// A refusal's text: the `{code, message}` envelope's, else the first 512 bytes as they are.
+pub(super) fn refusal_text(body: &[u8]) -> String {
+    match serde_json::from_slice::<ErrorResponse>(body) {
+        Ok(e) => format!("{}: {}", e.code, e.message),
+        Err(_) => String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned(),
+    }
+}
+
 /// An answer's body, at most `limit` bytes (`timeout`: the request's, to say so).
 pub(super) async fn read_bounded(
     mut response: reqwest::Response,

@@ -8,7 +8,6 @@ use async_trait::async_trait;
 use axum::body::{Body, HttpBody};
 use axum::extract::ConnectInfo;
 use axum::response::Response;
-use fastbox_api::lifecycle::ErrorResponse;
 use fastbox_egress_policy::EgressPolicy;
 use fastbox_image::{ImageConfig, ImageSource};
 use http::{HeaderName, HeaderValue, Request, StatusCode, header};
@@ -16,7 +15,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::credential::Credential;
-use super::http_util::{chain, encode_segment, is_upgrade, read_bounded, remove_hop_by_hop};
+use super::http_util::{
+    chain, encode_segment, is_upgrade, post_json, read_bounded, refusal_text, remove_hop_by_hop,
+};
 use super::node_server::PROXY_PREFIX;
 use super::verbs::*;
 use super::{CLIENT_HEADER, CREDENTIAL_HEADER, MAX_BODY, REFUSAL_HEADER, UNSIGNED_HEADER};
@@ -192,30 +193,17 @@ impl NodeClient {
             ));
         }
         let timeout = self.timeouts.of(verb.pace());
-        let response = self
-            .http
-            .post(format!("{}/node/v1/{name}", self.base))
-            .header(CREDENTIAL_HEADER, self.credential.header_value())
-            .header(header::CONTENT_TYPE, "application/json")
-            .timeout(timeout)
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| {
-                self.error(
-                    NodeErrorKind::Unreachable,
-                    name,
-                    format_args!(
-                        "unreachable at {}: {}",
-                        self.base,
-                        transport_error(&e, timeout)
-                    ),
-                )
-            })?;
-        let status = response.status();
-        let body = read_bounded(response, MAX_BODY, timeout)
-            .await
-            .map_err(|why| self.error(NodeErrorKind::Unreachable, name, why))?;
+        let (status, body) = post_json(
+            &self.http,
+            &self.base,
+            &format!("/node/v1/{name}"),
+            &self.credential,
+            body,
+            timeout,
+            MAX_BODY,
+        )
+        .await
+        .map_err(|why| self.error(NodeErrorKind::Unreachable, name, why))?;
         if status == StatusCode::OK {
             return serde_json::from_slice::<NodeResult<T>>(&body).unwrap_or_else(|e| {
                 Err(self.error(
@@ -256,14 +244,6 @@ impl NodeClient {
             tracing::warn!(node = %self.node_id, verb = verb.name(), error = %e, "no answer from the node: assuming what destroys nothing");
             fallback
         })
-    }
-}
-
-/// An envelope's `code: message`, else the body as text (shortened).
-fn refusal_text(body: &[u8]) -> String {
-    match serde_json::from_slice::<ErrorResponse>(body) {
-        Ok(e) => format!("{}: {}", e.code, e.message),
-        Err(_) => String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned(),
     }
 }
 
