@@ -548,6 +548,7 @@ impl NodeAgent for LocalNode {
                 .pool_sizes()
                 .into_iter()
                 .collect::<BTreeMap<_, _>>(),
+            memory_available_bytes: fastbox_runtime::image_stream::available_memory(),
         }
     }
 }

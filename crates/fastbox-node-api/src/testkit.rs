@@ -1563,6 +1563,7 @@ impl NodeAgent for FakeNode {
                     .then(|| (FAKE_POOL.to_string(), pooled))
                     .into_iter()
                     .collect(),
+                memory_available_bytes: None,
             }
         })
         .await

@@ -201,6 +201,9 @@ pub struct NodeStatus {
     pub free_slots: u32,
     /// Pre-restored sandboxes waiting, per template key.
     pub pools: BTreeMap<String, usize>,
+    /// The host's available memory (`None`: not reported).
+    #[serde(default)]
+    pub memory_available_bytes: Option<u64>,
 }
 
 /// Whether a request without a route signature may pass the node proxy.

@@ -65,11 +65,15 @@ fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> StreamError {
 
 /// Whether this host has room to touch `bytes` ahead: at most half of its available memory.
 pub fn fits(bytes: u64) -> bool {
-    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
-        line.split_whitespace().nth(1)?.parse::<u64>().ok()
-    });
-    available.is_some_and(|kib| bytes <= kib * 1024 / 2)
+    available_memory().is_some_and(|available| bytes <= available / 2)
+}
+
+/// The host's available memory in bytes (`MemAvailable` of `/proc/meminfo`).
+pub fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib = line.split_whitespace().nth(1)?.parse::<u64>().ok()?;
+    Some(kib * 1024)
 }
 
 /// Memory mapped and touched ahead, handed out in [`CHUNK`]s; chunks beyond it come from the

@@ -167,6 +167,12 @@ impl From<crate::store::StoreError> for ApiError {
 
 /// A node's refusal or failure, by kind: a full node is a 429 (retry soon), a bad image the
 /// caller's 400, a node that cannot be reached a 503; the rest is the server's 500.
+impl From<crate::nodes::NodesError> for ApiError {
+    fn from(e: crate::nodes::NodesError) -> Self {
+        Self::NodeUnavailable(e.to_string())
+    }
+}
+
 impl From<fastbox_node_api::NodeError> for ApiError {
     fn from(e: fastbox_node_api::NodeError) -> Self {
         use fastbox_node_api::NodeErrorKind as Kind;

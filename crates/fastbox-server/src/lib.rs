@@ -8,6 +8,7 @@ pub mod config;
 pub mod error;
 pub mod http;
 pub mod metrics;
+pub mod nodes;
 pub mod record;
 pub mod service;
 pub mod store;

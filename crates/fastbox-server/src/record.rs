@@ -30,6 +30,10 @@ pub struct SandboxRecord {
     pub status: SandboxStatus,
     /// `X-EXECD-ACCESS-TOKEN` of this sandbox's execd.
     pub execd_token: String,
+    /// The node it was admitted into (`None`: the first node; records of a server that had
+    /// one node only). Its slot and placement are that node's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     /// The network slot reserved for it (recorded before the start, so recovery finds it).
     pub slot: Option<u32>,
     /// Where it runs, once started.
@@ -218,6 +222,9 @@ pub struct SnapshotRecord {
     /// Whether the source had `secureAccess`: its clones do too, each with its own token.
     #[serde(default)]
     pub secure_access: bool,
+    /// The node its checkpoint is on (the source's; `None`: the first node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 impl SnapshotRecord {
@@ -280,6 +287,7 @@ pub(crate) mod tests {
                 last_transition_at: None,
             },
             execd_token: "t".into(),
+            node: None,
             slot: None,
             placement: None,
             events: vec![],

@@ -21,10 +21,13 @@ use fastbox_api::lifecycle::{
 use fastbox_api::snapshots::{ForkRequest, Snapshot, SnapshotState};
 use fastbox_api::templates::{CreateTemplateRequest, TemplatePhase};
 use fastbox_node_api::control::PolicyChange;
-use fastbox_node_api::testkit::{CheckpointState, FakeNode, Origin, Restart, SlotState, Verb};
+use fastbox_node_api::testkit::{
+    CheckpointState, FAKE_NODE_ID, FakeNode, Origin, Restart, SlotState, Verb,
+};
 use fastbox_node_api::{NodeAgent, NodeError, NodeErrorKind};
 use fastbox_server::config::{ServerConfig, Settings};
 use fastbox_server::error::ApiError;
+use fastbox_server::nodes::Nodes;
 use fastbox_server::service::{EndpointQuery, Lifecycle, ListQuery, SnapshotQuery};
 use fastbox_server::store::Store;
 use http::StatusCode;
@@ -38,10 +41,13 @@ const PATIENCE: Duration = Duration::from_secs(10);
 /// Between two looks at a record.
 const STEP: Duration = Duration::from_millis(5);
 
-/// A state store and a fake node that outlive the server's lives.
+/// A state store and fake nodes that outlive the server's lives.
 struct Harness {
     dir: tempfile::TempDir,
+    /// The first node (the only one, but in the tests of several nodes).
     fake: Arc<FakeNode>,
+    /// The nodes after the first.
+    others: Vec<Arc<FakeNode>>,
     tune: fn(&mut ServerConfig),
 }
 
@@ -56,8 +62,37 @@ impl Harness {
         Self {
             dir: tempfile::tempdir().expect("tempdir"),
             fake: Arc::new(FakeNode::new(slots).with_image(IMAGE)),
+            others: Vec::new(),
             tune,
         }
+    }
+
+    /// Nodes named and sized as `nodes` says, each knowing [`IMAGE`].
+    fn several(nodes: &[(&str, u32)]) -> Self {
+        let mut fakes = nodes
+            .iter()
+            .map(|(id, slots)| Arc::new(FakeNode::new(*slots).with_node_id(id).with_image(IMAGE)));
+        Self {
+            dir: tempfile::tempdir().expect("tempdir"),
+            fake: fakes.next().expect("a node"),
+            others: fakes.collect(),
+            tune: |_| {},
+        }
+    }
+
+    /// Every node, the first first.
+    fn fakes(&self) -> Vec<Arc<FakeNode>> {
+        std::iter::once(self.fake.clone())
+            .chain(self.others.iter().cloned())
+            .collect()
+    }
+
+    /// Node `id`.
+    fn fake_named(&self, id: &str) -> Arc<FakeNode> {
+        self.fakes()
+            .into_iter()
+            .find(|f| f.node_id() == id)
+            .unwrap_or_else(|| panic!("no node {id}"))
     }
 
     fn config(&self) -> ServerConfig {
@@ -87,11 +122,15 @@ impl Harness {
             let store = Store::open(&self.dir.path().join("state.redb")).expect("state store");
             let keys = fastbox_proxy::RouteKeys::load_or_create(&self.dir.path().join("route-key"))
                 .expect("route keys");
-            let node: Arc<dyn NodeAgent> = self.fake.clone();
-            let lc = Lifecycle::new(
+            let nodes = self
+                .fakes()
+                .into_iter()
+                .map(|f| f as Arc<dyn NodeAgent>)
+                .collect();
+            let lc = Lifecycle::with_nodes(
                 self.config(),
                 store,
-                node,
+                Nodes::new(nodes).expect("nodes"),
                 fastbox_image::ImageConfig::default(),
                 keys,
             )
@@ -105,18 +144,23 @@ impl Harness {
     /// A restart of the server (and of the node, which runs in it): the next life recovers
     /// as `fastbox up` does.
     fn restart(&self, node: Restart) {
-        self.fake.release_all();
-        self.fake.restart(node);
-        self.fake.clear_calls();
+        for fake in self.fakes() {
+            fake.release_all();
+            fake.restart(node);
+            fake.clear_calls();
+        }
     }
 
     /// Nothing broke the node protocol.
     fn assert_clean(&self) {
-        let violations = self.fake.violations();
-        assert!(
-            violations.is_empty(),
-            "node protocol violations: {violations:#?}"
-        );
+        for fake in self.fakes() {
+            let violations = fake.violations();
+            assert!(
+                violations.is_empty(),
+                "node {} protocol violations: {violations:#?}",
+                fake.node_id()
+            );
+        }
     }
 }
 
@@ -501,7 +545,7 @@ fn a_create_starts_in_its_admitted_slot_and_runs() {
         let sandbox = h.fake.sandbox(&id).expect("on the node");
         assert_eq!(sandbox.origin, Origin::Image(IMAGE.into()));
         assert_eq!(sandbox.placement.address, FakeNode::address_of(0));
-        assert_eq!(lc.placements(), [sandbox.placement]);
+        assert_eq!(lc.placements(FAKE_NODE_ID), [sandbox.placement]);
         assert_calls_in_order(
             &h.fake,
             &[
@@ -694,7 +738,7 @@ fn delete_removes_the_sandbox_and_frees_its_slot() {
         assert_eq!(removes[0].slot, Some(placement.slot));
         assert!(h.fake.sandbox(&id).is_none());
         assert_eq!(h.fake.free_slots(), 1);
-        assert!(lc.placements().is_empty());
+        assert!(lc.placements(FAKE_NODE_ID).is_empty());
         // Deleting again changes nothing.
         lc.delete(&id).unwrap();
         lc.reconcile().await;
@@ -768,7 +812,7 @@ fn pause_commits_a_checkpoint_and_keeps_the_slot() {
         );
         assert_eq!(h.fake.slot(before.slot), SlotState::Kept { id: id.clone() });
         assert!(h.fake.sandbox(&id).is_none(), "its processes are gone");
-        assert!(lc.placements().is_empty());
+        assert!(lc.placements(FAKE_NODE_ID).is_empty());
         // The kept slot is not handed out.
         let other = running(&lc).await;
         assert_ne!(h.fake.sandbox(&other).unwrap().placement.slot, before.slot);
@@ -853,7 +897,7 @@ fn resume_restores_into_the_kept_slot_and_drops_the_checkpoint() {
             (before.slot, before.address)
         );
         assert_ne!(after.placement.handle, before.handle);
-        assert_eq!(lc.placements(), [after.placement]);
+        assert_eq!(lc.placements(FAKE_NODE_ID), [after.placement]);
         until("the checkpoint to go", || h.fake.checkpoint(&key).is_none()).await;
     });
     h.assert_clean();
@@ -1195,7 +1239,7 @@ fn the_reconciler_fails_sandboxes_whose_processes_are_gone() {
         let failed = converges(&lc, &id, Failed).await;
         assert_eq!(failed.status.reason.as_deref(), Some("PROCESS_LOST"));
         until("the slot to be free", || h.fake.free_slots() == 1).await;
-        assert!(lc.placements().is_empty());
+        assert!(lc.placements(FAKE_NODE_ID).is_empty());
         assert_eq!(h.fake.count(Verb::Remove), 1);
     });
     h.assert_clean();
@@ -1264,7 +1308,10 @@ fn recovery_readopts_running_sandboxes() {
         assert_eq!(lc.recover().await, (1, 0, 0));
         lc.recover_snapshots().await;
         assert_eq!(lc.get(&id).unwrap().status.state, Running);
-        assert_eq!(lc.placements(), std::slice::from_ref(&placement));
+        assert_eq!(
+            lc.placements(FAKE_NODE_ID),
+            std::slice::from_ref(&placement)
+        );
         let adopts = h.fake.calls_of(Verb::Adopt);
         assert_eq!(adopts.len(), 1);
         assert_eq!(adopts[0].id.as_deref(), Some(id.as_str()));
@@ -1356,7 +1403,7 @@ fn recovery_restarts_a_create_interrupted_after_its_start() {
         assert_eq!(all.len(), 1, "the interrupted start is removed: {all:?}");
         assert_ne!(all[0].placement.handle, first.handle);
         assert_eq!(all[0].placement.slot, first.slot);
-        assert_eq!(lc.placements(), [all[0].placement.clone()]);
+        assert_eq!(lc.placements(FAKE_NODE_ID), [all[0].placement.clone()]);
     });
     h.assert_clean();
 }
@@ -1921,4 +1968,189 @@ fn a_template_is_built_on_the_node_and_its_sandboxes_start_from_it() {
         assert_eq!(e.status(), StatusCode::NOT_FOUND, "{e}");
     });
     h.assert_clean();
+}
+
+// Several nodes.
+
+/// The node that runs sandbox `id` (exactly one).
+fn runs_on(h: &Harness, id: &str) -> String {
+    let on: Vec<String> = h
+        .fakes()
+        .iter()
+        .filter(|f| f.sandbox(id).is_some_and(|s| s.alive))
+        .map(|f| f.node_id().to_string())
+        .collect();
+    assert_eq!(on.len(), 1, "{id} runs on {on:?}");
+    on[0].clone()
+}
+
+#[test]
+fn creates_spread_over_the_nodes_and_a_full_node_is_passed_over() {
+    let h = Harness::several(&[("a", 2), ("b", 4), ("c", 4)]);
+    h.life(async |lc| {
+        lc.nodes().refresh().await;
+        let mut ids = Vec::new();
+        for _ in 0..6 {
+            ids.push(running(&lc).await);
+        }
+        let mut share = std::collections::BTreeMap::<String, usize>::new();
+        for id in &ids {
+            let node = runs_on(&h, id);
+            // The server sends every later call to the node the record names.
+            assert_eq!(lc.node_of_sandbox(id).unwrap().node_id(), node);
+            *share.entry(node).or_default() += 1;
+        }
+        assert!(share.len() == 3, "every node took some: {share:?}");
+        // Node a (two slots) is refused as full by its own count from now on: the rest
+        // land on b and c, and only when every node is full is a create refused.
+        lc.nodes().refresh().await;
+        let mut more = 0;
+        loop {
+            match lc.create(request()).await {
+                Ok(s) => {
+                    becomes(&lc, &s.id, Running).await;
+                    more += 1;
+                }
+                Err(e) => {
+                    assert_eq!(e.status(), StatusCode::TOO_MANY_REQUESTS, "{e}");
+                    break;
+                }
+            }
+        }
+        assert_eq!(
+            ids.len() + more,
+            10,
+            "every slot of the three nodes is used"
+        );
+        for fake in h.fakes() {
+            assert_eq!(fake.free_slots(), 0, "node {}", fake.node_id());
+        }
+    });
+    h.assert_clean();
+}
+
+#[test]
+fn an_unreachable_node_at_admission_sends_the_create_to_the_next() {
+    let h = Harness::several(&[("a", 4), ("b", 4)]);
+    h.life(async |lc| {
+        h.fake.fail_next(
+            Verb::Admit,
+            NodeError::new(NodeErrorKind::Unreachable, "connection refused"),
+        );
+        let id = running(&lc).await;
+        assert_eq!(runs_on(&h, &id), "b");
+        // A node that fails otherwise fails the create: nothing is tried elsewhere.
+        h.fake
+            .fail_next(Verb::Admit, NodeError::failed("the disk is gone"));
+        let e = lc.create(request()).await.unwrap_err();
+        assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR, "{e}");
+        assert_eq!(h.fake_named("b").sandboxes().len(), 1);
+    });
+    h.assert_clean();
+}
+
+#[test]
+fn every_operation_goes_to_the_sandbox_s_own_node() {
+    let h = Harness::several(&[("a", 4), ("b", 4)]);
+    h.life(async |lc| {
+        // One sandbox on each node (the second create goes to the emptier node).
+        let first = running(&lc).await;
+        let second = running(&lc).await;
+        let (on_first, on_second) = (runs_on(&h, &first), runs_on(&h, &second));
+        assert_ne!(on_first, on_second);
+        let b = h.fake_named(&on_second);
+        let a = h.fake_named(&on_first);
+        a.clear_calls();
+        b.clear_calls();
+
+        // Egress, snapshot, clone from it, fork, pause, resume, delete: all on b.
+        lc.change_network_policy(
+            second.clone(),
+            PolicyChange::Replace(deny_but("example.org")),
+        )
+        .await
+        .expect("policy");
+        let snap = ready_snapshot(&lc, &second).await;
+        let clone = lc.create(from_snapshot(&snap)).await.expect("clone").id;
+        becomes(&lc, &clone, Running).await;
+        assert_eq!(
+            runs_on(&h, &clone),
+            on_second,
+            "a clone lands where its snapshot is"
+        );
+        let forked = lc.fork(&second, fork_of(2)).await.expect("fork");
+        for item in &forked.items {
+            becomes(&lc, &item.id, Running).await;
+            assert_eq!(runs_on(&h, &item.id), on_second);
+        }
+        lc.pause(&second).expect("pause");
+        becomes(&lc, &second, Paused).await;
+        assert!(pause_key(&b, &second).is_some());
+        lc.resume(&second).expect("resume");
+        becomes(&lc, &second, Running).await;
+        assert_eq!(runs_on(&h, &second), on_second);
+        lc.delete(&clone).expect("delete");
+        becomes(&lc, &clone, Terminated).await;
+        lc.delete_snapshot(&snap).await.expect("delete snapshot");
+        assert!(b.checkpoint(&snap).is_none());
+        // The other node only checks references' syntax (no I/O) for the admission.
+        assert!(
+            a.calls()
+                .iter()
+                .all(|c| matches!(c.verb, Verb::Status | Verb::CheckImage)),
+            "node {on_first} was asked: {:?}",
+            a.calls()
+        );
+
+        // After a restart of server and nodes, each node adopts its own.
+        h.restart(Restart::KeepSandboxes);
+    });
+    h.life(async |lc| {
+        let (adopted, lost, restarted) = lc.recover().await;
+        assert_eq!((lost, restarted), (0, 0));
+        assert_eq!(adopted, 4, "first, second and the fork's two clones");
+        for fake in h.fakes() {
+            for call in fake.calls_of(Verb::Adopt) {
+                let id = call.id.clone().expect("adopt names the sandbox");
+                assert_eq!(runs_on(&h, &id), fake.node_id());
+            }
+        }
+    });
+    h.assert_clean();
+}
+
+#[test]
+fn a_record_on_a_node_the_server_no_longer_has_is_left_alone() {
+    let h = Harness::several(&[("a", 4), ("b", 4)]);
+    let on_b = h.life(async |lc| {
+        running(&lc).await;
+        let id = running(&lc).await;
+        assert_eq!(runs_on(&h, &id), "b");
+        id
+    });
+    // The server comes back with node a only.
+    let only_a = Harness {
+        dir: h.dir,
+        fake: h.fake.clone(),
+        others: Vec::new(),
+        tune: h.tune,
+    };
+    only_a.life(async |lc| {
+        lc.recover().await;
+        // Not lost: nothing is known of it (its node may come back).
+        for _ in 0..3 {
+            lc.reconcile().await;
+        }
+        assert_eq!(lc.get(&on_b).unwrap().status.state, Running);
+        // A pause is taken on (202) and ends Running with the reason: the node is unknown.
+        lc.pause(&on_b).expect("pause");
+        until("the pause to fail", || {
+            lc.get(&on_b)
+                .is_ok_and(|s| s.status.reason.as_deref() == Some("PAUSE_FAILED"))
+        })
+        .await;
+        assert_eq!(lc.get(&on_b).unwrap().status.state, Running);
+        let e = lc.node_of_sandbox(&on_b).err().expect("no node b");
+        assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE, "{e}");
+    });
 }

@@ -160,7 +160,7 @@ pub(crate) async fn run(cfg: ServerConfig, mode: NodeMode) -> Result<(), UpError
         }
     }
     if let Some(local) = &local {
-        let claimed = runtime_ids(&lifecycle.placements());
+        let claimed = runtime_ids(&lifecycle.placements(LOCAL_NODE_ID));
         node_side::recover_and_start(&local.fastlet, &claimed, UnheldSlots::Purge);
     }
     if adopted + lost + restarted > 0 {
@@ -352,7 +352,12 @@ async fn prepare_remote_images(lifecycle: Arc<Lifecycle>) {
     for reference in images {
         lifecycle.set_health(Health::Starting(format!("preparing image {reference}")));
         eprintln!("fastbox: the node prepares image {reference}");
-        match lifecycle.node().resolve_image(&reference, None).await {
+        match lifecycle
+            .nodes()
+            .first()
+            .resolve_image(&reference, None)
+            .await
+        {
             Ok(image) => eprintln!("fastbox: image {reference} ready ({})", image.digest),
             Err(e) => eprintln!("fastbox: warning: image {reference} could not be prepared: {e}"),
         }

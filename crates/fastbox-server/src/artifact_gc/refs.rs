@@ -107,6 +107,7 @@ mod tests {
             timeout_secs: None,
             network_policy: None,
             execd_token: "t".into(),
+            node: None,
             report: None,
             secure_access: false,
         }

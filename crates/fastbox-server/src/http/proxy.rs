@@ -45,12 +45,9 @@ async fn forward(
         Err(ApiError::MissingApiKey) => Unsigned::Refused,
         Err(e) => return Err(e),
     };
-    if state.lifecycle.get(&id).is_err() {
-        return Err(ApiError::SandboxNotFound(id));
-    }
-    let proxied = state
-        .lifecycle
-        .node()
+    // The sandbox's own node's proxy (404 for an unknown sandbox).
+    let node = state.lifecycle.node_of_sandbox(&id)?;
+    let proxied = node
         .proxy(&id, port, &rest, unsigned, &[API_KEY], req)
         .await;
     proxied.or_else(|e| {

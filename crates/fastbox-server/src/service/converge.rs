@@ -64,7 +64,7 @@ impl Lifecycle {
                 // The create task stopped at the image and left the record to us.
                 let record = self.record(&id)?;
                 if let Some(slot) = record.slot {
-                    self.node.release_slot(slot).await;
+                    self.node(record.node.as_deref())?.release_slot(slot).await;
                 }
                 self.forget(&id)?;
                 Err(ApiError::InvalidParameter(format!("image: {message}")))
@@ -99,8 +99,18 @@ impl Lifecycle {
                 password: a.password.clone().unwrap_or_default(),
             })
         });
-        let resolved = self
-            .node
+        let node = match self.record(id).and_then(|r| self.node(r.node.as_deref())) {
+            Ok(node) => node,
+            Err(e) => {
+                // The record is gone (deleted) or names a node this server no longer has.
+                if let Some(tx) = image_tx {
+                    let _ = tx.send(Ok(()));
+                }
+                self.fail(id, START_FAILED, &e.to_string()).await;
+                return;
+            }
+        };
+        let resolved = node
             .resolve_image(&plan.image.uri, auth)
             .await
             .map_err(|e| e.to_string());
@@ -170,7 +180,7 @@ impl Lifecycle {
                 policy: plan.policy.clone(),
             },
         };
-        let placed = self.node.place(spec, slot).await;
+        let placed = node.place(spec, slot).await;
         self.finish_start(id, slot, placed, Some(&image_event))
             .await;
     }
@@ -205,9 +215,15 @@ impl Lifecycle {
                     }
                     Ok(())
                 });
-                if updated.as_ref().is_ok_and(|r| r.slot != Some(reserved)) {
+                if let Ok(r) = &updated
+                    && r.slot != Some(reserved)
+                {
                     // Claimed from the pool: the slot reserved at admission is not needed.
-                    self.node.release_slot(reserved).await;
+                    let node = r.node.clone();
+                    if let Ok(node) = self.node(node.as_deref()) {
+                        self.nodes.claimed(node.node_id());
+                        node.release_slot(reserved).await;
+                    }
                 }
                 if updated.is_ok_and(|r| r.state() != SandboxState::Running) {
                     self.remove_now(id).await;
@@ -258,10 +274,13 @@ impl Lifecycle {
         if record.placement.is_none() && record.slot.is_none() && record.state().is_final() {
             return;
         }
-        let removed = self
-            .node
-            .remove(id, record.placement.as_ref(), record.slot)
-            .await;
+        let removed = match self.node(record.node.as_deref()) {
+            Ok(node) => node
+                .remove(id, record.placement.as_ref(), record.slot)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
         if removed.is_ok() {
             self.drop_pause_checkpoint(id).await;
         }
@@ -280,7 +299,7 @@ impl Lifecycle {
                         r.transition(SandboxState::Terminated, None, &message);
                     }
                 }
-                Err(e) => r.event("RemoveFailed", &e.to_string()),
+                Err(e) => r.event("RemoveFailed", e),
             }
             Ok(())
         });
@@ -344,11 +363,13 @@ impl Lifecycle {
         }
     }
 
-    /// Whether `record`'s processes still run on its node (`false` without a placement).
+    /// Whether `record`'s processes still run on its node (`false` without a placement;
+    /// `true` on a node this server does not have: nothing is known of them).
     pub(super) async fn runs(&self, record: &SandboxRecord) -> bool {
-        match &record.placement {
-            Some(p) => self.node.is_alive(p).await,
-            None => false,
+        match (&record.placement, self.node(record.node.as_deref())) {
+            (Some(p), Ok(node)) => node.is_alive(p).await,
+            (Some(_), Err(_)) => true,
+            (None, _) => false,
         }
     }
 
@@ -369,12 +390,16 @@ impl Lifecycle {
         let (mut adopted, mut lost, mut restarted) = (0, 0, 0);
         for record in self.snapshot() {
             let id = record.id.clone();
+            let node = match self.node(record.node.as_deref()) {
+                Ok(node) => node,
+                Err(e) => {
+                    tracing::warn!(sandbox = %id, error = %e, "not recovered: its node is not known to this server");
+                    continue;
+                }
+            };
             match (record.state(), &record.placement) {
                 (SandboxState::Running, Some(p)) => {
-                    let adoption = self
-                        .node
-                        .adopt(&id, p, &record.tokens(), &record.policy())
-                        .await;
+                    let adoption = node.adopt(&id, p, &record.tokens(), &record.policy()).await;
                     if adoption == Adoption::MemoryIncomplete
                         && let Some(record) = self.resume_again(&record, p.slot).await
                     {
@@ -419,14 +444,14 @@ impl Lifecycle {
                 }
                 (SandboxState::Pending, _) => {
                     if let Some(slot) = record.slot {
-                        self.node.claim_slot(slot).await;
+                        node.claim_slot(slot).await;
                     }
                     restarted += 1;
                     self.restart_create(record);
                 }
                 _ => {
                     if let Some(slot) = record.placement.as_ref().map(|p| p.slot).or(record.slot) {
-                        self.node.claim_slot(slot).await;
+                        node.claim_slot(slot).await;
                     }
                 }
             }
@@ -440,7 +465,12 @@ impl Lifecycle {
     /// then resumes it). `None` when it cannot be (a clone: it has no checkpoint of its own).
     async fn resume_again(&self, record: &SandboxRecord, slot: u32) -> Option<SandboxRecord> {
         let key = record.resumed_from.clone()?;
-        if !self.node.has_snapshot(&key).await {
+        if !self
+            .node(record.node.as_deref())
+            .ok()?
+            .has_snapshot(&key)
+            .await
+        {
             return None;
         }
         self.update(&record.id, |r| {
@@ -465,17 +495,17 @@ impl Lifecycle {
         tokio::spawn(async move {
             // Whatever the interrupted start left goes; its slot stays the sandbox's (a
             // removal would give the slot back when its teardown ends: under the new start).
-            let cleaned = match record.slot {
-                Some(slot) => this
-                    .node
+            let cleaned = match (this.node(record.node.as_deref()), record.slot) {
+                (Ok(node), Some(slot)) => node
                     .release_keeping_address(&id, record.placement.as_ref(), slot)
                     .await
-                    .map(drop),
-                None => this
-                    .node
+                    .map_err(|e| e.to_string()),
+                (Ok(node), None) => node
                     .remove(&id, record.placement.as_ref(), None)
                     .await
-                    .map(drop),
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+                (Err(e), _) => Err(e.to_string()),
             };
             let plan = recorded_limits(&record.resource_limits, &this.cfg.resources)
                 .map(|(limits, disk_bytes)| CreatePlan {
@@ -506,7 +536,7 @@ impl Lifecycle {
                     });
                     this.run_create(&id, plan, None).await;
                 }
-                (Err(e), _) => this.fail(&id, START_FAILED, &e.to_string()).await,
+                (Err(e), _) => this.fail(&id, START_FAILED, &e).await,
                 (_, Err(e)) => this.fail(&id, START_FAILED, &e.to_string()).await,
             }
             this.release(&id);

@@ -55,8 +55,8 @@ impl Lifecycle {
         let current = record.policy();
         let method = change.method();
         let next = next_policy(&current, change)?;
-        self.node
-            .set_egress_policy(id, &next)
+        let node = self.node(record.node.as_deref())?;
+        node.set_egress_policy(id, &next)
             .await
             .map_err(|e| apply_error(&record, e))?;
         let recorded = self.update(id, |r| {
@@ -69,7 +69,7 @@ impl Lifecycle {
         });
         if let Err(e) = recorded {
             // What runs must be what a restart re-applies: put the recorded policy back.
-            if let Err(undo) = self.node.set_egress_policy(id, &current).await {
+            if let Err(undo) = node.set_egress_policy(id, &current).await {
                 tracing::error!(sandbox = %id, error = %undo, "could not restore the recorded egress policy");
             }
             return Err(e);

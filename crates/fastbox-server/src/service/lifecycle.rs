@@ -11,13 +11,14 @@ use fastbox_api::lifecycle::{
 };
 use fastbox_api::limits::EXECD_PORT;
 use fastbox_image::ImageConfig;
-use fastbox_node_api::NodeAgent;
 use fastbox_node_api::control::{EGRESS_AUTH_HEADER, EGRESS_PORT, SECURE_ACCESS_HEADER};
 use fastbox_node_api::wire::NodePlacement;
+use fastbox_node_api::{NodeAgent, NodeErrorKind};
 use fastbox_proxy::{RouteKeys, RouteSigner, to_b36};
 
 use crate::config::ServerConfig;
 use crate::error::ApiError;
+use crate::nodes::Nodes;
 use crate::record::SandboxRecord;
 use crate::store::Store;
 
@@ -40,8 +41,8 @@ pub struct Lifecycle {
     pub(super) records: Mutex<HashMap<String, SandboxRecord>>,
     /// Sandboxes with a create or removal task running; the reconciler leaves them alone.
     pub(super) busy: Mutex<HashSet<String>>,
-    /// The node sandboxes run on.
-    pub(super) node: Arc<dyn NodeAgent>,
+    /// The nodes sandboxes run on.
+    pub(super) nodes: Nodes,
     /// How image references are read (a local one is refused outside
     /// `--allow-local-images`).
     pub(super) images: ImageConfig,
@@ -78,10 +79,22 @@ pub struct EndpointQuery {
 }
 
 impl Lifecycle {
+    /// A server with one node.
     pub fn new(
         cfg: ServerConfig,
         store: Store,
         node: Arc<dyn NodeAgent>,
+        images: ImageConfig,
+        keys: RouteKeys,
+    ) -> Result<Arc<Self>, ApiError> {
+        Self::with_nodes(cfg, store, Nodes::single(node), images, keys)
+    }
+
+    /// A server with the nodes `nodes`.
+    pub fn with_nodes(
+        cfg: ServerConfig,
+        store: Store,
+        nodes: Nodes,
         images: ImageConfig,
         keys: RouteKeys,
     ) -> Result<Arc<Self>, ApiError> {
@@ -109,7 +122,7 @@ impl Lifecycle {
             busy: Mutex::new(HashSet::new()),
             policy_changes: tokio::sync::Mutex::new(()),
             start_metrics: Default::default(),
-            node,
+            nodes,
             images,
             keys,
             health: RwLock::new(Health::Starting("starting".into())),
@@ -125,9 +138,19 @@ impl Lifecycle {
         &self.cfg
     }
 
-    /// The node sandboxes run on.
-    pub fn node(&self) -> &Arc<dyn NodeAgent> {
-        &self.node
+    /// The nodes sandboxes run on.
+    pub fn nodes(&self) -> &Nodes {
+        &self.nodes
+    }
+
+    /// Node `id` (`None`: the first node, which records without a node name are on).
+    pub fn node(&self, id: Option<&str>) -> Result<Arc<dyn NodeAgent>, ApiError> {
+        Ok(self.nodes.get(id)?)
+    }
+
+    /// The node sandbox `id` is on.
+    pub fn node_of_sandbox(&self, id: &str) -> Result<Arc<dyn NodeAgent>, ApiError> {
+        self.node(self.record(id)?.node.as_deref())
     }
 
     /// The route signing keys in force.
@@ -195,11 +218,13 @@ impl Lifecycle {
         self.busy.lock().expect("busy lock").remove(id);
     }
 
-    /// The placement of every placed sandbox (its node tells what it holds from them: a
-    /// pooled sandbox keeps its pool name after a claim).
-    pub fn placements(&self) -> Vec<NodePlacement> {
+    /// The placement of every sandbox placed on node `node_id` (the node tells what it
+    /// holds from them: a pooled sandbox keeps its pool name after a claim).
+    pub fn placements(&self, node_id: &str) -> Vec<NodePlacement> {
+        let first = self.nodes.first_id();
         self.snapshot()
             .into_iter()
+            .filter(|r| r.node.as_deref().unwrap_or(&first) == node_id)
             .filter_map(|r| r.placement)
             .collect()
     }
@@ -238,7 +263,8 @@ impl Lifecycle {
         self: &Arc<Self>,
         plan: &super::plan::CreatePlan,
     ) -> Result<String, ApiError> {
-        self.node
+        self.nodes
+            .first()
             .check_image(&plan.image.uri)
             .map_err(|e| ApiError::InvalidParameter(format!("image: {e}")))?;
         // Every create comes here (from an image, a template, a snapshot, a fork): a local
@@ -251,7 +277,7 @@ impl Lifecycle {
             })?),
             false => None,
         };
-        let slot = self.node.admit().await?;
+        let (node, slot) = self.admit(plan).await?;
         let id = uuid::Uuid::new_v4().to_string();
         let now = Utc::now();
         let mut record = SandboxRecord {
@@ -273,6 +299,7 @@ impl Lifecycle {
                 last_transition_at: Some(now),
             },
             execd_token: random_token(),
+            node: Some(node.node_id().to_string()),
             slot: Some(slot),
             placement: None,
             events: Vec::new(),
@@ -290,10 +317,46 @@ impl Lifecycle {
         };
         record.event("Created", &format!("sandbox created from {from}"));
         if let Err(e) = self.insert(record) {
-            self.node.release_slot(slot).await;
+            node.release_slot(slot).await;
             return Err(e);
         }
         Ok(id)
+    }
+
+    /// A slot for `plan` on the best node that has one: the snapshot's node for a create
+    /// from a snapshot (its checkpoint is there), else the nodes as [`Nodes::ranked`] orders
+    /// them, each asked in turn while the one before refuses (full, or not reached).
+    async fn admit(
+        &self,
+        plan: &super::plan::CreatePlan,
+    ) -> Result<(Arc<dyn NodeAgent>, u32), ApiError> {
+        let candidates = match &plan.snapshot_id {
+            Some(snapshot) => vec![self.node(self.snapshot_node(snapshot)?.as_deref())?],
+            None => self.nodes.ranked(plan.template_id.as_deref()),
+        };
+        let mut refused = None;
+        for node in candidates {
+            match node.admit().await {
+                Ok(slot) => {
+                    self.nodes.admitted(node.node_id());
+                    return Ok((node, slot));
+                }
+                Err(e)
+                    if matches!(
+                        e.kind,
+                        NodeErrorKind::NoCapacity | NodeErrorKind::Unreachable
+                    ) =>
+                {
+                    tracing::debug!(node = node.node_id(), error = %e, "admission refused; trying the next node");
+                    refused = Some(e);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(refused.map_or_else(
+            || ApiError::NodeUnavailable("no node to admit the sandbox into".into()),
+            ApiError::from,
+        ))
     }
 
     /// A caller's image reference naming a host path outside `--allow-local-images` is a 400

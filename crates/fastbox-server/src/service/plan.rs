@@ -596,6 +596,7 @@ mod tests {
             execd_token: "t".into(),
             report: None,
             secure_access: false,
+            node: None,
         }
     }
 

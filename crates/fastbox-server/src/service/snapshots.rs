@@ -15,7 +15,7 @@ use fastbox_api::snapshots::{
 use fastbox_node_api::wire::{
     NodePlacement, Placed, RestoreSpec, SandboxSettings, SnapshotReport, SnapshotSource,
 };
-use fastbox_node_api::{NodeError, NodeResult};
+use fastbox_node_api::{NodeAgent, NodeError, NodeErrorKind, NodeResult};
 
 use crate::config::ResourcePolicy;
 use crate::error::ApiError;
@@ -75,6 +75,11 @@ impl Lifecycle {
             .get(id)
             .cloned()
             .ok_or_else(|| ApiError::SnapshotNotFound(id.to_string()))
+    }
+
+    /// The node snapshot `id`'s checkpoint is on (`None`: the first node).
+    pub(super) fn snapshot_node(&self, id: &str) -> Result<Option<String>, ApiError> {
+        Ok(self.snapshot_record(id)?.node)
     }
 
     fn update_snapshot(
@@ -178,6 +183,7 @@ impl Lifecycle {
             execd_token: source.execd_token.clone(),
             report: None,
             secure_access: source.secure_access.is_some(),
+            node: source.node.clone(),
         };
         let stored = self.store.put_snapshot(&snapshot);
         if let Err(e) = stored {
@@ -212,14 +218,18 @@ impl Lifecycle {
         let source = self.record(&snapshot.sandbox_id);
         let staged = match source {
             Ok(source) if source.placement.is_some() => {
+                let on = source.node.clone();
                 let source = snapshot_source(&snapshot.id, &source).expect("placed");
-                self.node
-                    .stage_snapshot(&source, short_freeze)
-                    .await
-                    .map(|()| Staged {
-                        placement: source.placement,
-                    })
-                    .map_err(|e| e.to_string())
+                match self.node(on.as_deref()) {
+                    Ok(node) => node
+                        .stage_snapshot(&source, short_freeze)
+                        .await
+                        .map(|()| Staged {
+                            placement: source.placement,
+                        })
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
             }
             _ => Err(format!(
                 "sandbox {} is no longer running",
@@ -237,14 +247,16 @@ impl Lifecycle {
         id: &str,
         staged: Result<Staged, String>,
     ) -> SnapshotState {
-        let sandbox_id = self.snapshot_record(id).map(|s| s.sandbox_id).ok();
-        let taken = match staged {
-            Ok(Staged { placement }) => self
-                .node
+        let snapshot = self.snapshot_record(id).ok();
+        let sandbox_id = snapshot.as_ref().map(|s| s.sandbox_id.clone());
+        let node = snapshot.and_then(|s| s.node);
+        let taken = match (staged, self.node(node.as_deref())) {
+            (Ok(Staged { placement }), Ok(node)) => node
                 .commit_snapshot(id, &placement)
                 .await
                 .map_err(|e| e.to_string()),
-            Err(message) => Err(message),
+            (Ok(_), Err(e)) => Err(e.to_string()),
+            (Err(message), _) => Err(message),
         };
         let updated = self.update_snapshot(id, |s| match &taken {
             Ok(report) => {
@@ -311,7 +323,7 @@ impl Lifecycle {
     }
 
     async fn finish_snapshot_delete(&self, id: &str) -> Result<(), ApiError> {
-        self.node
+        self.node(self.snapshot_node(id)?.as_deref())?
             .remove_snapshot(id)
             .await
             .map_err(|e| ApiError::Internal(format!("remove snapshot files: {e}")))?;
@@ -401,7 +413,10 @@ impl Lifecycle {
                 .await;
             return;
         };
-        let paused: NodeResult<SnapshotReport> = self.node.pause(id, &source).await;
+        let paused: NodeResult<SnapshotReport> = match self.node(record.node.as_deref()) {
+            Ok(node) => node.pause(id, &source).await,
+            Err(e) => Err(NodeError::new(NodeErrorKind::Unreachable, e.to_string())),
+        };
         match paused {
             Ok(report) => {
                 let _ = self.update(id, |r| {
@@ -453,8 +468,21 @@ impl Lifecycle {
                 .await;
             return;
         };
+        let node = match self.node(record.node.as_deref()) {
+            Ok(node) => node,
+            Err(e) => {
+                // Left Paused: the node may be back (or configured again) later.
+                let _ = self.update(id, |r| {
+                    if r.state() == SandboxState::Resuming {
+                        r.transition(SandboxState::Paused, Some(RESUME_FAILED), &e.to_string());
+                    }
+                    Ok(())
+                });
+                return;
+            }
+        };
         let resumed = match restore_spec(&record, &self.cfg.resources) {
-            Ok(spec) => self.node.resume(&key, spec, slot).await,
+            Ok(spec) => node.resume(&key, spec, slot).await,
             Err(e) => Err(e),
         };
         match resumed {
@@ -479,7 +507,7 @@ impl Lifecycle {
                     let this = self.clone();
                     let id = id.to_string();
                     tokio::spawn(async move {
-                        let removed = this.node.remove_snapshot(&key).await;
+                        let removed = node.remove_snapshot(&key).await;
                         match removed {
                             Ok(()) => {
                                 let _ = this.update(&id, |r| {
@@ -514,7 +542,10 @@ impl Lifecycle {
         let Some(key) = record.paused_checkpoint else {
             return;
         };
-        let removed = self.node.remove_snapshot(&key).await;
+        let removed = match self.node(record.node.as_deref()) {
+            Ok(node) => node.remove_snapshot(&key).await,
+            Err(e) => Err(NodeError::new(NodeErrorKind::Unreachable, e.to_string())),
+        };
         match removed {
             Ok(()) => {
                 let _ = self.update(id, |r| {
@@ -539,12 +570,19 @@ impl Lifecycle {
             return;
         };
         record.env = plan.env.clone();
+        let node = match self.node(record.node.as_deref()) {
+            Ok(node) => node,
+            Err(e) => {
+                self.fail(id, START_FAILED, &e.to_string()).await;
+                return;
+            }
+        };
         let placed = match restore_spec(&record, &self.cfg.resources) {
             Ok(mut spec) => {
                 spec.common.policy = plan.policy.clone();
                 spec.common.limits = plan.limits;
                 spec.common.disk_bytes = plan.disk_bytes;
-                self.node.clone_snapshot(snapshot_id, spec, slot).await
+                node.clone_snapshot(snapshot_id, spec, slot).await
             }
             Err(e) => Err(e),
         };
@@ -686,9 +724,16 @@ impl Lifecycle {
             .cloned()
             .collect();
         for snapshot in all {
+            let node = match self.node(snapshot.node.as_deref()) {
+                Ok(node) => node,
+                Err(e) => {
+                    tracing::warn!(snapshot = %snapshot.id, error = %e, "not recovered: its node is not known to this server");
+                    continue;
+                }
+            };
             match snapshot.state() {
                 SnapshotState::Creating => {
-                    if self.node.has_snapshot(&snapshot.id).await {
+                    if node.has_snapshot(&snapshot.id).await {
                         let _ = self.update_snapshot(&snapshot.id, |s| {
                             s.transition(SnapshotState::Ready, None, "finished before a restart")
                         });
@@ -698,7 +743,7 @@ impl Lifecycle {
                         Ok(r) => r.state() == SandboxState::Running && self.runs(&r).await,
                         Err(_) => false,
                     };
-                    self.node.discard_interrupted_snapshot(&snapshot.id).await;
+                    node.discard_interrupted_snapshot(&snapshot.id).await;
                     if runs && self.claim(&snapshot.sandbox_id) {
                         let this = self.clone();
                         tokio::spawn(async move { this.take_snapshot(&snapshot.id).await });
@@ -728,17 +773,21 @@ impl Lifecycle {
     /// clean slot.
     pub(super) async fn recover_paused(self: &Arc<Self>, record: SandboxRecord) {
         let id = record.id.clone();
+        let Ok(node) = self.node(record.node.as_deref()) else {
+            tracing::warn!(sandbox = %id, "not recovered: its node is not known to this server");
+            return;
+        };
         if let Some(slot) = record.slot {
-            self.node.claim_slot(slot).await;
+            node.claim_slot(slot).await;
         }
         self.claim(&id);
         let this = self.clone();
         tokio::spawn(async move {
             match record.state() {
-                SandboxState::Pausing => this.recover_pause(&record).await,
+                SandboxState::Pausing => this.recover_pause(&record, &*node).await,
                 _ => {
                     if let Some(slot) = record.slot {
-                        let _ = this.node.release_keeping_address(&id, None, slot).await;
+                        let _ = node.release_keeping_address(&id, None, slot).await;
                     }
                     let _ = this.update(&id, |r| {
                         r.placement = None;
@@ -752,7 +801,7 @@ impl Lifecycle {
         });
     }
 
-    async fn recover_pause(self: &Arc<Self>, record: &SandboxRecord) {
+    async fn recover_pause(self: &Arc<Self>, record: &SandboxRecord, node: &dyn NodeAgent) {
         let id = record.id.as_str();
         let Some(key) = record.paused_checkpoint.clone() else {
             self.fail_paused(id, "the interrupted pause recorded no checkpoint name")
@@ -761,14 +810,13 @@ impl Lifecycle {
         };
         // A dump may have outlived the crash: wait for it, and keep what it completed.
         let committed = match snapshot_source(&key, record) {
-            Some(source) => self.node.finish_interrupted_pause(&source).await,
-            None => self.node.has_snapshot(&key).await,
+            Some(source) => node.finish_interrupted_pause(&source).await,
+            None => node.has_snapshot(&key).await,
         };
         let alive = self.runs(record).await;
         match (committed, alive, record.slot) {
             (true, _, Some(slot)) => {
-                let released = self
-                    .node
+                let released = node
                     .release_keeping_address(id, record.placement.as_ref(), slot)
                     .await;
                 let _ = self.update(id, |r| {
@@ -794,7 +842,7 @@ impl Lifecycle {
                 self.run_pause(id).await;
             }
             _ => {
-                let _ = self.node.remove_snapshot(&key).await;
+                let _ = node.remove_snapshot(&key).await;
                 self.fail_paused(
                     id,
                     "the pause was interrupted by a restart and the sandbox's processes are gone",

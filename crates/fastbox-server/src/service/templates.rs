@@ -68,7 +68,8 @@ impl Lifecycle {
                 "format {format:?} is not native or overlaybd"
             )));
         }
-        self.node
+        self.nodes
+            .first()
             .check_image(&req.image)
             .map_err(|e| invalid(format!("image: {e}")))?;
         self.check_local_image(&req.image)?;
@@ -153,8 +154,11 @@ impl Lifecycle {
                 return;
             }
         };
+        // Built on the first node; another node builds its own golden checkpoint from the
+        // same image and recipe at its first create of the template.
         let built = self
-            .node
+            .nodes
+            .first()
             .build_template(&template.template_id, &template.image, &recipe)
             .await;
         let result = match built {
@@ -258,15 +262,25 @@ impl Lifecycle {
         }
     }
 
-    /// `DELETE /v1/templates/{id}`: forgets it and removes its golden checkpoint from this
+    /// `DELETE /v1/templates/{id}`: forgets it and removes its golden checkpoint from every
     /// node. Sandboxes created from it keep running.
     pub async fn delete_template(&self, id: &str) -> Result<(), ApiError> {
         self.get_template(id)?;
         self.store.remove_template(id)?;
         self.templates.lock().expect("templates lock").remove(id);
-        self.node
-            .remove_template(id)
-            .await
-            .map_err(|e| ApiError::Internal(format!("remove template files: {e}")))
+        let nodes = self.nodes.all();
+        let removals = futures::future::join_all(nodes.iter().map(|n| n.remove_template(id))).await;
+        let failed: Vec<String> = nodes
+            .iter()
+            .zip(removals)
+            .filter_map(|(n, r)| r.err().map(|e| format!("node {}: {e}", n.node_id())))
+            .collect();
+        match failed.is_empty() {
+            true => Ok(()),
+            false => Err(ApiError::Internal(format!(
+                "remove template files: {}",
+                failed.join("; ")
+            ))),
+        }
     }
 }
