@@ -3,8 +3,8 @@
 //! between them over the node API and the control API.
 //!
 //! Root and CRIU (skipped with the reason otherwise). Prefixes `rn` (the node), `rs` (the
-//! server) and `rw` (a server given a wrong credential), from
-//! `fastbox_testkit::run_prefix_pair`.
+//! server) and `rw` (a server given a wrong credential); `jn` (a node that joins) and `js`
+//! (the server it joins, with a node of its own): from `fastbox_testkit::run_prefix_pair`.
 
 mod common;
 
@@ -31,8 +31,9 @@ struct NodeProcess {
 }
 
 impl NodeProcess {
-    /// Starts the node and waits until its node API answers.
-    fn start(prefix: &str, pool: &str, control_url: &str) -> NodeProcess {
+    /// Starts the node and waits until its node API answers; `meeting` says how it meets the
+    /// server (`--control-url URL`, or `--join URL --join-token-file FILE ...`).
+    fn start(prefix: &str, pool: &str, meeting: &[&str]) -> NodeProcess {
         let dir = tempfile::Builder::new()
             .prefix(&format!("{prefix}-"))
             .tempdir()
@@ -51,8 +52,6 @@ impl NodeProcess {
             &proxy,
             "--node-proxy-public",
             &proxy,
-            "--control-url",
-            control_url,
             "--prefix",
             prefix,
             "--pool",
@@ -65,7 +64,9 @@ impl NodeProcess {
             &fastbox_testkit::execd_path().unwrap().display().to_string(),
         ]
         .map(String::from)
-        .to_vec();
+        .into_iter()
+        .chain(meeting.iter().map(|a| a.to_string()))
+        .collect();
         let mut node = NodeProcess {
             prefix: prefix.to_string(),
             log: dir.path().join("node.log"),
@@ -167,7 +168,7 @@ fn the_server_runs_its_sandboxes_on_a_node_in_another_process() {
     let mut node = NodeProcess::start(
         &node_prefix,
         "10.218.110.0/24",
-        &format!("http://{control}"),
+        &["--control-url", &format!("http://{control}")],
     );
     assert!(
         node.log_text().contains("node credentials made in"),
@@ -378,6 +379,174 @@ fn the_server_runs_its_sandboxes_on_a_node_in_another_process() {
     );
     fastbox_fastlet::host::purge(&node_prefix, &node.data_dir).unwrap();
     for prefix in [&node_prefix, &server_prefix, &wrong_prefix] {
+        let (clean, found) = no_leftovers(prefix);
+        assert!(clean, "fastbox leftovers --prefix {prefix}: {found}");
+    }
+}
+
+/// `GET /v1/nodes`: node id -> its JSON.
+fn nodes(server: &UpServer) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let (status, body) = server.get("/v1/nodes");
+    assert_eq!(status, 200, "{body}");
+    body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["id"].as_str().unwrap().to_string(), n.clone()))
+        .collect()
+}
+
+/// Waits until node `id` is in `state` (`GET /v1/nodes`).
+fn wait_node(server: &UpServer, id: &str, state: &str, within: Duration) {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let now = nodes(server).get(id).map(|n| n["state"].clone());
+        if now.as_ref().and_then(|s| s.as_str()) == Some(state) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node {id} is {now:?}, not {state}:\n{}",
+            server.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_node_joins_a_server_shares_its_creates_and_is_lost_when_killed() {
+    if let Some(reason) = common::unavailable() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let (node_prefix, server_prefix) = (
+        fastbox_testkit::run_prefix_pair("jn"),
+        fastbox_testkit::run_prefix_pair("js"),
+    );
+    let control = format!("127.0.0.1:{}", fastbox_testkit::server_port());
+    let server = UpServer::start_prefixed(
+        &server_prefix,
+        "10.218.121.0/24",
+        &[
+            "--accept-nodes",
+            "--control-listen",
+            &control,
+            "--node-lease-ms",
+            "3000",
+        ],
+    )
+    .expect("prerequisites checked above");
+    let token = server.data_dir.join("node-join-token");
+    let join = format!("http://{control}");
+    let mut node = NodeProcess::start(
+        &node_prefix,
+        "10.218.122.0/24",
+        &[
+            "--join",
+            &join,
+            "--join-token-file",
+            token.to_str().unwrap(),
+            "--node-name",
+            "n1",
+        ],
+    );
+    assert!(
+        node.log_text().contains("joined") && node.log_text().contains("as node n1"),
+        "{}",
+        node.log_text()
+    );
+    wait_node(&server, "n1", "ready", Duration::from_secs(10));
+    // Both nodes report (the server's own by its refresh, n1 by its heartbeats).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while nodes(&server).values().any(|n| n["freeSlots"].is_null()) {
+        assert!(std::time::Instant::now() < deadline, "{:?}", nodes(&server));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // Creates spread over both nodes; each endpoint is its own node's proxy, and execd
+    // answers through it.
+    let mut on_n1 = Vec::new();
+    let mut on_local = Vec::new();
+    for _ in 0..6 {
+        let id = server.create_busybox();
+        server.wait_state(&id, "Running");
+        let (status, ep) = server.get(&format!("/v1/sandboxes/{id}/endpoints/44772"));
+        assert_eq!(status, 200, "{ep}");
+        let endpoint = ep["endpoint"].as_str().unwrap().to_string();
+        let run = Execd::of(&server, &id).sh("echo here-$((6 * 7))");
+        assert!(run.stdout.contains("here-42"), "{id}: {}", run.stdout);
+        if endpoint.starts_with(&node.proxy) {
+            on_n1.push(id);
+        } else {
+            on_local.push(id);
+        }
+    }
+    assert!(
+        !on_n1.is_empty() && !on_local.is_empty(),
+        "both nodes take creates: n1 {on_n1:?}, local {on_local:?}"
+    );
+
+    // The node is killed: its lease runs out (3 s), half a lease later it is lost and what
+    // ran there failed (NODE_LOST); the server's own sandboxes run on.
+    let killed = std::time::Instant::now();
+    if let Some(mut child) = node.child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    wait_node(&server, "n1", "expired", Duration::from_secs(10));
+    wait_node(&server, "n1", "lost", Duration::from_secs(10));
+    let lost_after = killed.elapsed();
+    assert!(
+        lost_after >= Duration::from_millis(3000),
+        "declared lost after {lost_after:?}, before its lease could run out"
+    );
+    for id in &on_n1 {
+        assert_eq!(
+            server.state(id),
+            ("Failed".to_string(), Some("NODE_LOST".to_string())),
+            "{id}"
+        );
+    }
+    for id in &on_local {
+        assert_eq!(server.state(id).0, "Running", "{id}");
+    }
+    // A create now goes to the server's own node.
+    let later = server.create_busybox();
+    server.wait_state(&later, "Running");
+    let (_, ep) = server.get(&format!("/v1/sandboxes/{later}/endpoints/44772"));
+    assert!(
+        !ep["endpoint"].as_str().unwrap().starts_with(&node.proxy),
+        "{ep}"
+    );
+
+    // It comes back: it registers again, and the server removes what it ran while lost.
+    node.spawn();
+    wait_node(&server, "n1", "ready", Duration::from_secs(20));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for id in &on_n1 {
+        loop {
+            let (_, events) =
+                server.get_text(&format!("/v1/sandboxes/{id}/diagnostics/events?scope=all"));
+            if events.contains("Removed") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{id} was not removed from the node: {events}\n{}",
+                node.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    for id in on_local.iter().chain([&later]) {
+        assert_eq!(server.delete(&format!("/v1/sandboxes/{id}")), 204);
+        server.wait_state(id, "Terminated");
+    }
+    server.finish();
+    node.stop();
+    fastbox_fastlet::host::purge(&node_prefix, &node.data_dir).unwrap();
+    for prefix in [&node_prefix, &server_prefix] {
         let (clean, found) = no_leftovers(prefix);
         assert!(clean, "fastbox leftovers --prefix {prefix}: {found}");
     }

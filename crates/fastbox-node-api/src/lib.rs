@@ -7,6 +7,7 @@
 mod agent;
 pub mod control;
 mod error;
+pub mod membership;
 pub mod recipe;
 pub mod remote;
 #[cfg(feature = "testkit")]

@@ -31,7 +31,7 @@ use fastbox_node_api::control::{
 };
 use fastbox_node_api::recipe::{GoldenRecipe, Readiness};
 use fastbox_node_api::remote::{
-    CREDENTIAL_HEADER, ControlClient, Credential, NodeClient, REFUSAL_HEADER, Timeouts,
+    CREDENTIAL_HEADER, ControlClient, Credential, NodeClient, REFUSAL_HEADER, SingleNode, Timeouts,
     control_router, node_router,
 };
 use fastbox_node_api::testkit::{FakeNode, Verb};
@@ -1199,7 +1199,11 @@ fn control_server() -> (Arc<FakeControl>, TestServer, Credential) {
     let control = Arc::new(FakeControl::default());
     *control.token.lock().unwrap() = Some(AccessToken::generate().unwrap());
     let credential = Credential::generate().unwrap();
-    let router = control_router(control.clone(), control.clone(), credential.clone());
+    let plane = Arc::new(SingleNode {
+        node_id: "n1".into(),
+        credential: credential.clone(),
+    });
+    let router = control_router(control.clone(), control.clone(), plane);
     (control, TestServer::start(router), credential)
 }
 

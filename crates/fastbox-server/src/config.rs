@@ -40,6 +40,9 @@ pub struct Settings {
     pub retention_seconds: Option<u64>,
     /// The static execd binary.
     pub execd: Option<PathBuf>,
+    /// How long a registered node's lease lasts, milliseconds (it heartbeats ten times as
+    /// often; it is declared lost half a lease after its lease ran out).
+    pub node_lease_ms: Option<u64>,
     /// How long a create waits for its image before answering `Pending`, milliseconds.
     pub create_image_wait_ms: Option<u64>,
     /// Sets both `pool_min` and `pool_max` (0: no warm pool).
@@ -130,6 +133,7 @@ impl Settings {
             max_timeout_seconds: self.max_timeout_seconds.or(lower.max_timeout_seconds),
             retention_seconds: self.retention_seconds.or(lower.retention_seconds),
             execd: self.execd.or(lower.execd),
+            node_lease_ms: self.node_lease_ms.or(lower.node_lease_ms),
             create_image_wait_ms: self.create_image_wait_ms.or(lower.create_image_wait_ms),
             pool_size: self.pool_size.or(lower.pool_size),
             pool_min: self.pool_min.or(lower.pool_min),
@@ -621,7 +625,35 @@ pub struct ServerConfig {
     pub route_max_lifetime: Duration,
     /// Failed credential checks allowed per minute, per source and for all together.
     pub access_failures: fastbox_proxy::FailureLimits,
+    /// Leases of registered nodes.
+    pub leases: LeaseConfig,
 }
+
+/// How registered nodes hold their lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseConfig {
+    pub terms: fastbox_node_api::membership::LeaseTerms,
+    /// A node is declared lost this long after its lease ran out (its guard froze its
+    /// sandboxes before the lease ran out).
+    pub lost_margin: Duration,
+}
+
+impl LeaseConfig {
+    /// The lease of `lease_ms` milliseconds (at least 1 s).
+    pub fn of(lease_ms: u64) -> Self {
+        let lease_ms = lease_ms.max(1000);
+        Self {
+            terms: fastbox_node_api::membership::LeaseTerms {
+                lease_ms,
+                heartbeat_ms: (lease_ms / 10).max(100),
+            },
+            lost_margin: Duration::from_millis(lease_ms / 2),
+        }
+    }
+}
+
+/// A registered node's lease by default.
+pub const DEFAULT_NODE_LEASE_MS: u64 = 10_000;
 
 /// The longest a signed route may be valid by default.
 pub const DEFAULT_ROUTE_MAX_LIFETIME: Duration = Duration::from_secs(24 * 3600);
@@ -747,6 +779,7 @@ impl ServerConfig {
             resources,
             route_max_lifetime,
             access_failures,
+            leases: LeaseConfig::of(settings.node_lease_ms.unwrap_or(DEFAULT_NODE_LEASE_MS)),
         })
     }
 }

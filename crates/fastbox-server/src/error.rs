@@ -54,6 +54,8 @@ pub enum ApiError {
     TemplateNotFound(String),
     #[error("snapshot {0} not found")]
     SnapshotNotFound(String),
+    #[error("node {0} not found")]
+    NodeNotFound(String),
     #[error("sandbox {id} is not reachable yet (state {state})")]
     NotReady { id: String, state: String },
     #[error("sandbox {id} is {state}{detail}")]
@@ -97,6 +99,7 @@ impl ApiError {
             Self::SandboxNotFound(_)
             | Self::TemplateNotFound(_)
             | Self::SnapshotNotFound(_)
+            | Self::NodeNotFound(_)
             | Self::NotReady { .. }
             | Self::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             Self::NotRunning { .. } | Self::Conflict(_) => StatusCode::CONFLICT,
@@ -123,6 +126,7 @@ impl ApiError {
             Self::SandboxNotFound(_) => "SANDBOX::NOT_FOUND",
             Self::TemplateNotFound(_) => "TEMPLATE::NOT_FOUND",
             Self::SnapshotNotFound(_) => "SNAPSHOT::NOT_FOUND",
+            Self::NodeNotFound(_) => "NODE::NOT_FOUND",
             // The one code the SDK keeps polling on while a sandbox is being created.
             Self::NotReady { .. } => "KUBERNETES::POD_IP_NOT_AVAILABLE",
             Self::NotRunning { .. } => "SANDBOX::NOT_RUNNING",

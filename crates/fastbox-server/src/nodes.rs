@@ -7,9 +7,15 @@
 //! server admitted into it since, and asks the best ones in turn: a node that refuses
 //! admission (full) costs nothing, so the create falls back to the next. The ranking reads
 //! only cached reports: it is constant time per node and never waits for a node.
+//!
+//! A registered node holds a lease it renews with heartbeats ([`Nodes::renew`]); one whose
+//! lease ran out is asked for nothing new, and one whose lease ran out longer ago than the
+//! margin is lost ([`Nodes::newly_lost`]) until it renews again. The in-process node and
+//! nodes given by configuration hold no lease: they are never lost.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use fastbox_node_api::NodeAgent;
 use fastbox_node_api::wire::NodeStatus;
@@ -42,6 +48,42 @@ struct Entry {
     admitted: AtomicU32,
     /// Claims of a pooled sandbox since the last report, by whoever asked.
     claimed: AtomicU32,
+    /// `host:port` of its node proxy (`None`: the server's configured one).
+    proxy: Option<String>,
+    lease: Mutex<Lease>,
+    /// It registered again (it restarted): the server takes its sandboxes back.
+    rejoined: std::sync::atomic::AtomicBool,
+}
+
+/// A node's lease (`until: None`: it holds none and is never lost).
+#[derive(Debug, Clone, Copy, Default)]
+struct Lease {
+    until: Option<Instant>,
+    lost: bool,
+}
+
+/// Where a node stands, for `GET /v1/nodes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeState {
+    /// Holds no lease (in process, or given by configuration).
+    Static,
+    /// Its lease holds.
+    Ready,
+    /// Its lease ran out: asked for nothing new, not yet lost.
+    Expired,
+    /// Declared lost: its running sandboxes failed (`NODE_LOST`).
+    Lost,
+}
+
+/// One node as `GET /v1/nodes` shows it.
+#[derive(Debug, Clone)]
+pub struct NodeView {
+    pub id: String,
+    pub state: NodeState,
+    pub proxy: Option<String>,
+    /// Until its lease runs out (`None` without a lease, or once it ran out).
+    pub lease_left: Option<Duration>,
+    pub status: Option<NodeStatus>,
 }
 
 /// The nodes, in the order they were added (the first is the default).
@@ -69,20 +111,128 @@ impl Nodes {
         Self::new(vec![agent]).expect("one node")
     }
 
-    /// Adds `agent` (refused when its id is taken).
+    /// Adds `agent`, holding no lease (refused when its id is taken).
     pub fn add(&self, agent: Arc<dyn NodeAgent>) -> Result<(), NodesError> {
         let mut entries = self.entries.write().expect("nodes lock");
         let id = agent.node_id().to_string();
         if entries.iter().any(|e| e.agent.node_id() == id) {
             return Err(NodesError::Duplicate(id));
         }
-        entries.push(Arc::new(Entry {
-            agent,
-            status: Mutex::new(None),
-            admitted: AtomicU32::new(0),
-            claimed: AtomicU32::new(0),
-        }));
+        entries.push(Arc::new(Entry::new(agent, None, Lease::default())));
         Ok(())
+    }
+
+    /// Adds registered node `agent` (or replaces the one of its id: it registered again),
+    /// whose node proxy clients reach at `proxy`, with a lease until `until`.
+    pub fn add_leased(&self, agent: Arc<dyn NodeAgent>, proxy: String, until: Instant) {
+        let mut entries = self.entries.write().expect("nodes lock");
+        let id = agent.node_id().to_string();
+        let lease = Lease {
+            until: Some(until),
+            lost: false,
+        };
+        let entry = Arc::new(Entry::new(agent, Some(proxy), lease));
+        match entries.iter().position(|e| e.agent.node_id() == id) {
+            Some(i) => {
+                // A node lost before keeps being lost until it renews: its sandboxes' failure
+                // stands.
+                let was = *entries[i].lease.lock().expect("lease lock");
+                entry.lease.lock().expect("lease lock").lost = was.lost;
+                entry.rejoined.store(true, Ordering::Relaxed);
+                entries[i] = entry;
+            }
+            None => entries.push(entry),
+        }
+    }
+
+    /// The nodes that registered again since the last call (each once).
+    pub fn take_rejoined(&self) -> Vec<String> {
+        self.entries
+            .read()
+            .expect("nodes lock")
+            .iter()
+            .filter(|e| e.rejoined.swap(false, Ordering::Relaxed))
+            .map(|e| e.agent.node_id().to_string())
+            .collect()
+    }
+
+    /// Forgets node `id` (revoked); whether it was there.
+    pub fn remove(&self, id: &str) -> bool {
+        let mut entries = self.entries.write().expect("nodes lock");
+        let before = entries.len();
+        entries.retain(|e| e.agent.node_id() != id);
+        entries.len() != before
+    }
+
+    /// Renews node `id`'s lease until `until`; whether it had been lost (it no longer is).
+    /// `None`: no such node, or one that holds no lease.
+    pub fn renew(&self, id: &str, until: Instant) -> Option<bool> {
+        let entry = self.entry(id)?;
+        let mut lease = entry.lease.lock().expect("lease lock");
+        lease.until?;
+        let was_lost = lease.lost;
+        *lease = Lease {
+            until: Some(until),
+            lost: false,
+        };
+        Some(was_lost)
+    }
+
+    /// Marks lost every node whose lease ran out more than `margin` ago and that was not lost
+    /// yet; their ids.
+    pub fn newly_lost(&self, margin: Duration) -> Vec<String> {
+        let now = Instant::now();
+        let entries: Vec<Arc<Entry>> = self.entries.read().expect("nodes lock").clone();
+        entries
+            .iter()
+            .filter(|e| {
+                let mut lease = e.lease.lock().expect("lease lock");
+                let lost_now = !lease.lost && lease.until.is_some_and(|t| t + margin <= now);
+                lease.lost |= lost_now;
+                lost_now
+            })
+            .map(|e| e.agent.node_id().to_string())
+            .collect()
+    }
+
+    /// Whether node `id` (`None`: the first) is lost.
+    pub fn is_lost(&self, id: Option<&str>) -> bool {
+        let entry = match id {
+            Some(id) => self.entry(id),
+            None => self.entries.read().expect("nodes lock").first().cloned(),
+        };
+        entry.is_some_and(|e| e.lease.lock().expect("lease lock").lost)
+    }
+
+    /// `host:port` of node `id`'s proxy, when it is not the server's configured one.
+    pub fn proxy_of(&self, id: Option<&str>) -> Option<String> {
+        self.entry(id?)?.proxy.clone()
+    }
+
+    /// Every node, as `GET /v1/nodes` shows it.
+    pub fn views(&self) -> Vec<NodeView> {
+        let now = Instant::now();
+        self.entries
+            .read()
+            .expect("nodes lock")
+            .iter()
+            .map(|e| {
+                let lease = *e.lease.lock().expect("lease lock");
+                let state = match (lease.until, lease.lost) {
+                    (None, _) => NodeState::Static,
+                    (Some(_), true) => NodeState::Lost,
+                    (Some(t), false) if t <= now => NodeState::Expired,
+                    (Some(_), false) => NodeState::Ready,
+                };
+                NodeView {
+                    id: e.agent.node_id().to_string(),
+                    state,
+                    proxy: e.proxy.clone(),
+                    lease_left: lease.until.and_then(|t| t.checked_duration_since(now)),
+                    status: e.status.lock().expect("status lock").clone(),
+                }
+            })
+            .collect()
     }
 
     /// Node `id`; `None` names the first node.
@@ -142,15 +292,15 @@ impl Nodes {
             .collect()
     }
 
-    /// At most [`TOP_K`] nodes for a create of template `pool_key`, best first.
+    /// At most [`TOP_K`] nodes for a create of template `pool_key`, best first: nodes whose
+    /// lease holds (or that hold none).
     pub fn ranked(&self, pool_key: Option<&str>) -> Vec<Arc<dyn NodeAgent>> {
         let entries = self.entries.read().expect("nodes lock");
-        if entries.len() == 1 {
-            return vec![entries[0].agent.clone()];
-        }
+        let now = Instant::now();
         let mut scored: Vec<(i64, usize)> = entries
             .iter()
             .enumerate()
+            .filter(|(_, e)| e.usable(now))
             .map(|(i, e)| (e.score(pool_key), i))
             .collect();
         // Best first; equal scores keep the order the nodes were added in.
@@ -176,9 +326,17 @@ impl Nodes {
         }
     }
 
-    /// Asks every node for its status (concurrently) and keeps the answers.
+    /// Asks every node that holds no lease for its status (concurrently) and keeps the
+    /// answers (registered nodes report with their heartbeats).
     pub async fn refresh(&self) {
-        let entries: Vec<Arc<Entry>> = self.entries.read().expect("nodes lock").clone();
+        let entries: Vec<Arc<Entry>> = self
+            .entries
+            .read()
+            .expect("nodes lock")
+            .iter()
+            .filter(|e| e.lease.lock().expect("lease lock").until.is_none())
+            .cloned()
+            .collect();
         let reports = futures::future::join_all(entries.iter().map(|e| e.agent.status())).await;
         for (entry, status) in entries.iter().zip(reports) {
             entry.report(status);
@@ -203,6 +361,24 @@ impl Nodes {
 }
 
 impl Entry {
+    fn new(agent: Arc<dyn NodeAgent>, proxy: Option<String>, lease: Lease) -> Self {
+        Self {
+            agent,
+            status: Mutex::new(None),
+            admitted: AtomicU32::new(0),
+            claimed: AtomicU32::new(0),
+            proxy,
+            lease: Mutex::new(lease),
+            rejoined: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Whether new sandboxes may go to the node: it holds no lease, or one that holds.
+    fn usable(&self, now: Instant) -> bool {
+        let lease = self.lease.lock().expect("lease lock");
+        !lease.lost && lease.until.is_none_or(|t| now < t)
+    }
+
     fn report(&self, status: NodeStatus) {
         *self.status.lock().expect("status lock") = Some(status);
         self.admitted.store(0, Ordering::Relaxed);
@@ -326,6 +502,50 @@ mod tests {
         nodes.report(status("c", 4, 2, &[]));
         nodes.report(status("d", 4, 0, &[]));
         assert_eq!(ids(&nodes.ranked(None)), ["c", "b", "a"]);
+    }
+
+    #[test]
+    fn leases_expire_then_are_lost_and_a_renewal_brings_the_node_back() {
+        let nodes = Nodes::new(vec![node("local")]).unwrap();
+        let now = Instant::now();
+        nodes.add_leased(
+            node("r"),
+            "10.0.0.2:8091".into(),
+            now + Duration::from_secs(60),
+        );
+        assert_eq!(nodes.proxy_of(Some("r")).as_deref(), Some("10.0.0.2:8091"));
+        assert_eq!(nodes.proxy_of(Some("local")), None);
+        assert_eq!(nodes.ranked(None).len(), 2);
+        // Its lease ran out: nothing new goes there, but it is not lost before the margin.
+        assert_eq!(nodes.renew("r", now), Some(false));
+        assert_eq!(ids(&nodes.ranked(None)), ["local"]);
+        assert!(nodes.newly_lost(Duration::from_secs(60)).is_empty());
+        assert_eq!(nodes.views()[1].state, NodeState::Expired);
+        assert_eq!(nodes.newly_lost(Duration::ZERO), ["r"]);
+        assert!(nodes.newly_lost(Duration::ZERO).is_empty(), "lost once");
+        assert!(nodes.is_lost(Some("r")));
+        // Registering again does not undo the loss; a renewal does, and says so.
+        assert!(nodes.take_rejoined().is_empty());
+        nodes.add_leased(
+            node("r"),
+            "10.0.0.2:8091".into(),
+            now + Duration::from_secs(60),
+        );
+        assert!(nodes.is_lost(Some("r")));
+        assert_eq!(nodes.take_rejoined(), ["r"]);
+        assert!(nodes.take_rejoined().is_empty());
+        assert_eq!(
+            nodes.renew("r", Instant::now() + Duration::from_secs(60)),
+            Some(true)
+        );
+        assert!(!nodes.is_lost(Some("r")));
+        assert_eq!(nodes.views()[1].state, NodeState::Ready);
+        assert_eq!(nodes.ranked(None).len(), 2);
+        // Nodes without a lease are never lost and cannot renew.
+        assert_eq!(nodes.renew("local", now), None);
+        assert_eq!(nodes.views()[0].state, NodeState::Static);
+        assert!(nodes.remove("r"));
+        assert!(!nodes.remove("r"));
     }
 
     #[tokio::test]

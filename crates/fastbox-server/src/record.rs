@@ -96,6 +96,32 @@ impl std::fmt::Debug for SecureAccess {
     }
 }
 
+/// A node that registered with this server, as the state store keeps it.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub node_id: String,
+    /// Base URL of its node API.
+    pub url: String,
+    /// `host:port` of its node proxy for clients.
+    pub proxy_public: String,
+    /// The credential the server presents to it (kept as it is: the server sends it).
+    pub server_to_node: String,
+    /// SHA-256 (hex) of the credential it presents to the server (never kept as it is).
+    pub node_to_server_sha256: String,
+    pub registered_at: DateTime<Utc>,
+}
+
+impl std::fmt::Debug for NodeRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeRecord")
+            .field("node_id", &self.node_id)
+            .field("url", &self.url)
+            .field("proxy_public", &self.proxy_public)
+            .field("registered_at", &self.registered_at)
+            .finish_non_exhaustive()
+    }
+}
+
 /// One lifecycle event (`GET .../diagnostics/events`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {

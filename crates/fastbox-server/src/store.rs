@@ -9,11 +9,12 @@ use fastbox_api::templates::Template;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::record::{SandboxRecord, SnapshotRecord};
+use crate::record::{NodeRecord, SandboxRecord, SnapshotRecord};
 
 const SANDBOXES: TableDefinition<&str, &[u8]> = TableDefinition::new("sandboxes");
 const TEMPLATES: TableDefinition<&str, &[u8]> = TableDefinition::new("templates");
 const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshots");
+const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("nodes");
 
 /// How long opening the store waits for a lock held by what a crashed run left.
 pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -61,6 +62,7 @@ impl Store {
         dbr(txn.open_table(SANDBOXES))?;
         dbr(txn.open_table(TEMPLATES))?;
         dbr(txn.open_table(SNAPSHOTS))?;
+        dbr(txn.open_table(NODES))?;
         dbr(txn.commit())?;
         Ok(Self { db })
     }
@@ -105,6 +107,20 @@ impl Store {
     /// Every snapshot record.
     pub fn load_snapshots(&self) -> Result<Vec<SnapshotRecord>, StoreError> {
         self.load_from(SNAPSHOTS)
+    }
+
+    /// Writes a registered node durably.
+    pub fn put_node(&self, node: &NodeRecord) -> Result<(), StoreError> {
+        self.put_in(NODES, &node.node_id, node)
+    }
+
+    pub fn remove_node(&self, id: &str) -> Result<(), StoreError> {
+        self.remove_from(NODES, id)
+    }
+
+    /// Every registered node.
+    pub fn load_nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        self.load_from(NODES)
     }
 
     fn put_in<T: Serialize>(&self, def: Table, key: &str, value: &T) -> Result<(), StoreError> {

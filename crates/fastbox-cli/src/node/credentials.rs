@@ -102,8 +102,8 @@ impl NodeCredentials {
     }
 }
 
-/// The credential in `path`, or a new one written there (0600).
-fn load_or_create_one(path: &Path) -> anyhow::Result<(Credential, bool)> {
+/// The credential in `path`, or a new one written there (0600); whether it was made now.
+pub(crate) fn load_or_create_one(path: &Path) -> anyhow::Result<(Credential, bool)> {
     match std::fs::read_to_string(path) {
         Ok(text) => {
             let credential = text

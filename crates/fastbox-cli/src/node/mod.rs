@@ -1,8 +1,13 @@
-//! `fastbox node`: a node agent alone, for a `fastbox up --remote-node` server elsewhere. It
-//! serves the node API (`fastbox_node_api::remote::node_router` over the in-process
-//! [`LocalNode`]) and its node proxy, whose port-18080 policy changes and access checks go
-//! to the server's control API (`ControlClient`). Static configuration: the server is given
-//! the node's URL and credentials; registration, heartbeats and several nodes are not built.
+//! `fastbox node`: a node agent alone, for a server elsewhere. It serves the node API
+//! (`fastbox_node_api::remote::node_router` over the in-process [`LocalNode`]) and its node
+//! proxy, whose port-18080 policy changes and access checks go to the server's control API
+//! (`ControlClient`). Two ways to meet the server:
+//! - `--join URL --join-token-file FILE` ([`join`]): the node registers with a `fastbox up
+//!   --accept-nodes` server at every start, gets credentials of its own, and holds a lease
+//!   by heartbeats; the server takes its sandboxes back after each registration.
+//! - `--control-url URL`: static; the server (`fastbox up --remote-node`) is given the node's
+//!   URL and the credentials it keeps in its data directory, and takes its sandboxes back
+//!   at the server's own start.
 //!
 //! At start the node cleans up only what is its own alone (live snapshots being staged,
 //! spare slots, teardowns queued before a stop): the records are the server's, so every
@@ -24,6 +29,7 @@ use crate::up::node_side::{self, NodeBinaries, UnheldSlots};
 use crate::up::{InstanceArgs, ROUTE_KEY_FILE, UpError};
 
 pub mod credentials;
+pub mod join;
 
 pub use credentials::NodeCredentials;
 
@@ -48,9 +54,23 @@ pub struct NodeArgs {
     #[arg(
         long,
         env = "FASTBOX_CONTROL_URL",
-        required_unless_present = "print_credentials"
+        required_unless_present_any = ["print_credentials", "join"],
+        conflicts_with = "join"
     )]
     pub control_url: Option<String>,
+    /// Join the server whose control API is at this URL (its --control-listen, with
+    /// --accept-nodes), e.g. `http://10.0.0.1:8092`.
+    #[arg(long, env = "FASTBOX_JOIN", requires = "join_token_file")]
+    pub join: Option<String>,
+    /// The server's join token (its DATA_DIR/node-join-token).
+    #[arg(long, env = "FASTBOX_JOIN_TOKEN_FILE", requires = "join")]
+    pub join_token_file: Option<std::path::PathBuf>,
+    /// This node's name in the cluster: 1 to 63 of [a-z0-9-] [default: the host name].
+    #[arg(long, env = "FASTBOX_NODE_NAME")]
+    pub node_name: Option<String>,
+    /// The URL the server calls the node API at [default: http:// and --listen].
+    #[arg(long, env = "FASTBOX_ADVERTISE_URL")]
+    pub advertise_url: Option<String>,
     /// Print the node's two credentials (made when missing) as the server reads them
     /// (`--remote-node-credentials FILE`), and exit.
     #[arg(long)]
@@ -84,30 +104,67 @@ pub fn node(args: NodeArgs) -> anyhow::Result<i32> {
         print!("{}", credentials.to_text());
         return Ok(0);
     }
-    let control_url = args
-        .control_url
-        .clone()
-        .context("--control-url is required")?;
+    let meeting = match (&args.join, &args.join_token_file, &args.control_url) {
+        (Some(url), Some(token), _) => Meeting::Join {
+            url: url.clone(),
+            token: join::join_token(token)?,
+            node_id: join::node_id(args.node_name.as_deref())?,
+            advertise_url: match &args.advertise_url {
+                Some(url) => url.clone(),
+                None if args.listen.ip().is_unspecified() => anyhow::bail!(
+                    "--listen {} names no address the server can call: give --advertise-url",
+                    args.listen
+                ),
+                None => format!("http://{}", args.listen),
+            },
+        },
+        (_, _, Some(url)) => Meeting::Static {
+            control_url: url.clone(),
+        },
+        _ => anyhow::bail!("--control-url or --join is required"),
+    };
     let binaries = node_side::binaries(&cfg, args.instance.criu.clone())?;
-    node_side::runtime()?.block_on(run(cfg, args.listen, control_url, binaries))?;
+    node_side::runtime()?.block_on(run(cfg, args.listen, meeting, binaries))?;
     Ok(0)
 }
+
+/// How the node meets its server.
+enum Meeting {
+    /// It registers at `url` with the join token.
+    Join {
+        url: String,
+        token: fastbox_node_api::remote::Credential,
+        node_id: String,
+        advertise_url: String,
+    },
+    /// The server was given its URL and credentials.
+    Static { control_url: String },
+}
+
+/// How long a joining node waits for a server that does not answer yet.
+const JOIN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Runs the node until SIGTERM or SIGINT.
 async fn run(
     cfg: ServerConfig,
     listen: SocketAddr,
-    control_url: String,
+    meeting: Meeting,
     binaries: NodeBinaries,
 ) -> anyhow::Result<()> {
     let data_dir = cfg.data_dir.clone();
     node_side::create_data_dir(&data_dir)?;
-    let (credentials, created) = NodeCredentials::load_or_create(&data_dir)?;
-    println!(
-        "fastbox: node credentials {} in {} (hand them to the server: fastbox node --print-credentials)",
-        if created { "made" } else { "kept" },
-        NodeCredentials::dir(&data_dir).display()
-    );
+    let static_credentials = match &meeting {
+        Meeting::Static { .. } => {
+            let (credentials, created) = NodeCredentials::load_or_create(&data_dir)?;
+            println!(
+                "fastbox: node credentials {} in {} (hand them to the server: fastbox node --print-credentials)",
+                if created { "made" } else { "kept" },
+                NodeCredentials::dir(&data_dir).display()
+            );
+            Some(credentials)
+        }
+        Meeting::Join { .. } => None,
+    };
     // Signed routes verify with these keys: the server's (copy its route-signing.key here).
     let keys = RouteKeys::load_or_create(&data_dir.join(ROUTE_KEY_FILE)).map_err(UpError::from)?;
     let node_store = node_side::open_node_store(&cfg).await?;
@@ -117,15 +174,69 @@ async fn run(
     // server to take its sandbox back.
     node_side::recover_and_start(&fastlet, &pooled_ids(&data_dir), UnheldSlots::Hold);
 
+    // Listening before the registration names the node API: the server may call at once.
+    let api_listener = node_side::bind(listen).await?;
+    let proxy_listener = node_side::bind(cfg.node_proxy_listen).await?;
+    let proxy_public = cfg
+        .node_proxy_public
+        .clone()
+        .unwrap_or_else(|| cfg.node_proxy_listen.to_string());
+    let (node_id, control_url, credentials, terms) = match (meeting, static_credentials) {
+        (
+            Meeting::Join {
+                url,
+                token,
+                node_id,
+                advertise_url,
+            },
+            _,
+        ) => {
+            let registration = fastbox_node_api::membership::Registration {
+                node_id: node_id.clone(),
+                url: advertise_url,
+                proxy_public: proxy_public.clone(),
+            };
+            let registered = join::register(&url, &token, &registration, JOIN_PATIENCE).await?;
+            println!(
+                "fastbox: joined {url} as node {node_id} (lease {} ms, a heartbeat every {} ms)",
+                registered.terms.lease_ms, registered.terms.heartbeat_ms
+            );
+            let credentials = NodeCredentials {
+                server_to_node: registered.server_to_node.parse()?,
+                node_to_server: registered.node_to_server.parse()?,
+            };
+            (node_id, url, credentials, Some(registered.terms))
+        }
+        (Meeting::Static { control_url }, Some(credentials)) => {
+            (listen.to_string(), control_url, credentials, None)
+        }
+        (Meeting::Static { .. }, None) => unreachable!("static credentials were loaded"),
+    };
     let control = Arc::new(
         ControlClient::new(&control_url, credentials.node_to_server.clone())
             .with_context(|| format!("control URL {control_url}"))?,
     );
-    let node = Arc::new(LocalNode::new(fastlet.clone(), listen.to_string()));
-    let proxy = node_side::node_proxy(&cfg, fastlet.clone(), keys, control.clone(), control);
+    let node = Arc::new(LocalNode::new(fastlet.clone(), node_id));
+    let proxy = node_side::node_proxy(
+        &cfg,
+        fastlet.clone(),
+        keys,
+        control.clone(),
+        control.clone(),
+    );
     node.attach_proxy(proxy.clone());
-    let api_listener = node_side::bind(listen).await?;
-    let proxy_listener = node_side::bind(cfg.node_proxy_listen).await?;
+    let heartbeats = async {
+        match terms {
+            Some(terms) => {
+                let why =
+                    join::heartbeat(control, node.clone(), terms, Arc::new(join::NoFence)).await;
+                tracing::error!(error = %why, "heartbeats stopped");
+                eprintln!("fastbox: {why:#}");
+                std::future::pending::<()>().await
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let api = node_side::serve(
         api_listener,
@@ -145,6 +256,7 @@ async fn run(
     tokio::pin!(servers);
     tokio::select! {
         result = &mut servers => { result.map_err(UpError::Serve)?; }
+        () = heartbeats => {}
         () = node_side::shutdown_signal() => {
             println!("fastbox: stopping; sandboxes keep running and the server takes them back");
             let _ = stop_tx.send(true);

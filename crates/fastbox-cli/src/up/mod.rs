@@ -197,9 +197,19 @@ pub struct UpArgs {
         requires = "remote_node"
     )]
     pub remote_node_credentials: Option<PathBuf>,
-    /// Where the control API a remote node calls listens (its --control-url).
+    /// Where the control API nodes call listens (their --control-url / --join).
     #[arg(long, env = "FASTBOX_CONTROL_LISTEN", default_value = "127.0.0.1:8092")]
     pub control_listen: SocketAddr,
+    /// Accept `fastbox node --join` registrations on --control-listen, besides the node in
+    /// this process. They present the join token kept in DATA_DIR/node-join-token (made at
+    /// the first start; hand it to the nodes).
+    #[arg(long, env = "FASTBOX_ACCEPT_NODES", conflicts_with = "remote_node")]
+    pub accept_nodes: bool,
+    /// How long a registered node's lease lasts, milliseconds; it heartbeats ten times as
+    /// often, freezes its sandboxes when it cannot renew, and is declared lost half a lease
+    /// after its lease ran out [default: 10000].
+    #[arg(long, env = "FASTBOX_NODE_LEASE_MS")]
+    pub node_lease_ms: Option<u64>,
 }
 
 /// Where an instance keeps its state and names its host-wide things, and its binaries: the
@@ -248,6 +258,7 @@ impl UpArgs {
             max_timeout_seconds: self.max_timeout_seconds,
             retention_seconds: self.retention_seconds,
             execd: self.instance.execd.clone(),
+            node_lease_ms: self.node_lease_ms,
             create_image_wait_ms: self.create_image_wait_ms,
             pool_size: self.pool_size,
             pool_min: self.pool_min,
@@ -294,7 +305,10 @@ pub fn up(args: UpArgs) -> anyhow::Result<i32> {
             credentials: NodeCredentials::read(credentials)?,
             control_listen: args.control_listen,
         }),
-        _ => NodeMode::Local(node_side::binaries(&cfg, args.instance.criu.clone())?),
+        _ => NodeMode::Local {
+            binaries: node_side::binaries(&cfg, args.instance.criu.clone())?,
+            accept_nodes: args.accept_nodes.then_some(args.control_listen),
+        },
     };
     node_side::runtime()?.block_on(run::run(cfg, mode))?;
     Ok(0)

@@ -34,7 +34,7 @@ use fastbox_fastlet::node_store::{NodeStore, NodeStoreError};
 use fastbox_fastlet::{Fastlet, LocalNode, blocking};
 use fastbox_image::StderrProgress;
 use fastbox_node_api::NodeAgent;
-use fastbox_node_api::remote::{NodeClient, Timeouts, control_router};
+use fastbox_node_api::remote::{NodeClient, SingleNode, Timeouts, control_router};
 use fastbox_node_api::wire::NodePlacement;
 use fastbox_proxy::RouteKeys;
 use fastbox_server::artifact_gc::{self, ArtifactCollector};
@@ -77,6 +77,8 @@ pub enum UpError {
     Api(#[from] fastbox_server::error::ApiError),
     #[error("server: {0}")]
     Serve(std::io::Error),
+    #[error("join token: {0}")]
+    JoinToken(String),
 }
 
 /// The route signing keys in the data directory (`fastbox route-key` rotates them).
@@ -85,10 +87,17 @@ pub const ROUTE_KEY_FILE: &str = "route-signing.key";
 /// The in-process node's name.
 const LOCAL_NODE_ID: &str = "local";
 
+/// The file of the join token nodes present to register (`--accept-nodes`).
+pub const JOIN_TOKEN_FILE: &str = "node-join-token";
+
 /// Where the server's node runs.
 pub(crate) enum NodeMode {
-    /// In this process, with these binaries.
-    Local(NodeBinaries),
+    /// In this process, with these binaries; with `accept_nodes`, registered nodes join it
+    /// through the control API listening there.
+    Local {
+        binaries: NodeBinaries,
+        accept_nodes: Option<std::net::SocketAddr>,
+    },
     /// In a `fastbox node` elsewhere.
     Remote(RemoteNode),
 }
@@ -120,8 +129,13 @@ pub(crate) async fn run(cfg: ServerConfig, mode: NodeMode) -> Result<(), UpError
     let keys = RouteKeys::load_or_create(&data_dir.join(ROUTE_KEY_FILE))?;
     let images = node_side::image_config(&cfg);
     let store = Store::open(&data_dir.join("state.redb"))?;
+    let mut accept_nodes = None;
     let (agent, local, remote): (Arc<dyn NodeAgent>, _, _) = match mode {
-        NodeMode::Local(binaries) => {
+        NodeMode::Local {
+            binaries,
+            accept_nodes: accept,
+        } => {
+            accept_nodes = accept;
             let node_store = node_side::open_node_store(&cfg).await?;
             let fastlet = node_side::start_fastlet(&cfg, binaries, &node_store).await?;
             let node = Arc::new(LocalNode::new(fastlet.clone(), LOCAL_NODE_ID.to_string()));
@@ -152,11 +166,25 @@ pub(crate) async fn run(cfg: ServerConfig, mode: NodeMode) -> Result<(), UpError
         }
     };
     let lifecycle = Lifecycle::new(cfg.clone(), store, agent.clone(), images, keys.clone())?;
+    if accept_nodes.is_some() {
+        let (token, made) =
+            crate::node::credentials::load_or_create_one(&data_dir.join(JOIN_TOKEN_FILE))
+                .map_err(|e| UpError::JoinToken(format!("{e:#}")))?;
+        lifecycle.set_join_token(Some(token));
+        let registered = lifecycle.load_registered_nodes()?;
+        println!(
+            "fastbox: nodes join with the token in {} ({}); {registered} registered before",
+            data_dir.join(JOIN_TOKEN_FILE).display(),
+            if made { "made now" } else { "kept" }
+        );
+    }
     let (adopted, lost, restarted) = lifecycle.recover().await;
     lifecycle.recover_snapshots().await;
-    for key in lifecycle.unreferenced_pauses(&agent.snapshot_keys().await) {
-        if let Err(e) = agent.remove_snapshot(&key).await {
-            tracing::warn!(checkpoint = %key, error = %e, "could not remove a pause checkpoint left by an earlier run");
+    for node in lifecycle.nodes().all() {
+        for key in lifecycle.unreferenced_pauses(&node.snapshot_keys().await) {
+            if let Err(e) = node.remove_snapshot(&key).await {
+                tracing::warn!(node = node.node_id(), checkpoint = %key, error = %e, "could not remove a pause checkpoint left by an earlier run");
+            }
         }
     }
     if let Some(local) = &local {
@@ -237,7 +265,10 @@ pub(crate) async fn run(cfg: ServerConfig, mode: NodeMode) -> Result<(), UpError
                 control_router(
                     lifecycle.clone(),
                     lifecycle.clone(),
-                    remote.credentials.node_to_server.clone(),
+                    Arc::new(SingleNode {
+                        node_id: agent.node_id().to_string(),
+                        credential: remote.credentials.node_to_server.clone(),
+                    }),
                 ),
                 Box::pin(prepare_remote_images(lifecycle.clone())),
             )
@@ -245,11 +276,29 @@ pub(crate) async fn run(cfg: ServerConfig, mode: NodeMode) -> Result<(), UpError
         (None, None) => unreachable!("a node in process or a remote one"),
     };
     let api = serve(api_listener, router, stop_rx.clone());
-    let node = serve(second, second_router, stop_rx);
+    let node = serve(second, second_router, stop_rx.clone());
+    // Registered nodes' control API, besides the node in this process.
+    let control = match accept_nodes {
+        Some(addr) => {
+            println!("fastbox: control API for joining nodes on {addr}");
+            let router = control_router(lifecycle.clone(), lifecycle.clone(), lifecycle.clone());
+            Some(serve(bind(addr).await?, router, stop_rx))
+        }
+        None => None,
+    };
+    let control = async move {
+        match control {
+            Some(serving) => serving.await,
+            None => Ok(()),
+        }
+    };
+    if accept_nodes.is_some() {
+        tokio::spawn(refresh_nodes(lifecycle.clone()));
+    }
     let _ = std::io::stdout().flush();
 
     tokio::spawn(lifecycle.clone().reconcile_forever());
-    let servers = async { tokio::try_join!(api, node) };
+    let servers = async { tokio::try_join!(api, node, control) };
     tokio::pin!(servers);
     tokio::select! {
         result = &mut servers => { result.map_err(UpError::Serve)?; }
@@ -270,6 +319,17 @@ pub(crate) async fn run(cfg: ServerConfig, mode: NodeMode) -> Result<(), UpError
         node_side::stop(fastlet, node_store).await;
     }
     Ok(())
+}
+
+/// Asks the nodes that do not heartbeat (the one in this process) for their status every
+/// second, for the choice of a node at a create.
+async fn refresh_nodes(lifecycle: Arc<Lifecycle>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        lifecycle.nodes().refresh().await;
+    }
 }
 
 /// The API key: configured, or kept in the data dir, or generated now (and printed once).

@@ -20,11 +20,14 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::MAX_BODY;
-use super::credential::{Credential, require};
+use super::credential::Credential;
 use super::http_util::{envelope, post_json, refusal_text};
 use super::node_client::{ClientError, base_url, http_client};
 use crate::control::{
     AccessApi, AccessToken, EgressApi, EgressApiError, PolicyChange, SandboxAccess,
+};
+use crate::membership::{
+    Caller, ControlPlane, Heartbeat, MembershipError, Registered, Registration, Renewal,
 };
 
 /// How long a node keeps an answer of the access route by default: a sandbox's access rule
@@ -39,6 +42,8 @@ const MAX_CACHED: usize = 4096;
 const EGRESS_TIMEOUT: Duration = Duration::from_secs(60);
 /// The access check, on a proxied request's path.
 const ACCESS_TIMEOUT: Duration = Duration::from_secs(10);
+/// A registration or a heartbeat (a heartbeat late by this much is as good as lost).
+const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The code of an [`EgressApiError`] the wire cannot name.
@@ -154,21 +159,25 @@ fn static_code(code: &str) -> &'static str {
 struct Control {
     egress: Arc<dyn EgressApi>,
     access: Arc<dyn AccessApi>,
+    plane: Arc<dyn ControlPlane>,
 }
 
-/// The control API of `egress` and `access`, every route behind `auth` (the credential the
-/// node presents: its own, not the one the server presents to it).
+/// The control API of `egress` and `access`, every route behind `plane`'s authentication
+/// (the credential a node presents: its own, not the one the server presents to it; or the
+/// join token, for the registration route only). A node is answered about its own
+/// sandboxes only ([`ControlPlane::holds`]): another's are not found.
 pub fn control_router(
     egress: Arc<dyn EgressApi>,
     access: Arc<dyn AccessApi>,
-    auth: Credential,
+    plane: Arc<dyn ControlPlane>,
 ) -> Router {
     Router::new()
         .route("/control/v1/egress/policy", post(policy))
         .route("/control/v1/egress/change", post(change))
         .route("/control/v1/access", post(access_rule))
+        .route("/control/v1/register", post(register))
+        .route("/control/v1/heartbeat", post(heartbeat))
         .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(Control { egress, access })
         .fallback(async || {
             envelope(
                 StatusCode::NOT_FOUND,
@@ -177,9 +186,143 @@ pub fn control_router(
             )
         })
         .layer(axum::middleware::from_fn_with_state(
-            Arc::new(auth),
-            require,
+            plane.clone(),
+            identify,
         ))
+        .with_state(Control {
+            egress,
+            access,
+            plane,
+        })
+}
+
+/// One node with one credential, registering nobody: a server with a node given by its
+/// configuration, and tests.
+pub struct SingleNode {
+    pub node_id: String,
+    pub credential: Credential,
+}
+
+#[async_trait]
+impl ControlPlane for SingleNode {
+    fn authenticate(&self, presented: &[u8]) -> Option<Caller> {
+        self.credential
+            .matches(presented)
+            .then(|| Caller::Node(self.node_id.clone()))
+    }
+
+    fn holds(&self, node_id: &str, _sandbox_id: &str) -> bool {
+        node_id == self.node_id
+    }
+
+    async fn register(&self, _: Registration) -> Result<Registered, MembershipError> {
+        Err(MembershipError::Refused(
+            "this server takes no registrations".into(),
+        ))
+    }
+
+    async fn heartbeat(&self, node_id: &str, _: Heartbeat) -> Result<Renewal, MembershipError> {
+        Err(MembershipError::Unknown(node_id.to_string()))
+    }
+}
+
+/// A node's call about sandbox `id` that is not its own: answered as if there were no such
+/// sandbox.
+fn not_held(id: &str) -> EgressApiError {
+    EgressApiError {
+        status: StatusCode::NOT_FOUND,
+        code: "SANDBOX::NOT_FOUND",
+        message: format!("sandbox {id} not found"),
+    }
+}
+
+/// The node calling (the registered node's id), or `None` for the join token.
+fn node_of(caller: &Caller) -> Option<&str> {
+    match caller {
+        Caller::Node(id) => Some(id),
+        Caller::Joining => None,
+    }
+}
+
+/// The route a joining caller may use (and a node may not).
+const REGISTER_ROUTE: &str = "/control/v1/register";
+
+/// The check in front of every route: a request whose credential is nobody's never reaches
+/// a handler; the join token reaches the registration route only.
+async fn identify(
+    State(plane): State<Arc<dyn ControlPlane>>,
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let caller = req
+        .headers()
+        .get(super::CREDENTIAL_HEADER)
+        .map(|v| plane.authenticate(v.as_bytes()));
+    let registering = req.uri().path() == REGISTER_ROUTE;
+    match caller {
+        Some(Some(caller)) if (caller == Caller::Joining) == registering => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Some(Some(Caller::Joining)) => envelope(
+            StatusCode::FORBIDDEN,
+            "NODE::JOIN_TOKEN_ONLY_REGISTERS",
+            "the join token may only register a node",
+        ),
+        Some(Some(Caller::Node(_))) => envelope(
+            StatusCode::FORBIDDEN,
+            "NODE::REGISTER_WITH_JOIN_TOKEN",
+            "a node registers (again) with the cluster's join token",
+        ),
+        Some(None) => envelope(
+            StatusCode::UNAUTHORIZED,
+            "INVALID_CREDENTIAL",
+            "wrong credential in X-Fastbox-Credential",
+        ),
+        None => envelope(
+            StatusCode::UNAUTHORIZED,
+            "MISSING_CREDENTIAL",
+            "this route needs a credential in X-Fastbox-Credential",
+        ),
+    }
+}
+
+/// A [`MembershipError`] as the wire carries it.
+type MembershipAnswer<T> = Result<T, MembershipError>;
+
+async fn register(State(control): State<Control>, body: Result<Bytes, BytesRejection>) -> Response {
+    let registration: Registration = match parse(body) {
+        Ok(args) => args,
+        Err(refused) => return *refused,
+    };
+    let answer: MembershipAnswer<Registered> = control.plane.register(registration).await;
+    json(&answer)
+}
+
+async fn heartbeat(
+    State(control): State<Control>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let beat: Heartbeat = match parse(body) {
+        Ok(args) => args,
+        Err(refused) => return *refused,
+    };
+    let Some(node) = node_of(&caller) else {
+        return json(&MembershipAnswer::<Renewal>::Err(MembershipError::Refused(
+            "not a node".into(),
+        )));
+    };
+    if beat.status.node_id != node {
+        return json(&MembershipAnswer::<Renewal>::Err(MembershipError::Invalid(
+            format!(
+                "a heartbeat of node {node} names node {}",
+                beat.status.node_id
+            ),
+        )));
+    }
+    let answer: MembershipAnswer<Renewal> = control.plane.heartbeat(node, beat).await;
+    json(&answer)
 }
 
 /// The arguments in `body`, or the 400 (or 413) that refuses them.
@@ -206,36 +349,61 @@ fn json<T: Serialize>(answer: &T) -> Response {
     }
 }
 
-async fn policy(State(control): State<Control>, body: Result<Bytes, BytesRejection>) -> Response {
-    let args: IdArgs = match parse(body) {
-        Ok(args) => args,
-        Err(refused) => return *refused,
-    };
-    let answer: EgressAnswer = control.egress.policy(&args.id).await.map_err(Into::into);
-    json(&answer)
+impl Control {
+    /// Whether `caller` may ask about sandbox `id`.
+    fn may_ask(&self, caller: &Caller, id: &str) -> bool {
+        node_of(caller).is_some_and(|node| self.plane.holds(node, id))
+    }
 }
 
-async fn change(State(control): State<Control>, body: Result<Bytes, BytesRejection>) -> Response {
-    let args: ChangeArgs = match parse(body) {
-        Ok(args) => args,
-        Err(refused) => return *refused,
-    };
-    let answer: EgressAnswer = control
-        .egress
-        .change(&args.id, args.change.into(), &args.via)
-        .await
-        .map_err(Into::into);
-    json(&answer)
-}
-
-async fn access_rule(
+async fn policy(
     State(control): State<Control>,
+    axum::Extension(caller): axum::Extension<Caller>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let args: IdArgs = match parse(body) {
         Ok(args) => args,
         Err(refused) => return *refused,
     };
+    let answer: EgressAnswer = match control.may_ask(&caller, &args.id) {
+        true => control.egress.policy(&args.id).await.map_err(Into::into),
+        false => Err(not_held(&args.id).into()),
+    };
+    json(&answer)
+}
+
+async fn change(
+    State(control): State<Control>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let args: ChangeArgs = match parse(body) {
+        Ok(args) => args,
+        Err(refused) => return *refused,
+    };
+    let answer: EgressAnswer = match control.may_ask(&caller, &args.id) {
+        true => control
+            .egress
+            .change(&args.id, args.change.into(), &args.via)
+            .await
+            .map_err(Into::into),
+        false => Err(not_held(&args.id).into()),
+    };
+    json(&answer)
+}
+
+async fn access_rule(
+    State(control): State<Control>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let args: IdArgs = match parse(body) {
+        Ok(args) => args,
+        Err(refused) => return *refused,
+    };
+    if !control.may_ask(&caller, &args.id) {
+        return json(&None::<WireAccess>);
+    }
     let answer = control
         .access
         .access(&args.id)
@@ -248,6 +416,17 @@ async fn access_rule(
 }
 
 // The node side.
+
+/// A registration or heartbeat that did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MembershipCallError {
+    /// No answer (or one that is not the control API's): try again.
+    #[error("the control plane did not answer: {0}")]
+    Unreachable(String),
+    /// The control plane refused.
+    #[error(transparent)]
+    Refused(MembershipError),
+}
 
 /// The control plane at a URL, as a node's [`EgressApi`] and [`AccessApi`].
 #[derive(Debug)]
@@ -273,6 +452,26 @@ impl ControlClient {
         })
     }
 
+    /// Registers a node with the control plane at `url`, presenting the cluster's
+    /// `join_token`: the node's credentials and lease terms.
+    pub async fn register(
+        url: &str,
+        join_token: &Credential,
+        registration: &Registration,
+    ) -> Result<Registered, MembershipCallError> {
+        let client = Self::new(url, join_token.clone())
+            .map_err(|e| MembershipCallError::Refused(MembershipError::Invalid(e.to_string())))?;
+        client.membership("register", registration).await
+    }
+
+    /// Renews this node's lease with `status`.
+    pub async fn heartbeat(
+        &self,
+        status: crate::wire::NodeStatus,
+    ) -> Result<Renewal, MembershipCallError> {
+        self.membership("heartbeat", &Heartbeat { status }).await
+    }
+
     /// Keeps answers of the access route for `ttl` instead ([`Duration::ZERO`]: asks every
     /// time).
     pub fn with_access_ttl(mut self, ttl: Duration) -> Self {
@@ -287,7 +486,19 @@ impl ControlClient {
         args: &A,
         timeout: Duration,
     ) -> Result<T, String> {
-        let body = serde_json::to_vec(args).map_err(|e| e.to_string())?;
+        self.post_answered(route, args, timeout)
+            .await
+            .map_err(|(_, why)| why)
+    }
+
+    /// [`Self::post`], with the status of an answer that is not 200.
+    async fn post_answered<A: Serialize, T: DeserializeOwned>(
+        &self,
+        route: &str,
+        args: &A,
+        timeout: Duration,
+    ) -> Result<T, (Option<StatusCode>, String)> {
+        let body = serde_json::to_vec(args).map_err(|e| (None, e.to_string()))?;
         let (status, body) = post_json(
             &self.http,
             &self.base,
@@ -297,11 +508,36 @@ impl ControlClient {
             timeout,
             MAX_BODY,
         )
-        .await?;
+        .await
+        .map_err(|why| (None, why))?;
         if status != StatusCode::OK {
-            return Err(format!("answered {status}: {}", refusal_text(&body)));
+            return Err((
+                Some(status),
+                format!("answered {status}: {}", refusal_text(&body)),
+            ));
         }
-        serde_json::from_slice(&body).map_err(|e| format!("an answer that does not parse: {e}"))
+        serde_json::from_slice(&body)
+            .map_err(|e| (None, format!("an answer that does not parse: {e}")))
+    }
+
+    /// A membership call's answer: a refused credential (401) is the control plane's
+    /// refusal (the node is not registered there), anything else without an answer is
+    /// [`MembershipCallError::Unreachable`].
+    async fn membership<A: Serialize, T: DeserializeOwned>(
+        &self,
+        route: &str,
+        args: &A,
+    ) -> Result<T, MembershipCallError> {
+        match self
+            .post_answered::<_, MembershipAnswer<T>>(route, args, MEMBERSHIP_TIMEOUT)
+            .await
+        {
+            Ok(answer) => answer.map_err(MembershipCallError::Refused),
+            Err((Some(StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN), why)) => {
+                Err(MembershipCallError::Refused(MembershipError::Refused(why)))
+            }
+            Err((_, why)) => Err(MembershipCallError::Unreachable(why)),
+        }
     }
 
     /// An egress operation the control plane did not answer.

@@ -119,7 +119,9 @@ mod node_client;
 mod node_server;
 mod verbs;
 
-pub use control::{ControlClient, DEFAULT_ACCESS_TTL, control_router};
+pub use control::{
+    ControlClient, DEFAULT_ACCESS_TTL, MembershipCallError, SingleNode, control_router,
+};
 pub use credential::{Credential, CredentialError};
 pub use node_client::{ClientError, NodeClient, Timeouts};
 pub use node_server::node_router;

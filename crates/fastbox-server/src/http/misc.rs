@@ -46,8 +46,12 @@ use super::AppState;
         super::snapshots::pause,
         super::snapshots::resume,
         super::snapshots::fork,
+        super::nodes::list,
+        super::nodes::revoke,
     ),
     components(schemas(
+        super::nodes::NodeInfo,
+        super::nodes::ListNodesResponse,
         wire::CreateSandboxRequest,
         wire::CreateSandboxResponse,
         wire::Sandbox,

@@ -5,6 +5,7 @@ mod egress;
 mod extract;
 pub mod middleware;
 mod misc;
+mod nodes;
 mod proxy;
 mod sandboxes;
 mod snapshots;
@@ -72,6 +73,8 @@ fn routes() -> Router<AppState> {
             "/templates/{id}",
             get(templates::get).delete(templates::delete),
         )
+        .route("/nodes", get(nodes::list))
+        .route("/nodes/{id}", axum::routing::delete(nodes::revoke))
         .route("/metrics/events", post(misc::metrics_event))
         .route("/metrics", get(misc::metrics))
         .route("/sandboxes/{id}/proxy/{port}", any(proxy::server_proxy))

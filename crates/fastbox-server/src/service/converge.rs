@@ -312,8 +312,19 @@ impl Lifecycle {
     pub async fn reconcile(self: &Arc<Self>) {
         let now = Utc::now();
         let retention = chrono::Duration::from_std(self.cfg.retention).unwrap_or_default();
+        self.declare_lost_nodes();
+        for node in self.nodes.take_rejoined() {
+            // A node that registered again (it restarted) holds its sandboxes' slots until
+            // it is told which are still its own.
+            let (adopted, lost, restarted) = self.recover_node(&node).await;
+            tracing::info!(node = %node, adopted, lost, restarted, "took back the sandboxes of a node that registered again");
+        }
         for record in self.snapshot() {
             if self.busy.lock().expect("busy lock").contains(&record.id) {
+                continue;
+            }
+            // Nothing is asked of a lost node until it renews its lease.
+            if self.node_is_lost(record.node.as_deref()) {
                 continue;
             }
             let id = record.id.as_str();
@@ -387,8 +398,24 @@ impl Lifecycle {
     /// processes are gone (`PROCESS_LOST`), and restarts interrupted creates from a clean
     /// slot. Returns (adopted, lost, restarted).
     pub async fn recover(self: &Arc<Self>) -> (usize, usize, usize) {
+        let counts = self.recover_records(|_| true).await;
+        self.recover_templates();
+        counts
+    }
+
+    /// [`Lifecycle::recover`] for the sandboxes of node `node_id` (it restarted).
+    pub async fn recover_node(self: &Arc<Self>, node_id: &str) -> (usize, usize, usize) {
+        let first = self.nodes.first_id();
+        self.recover_records(|r| r.node.as_deref().unwrap_or(&first) == node_id)
+            .await
+    }
+
+    async fn recover_records(
+        self: &Arc<Self>,
+        which: impl Fn(&SandboxRecord) -> bool,
+    ) -> (usize, usize, usize) {
         let (mut adopted, mut lost, mut restarted) = (0, 0, 0);
-        for record in self.snapshot() {
+        for record in self.snapshot().into_iter().filter(|r| which(r)) {
             let id = record.id.clone();
             let node = match self.node(record.node.as_deref()) {
                 Ok(node) => node,
@@ -456,7 +483,6 @@ impl Lifecycle {
                 }
             }
         }
-        self.recover_templates();
         (adopted, lost, restarted)
     }
 

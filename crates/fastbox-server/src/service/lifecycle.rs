@@ -57,6 +57,10 @@ pub struct Lifecycle {
     pub(super) start_metrics: crate::metrics::StartMetrics,
     /// Snapshots, written through to the store.
     pub(super) snapshots: Mutex<HashMap<String, crate::record::SnapshotRecord>>,
+    /// Registered nodes (`service::membership`), written through to the store.
+    pub(super) members: Mutex<HashMap<String, super::membership::Member>>,
+    /// The cluster's join token (`None`: no registrations).
+    pub(super) join_token: RwLock<Option<fastbox_node_api::remote::Credential>>,
 }
 
 /// `GET /v1/sandboxes` filters.
@@ -123,6 +127,8 @@ impl Lifecycle {
             policy_changes: tokio::sync::Mutex::new(()),
             start_metrics: Default::default(),
             nodes,
+            members: Mutex::new(HashMap::new()),
+            join_token: RwLock::new(None),
             images,
             keys,
             health: RwLock::new(Health::Starting("starting".into())),
@@ -143,9 +149,17 @@ impl Lifecycle {
         &self.nodes
     }
 
-    /// Node `id` (`None`: the first node, which records without a node name are on).
+    /// Node `id` (`None`: the first node, which records without a node name are on). A
+    /// lost node is asked nothing until it renews its lease (503).
     pub fn node(&self, id: Option<&str>) -> Result<Arc<dyn NodeAgent>, ApiError> {
-        Ok(self.nodes.get(id)?)
+        let node = self.nodes.get(id)?;
+        if self.nodes.is_lost(id) {
+            return Err(ApiError::NodeUnavailable(format!(
+                "node {} is lost (its lease ran out)",
+                node.node_id()
+            )));
+        }
+        Ok(node)
     }
 
     /// The node sandbox `id` is on.
@@ -517,7 +531,11 @@ impl Lifecycle {
                 .unwrap_or_else(|| self.cfg.listen.to_string());
             format!("{host}/v1/sandboxes/{id}/proxy/{port}")
         } else {
-            let node = self.node_proxy_host(q.api_host.as_deref());
+            // The sandbox's own node's proxy.
+            let node = self
+                .nodes
+                .proxy_of(record.node.as_deref())
+                .unwrap_or_else(|| self.node_proxy_host(q.api_host.as_deref()));
             match q.expires {
                 None => format!("{node}/{id}/{port}"),
                 Some(expires) => {

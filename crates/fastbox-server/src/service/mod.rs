@@ -8,9 +8,11 @@ mod egress;
 mod execd_logs;
 mod lifecycle;
 pub mod local_images;
+mod membership;
 pub mod plan;
 mod snapshots;
 mod templates;
 
 pub use lifecycle::{EndpointQuery, Health, Lifecycle, ListQuery, random_token};
+pub use membership::NODE_LOST;
 pub use snapshots::{MAX_FORK, SnapshotQuery};

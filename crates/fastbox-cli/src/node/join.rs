@@ -1,0 +1,161 @@
+//! `fastbox node --join`: the node registers with the server at every start (the server
+//! issues it two fresh credentials; the old ones stop working) and then renews its lease with
+//! a heartbeat that carries its status. Each renewal moves the fencing deadline
+//! ([`Fence::renew`]): the time, counted from the heartbeat's send, by which the node's
+//! sandboxes are frozen unless another renewal comes. The server declares the node lost
+//! only later (its lease plus a margin), so no sandbox runs on two nodes.
+//!
+//! A heartbeat the server refuses (the node was revoked, or the server forgot it) is not
+//! followed by a new registration: revocation stands until an operator restarts the node.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context;
+use fastbox_node_api::NodeAgent;
+use fastbox_node_api::membership::{LeaseTerms, Registered, Registration, check_node_id};
+use fastbox_node_api::remote::{ControlClient, Credential, MembershipCallError};
+
+/// What holds the node's sandboxes to its lease (the fencing guard).
+pub trait Fence: Send + Sync {
+    /// The lease was renewed: freeze the sandboxes at `fence_at` unless renewed again.
+    fn renew(&self, fence_at: SystemTime);
+    /// The server still counts this node's sandboxes as its own (it did not declare the node
+    /// lost): sandboxes frozen by a fence that came too early run again.
+    fn confirmed(&self);
+}
+
+/// No fencing (the node holds no lease).
+pub struct NoFence;
+
+impl Fence for NoFence {
+    fn renew(&self, _: SystemTime) {}
+    fn confirmed(&self) {}
+}
+
+/// The node's name: given, or the host name made a valid node id.
+pub fn node_id(given: Option<&str>) -> anyhow::Result<String> {
+    let id = match given {
+        Some(id) => id.to_string(),
+        None => nix::unistd::gethostname()
+            .context("host name")?
+            .to_string_lossy()
+            .to_ascii_lowercase()
+            .replace(['.', '_'], "-"),
+    };
+    check_node_id(&id).with_context(|| match given {
+        Some(_) => "--node-id".to_string(),
+        None => format!("the host name {id:?} is no node id: give --node-id"),
+    })?;
+    Ok(id)
+}
+
+/// Reads the join token the server keeps in its data directory (`node-join-token`).
+pub fn join_token(path: &Path) -> anyhow::Result<Credential> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("join token {}", path.display()))?;
+    text.parse()
+        .with_context(|| format!("join token {}", path.display()))
+}
+
+/// Registers `registration` with the control plane at `url`; tries for up to `patience`
+/// while the server does not answer (it may be starting).
+pub async fn register(
+    url: &str,
+    token: &Credential,
+    registration: &Registration,
+    patience: Duration,
+) -> anyhow::Result<Registered> {
+    let deadline = Instant::now() + patience;
+    loop {
+        match ControlClient::register(url, token, registration).await {
+            Ok(registered) => return Ok(registered),
+            Err(MembershipCallError::Unreachable(why)) if Instant::now() < deadline => {
+                tracing::warn!(control = %url, error = %why, "the server did not answer the registration; trying again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => {
+                return Err(e).with_context(|| format!("registration with {url}"));
+            }
+        }
+    }
+}
+
+/// Renews the lease every `terms.heartbeat_ms` (as the server's last answer says) until the
+/// server refuses; then returns why. Heartbeats the server did not answer are logged (once
+/// per run of failures) and the next one goes out on time.
+pub async fn heartbeat(
+    control: Arc<ControlClient>,
+    node: Arc<dyn NodeAgent>,
+    mut terms: LeaseTerms,
+    fence: Arc<dyn Fence>,
+) -> anyhow::Error {
+    let mut failing_since: Option<Instant> = None;
+    loop {
+        let (sent, sent_at) = (Instant::now(), SystemTime::now());
+        let status = node.status().await;
+        match control.heartbeat(status).await {
+            Ok(renewal) => {
+                terms = renewal.terms;
+                fence.renew(sent_at + Duration::from_millis(terms.fence_after_ms()));
+                if !renewal.was_lost {
+                    fence.confirmed();
+                } else {
+                    tracing::warn!(
+                        "the server had declared this node lost: it removes the sandboxes that ran here"
+                    );
+                }
+                if let Some(since) = failing_since.take() {
+                    tracing::info!(after = ?since.elapsed(), "heartbeats answered again");
+                }
+            }
+            Err(MembershipCallError::Unreachable(why)) => {
+                if failing_since.is_none() {
+                    tracing::warn!(error = %why, "a heartbeat was not answered; the sandboxes freeze if none is before the lease runs out");
+                    failing_since = Some(Instant::now());
+                }
+            }
+            Err(MembershipCallError::Refused(why)) => {
+                return anyhow::anyhow!(
+                    "the server refused this node's heartbeat ({why}): it was revoked or forgotten; the sandboxes freeze when the lease runs out"
+                );
+            }
+        }
+        let every = Duration::from_millis(terms.heartbeat_ms);
+        tokio::time::sleep(every.saturating_sub(sent.elapsed())).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_ids_are_checked_and_the_host_name_is_a_default() {
+        assert_eq!(node_id(Some("n-1")).unwrap(), "n-1");
+        let e = node_id(Some("N_1")).unwrap_err();
+        assert!(format!("{e:#}").contains("--node-id"), "{e:#}");
+        // Whatever the host is called, the default is a valid id or says to give one.
+        match node_id(None) {
+            Ok(id) => assert!(check_node_id(&id).is_ok()),
+            Err(e) => assert!(format!("{e:#}").contains("--node-id"), "{e:#}"),
+        }
+    }
+
+    #[test]
+    fn a_join_token_file_holds_one_credential() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        let token = Credential::generate().unwrap();
+        std::fs::write(&path, format!("{token}\n")).unwrap();
+        assert!(
+            join_token(&path)
+                .unwrap()
+                .matches(token.to_string().as_bytes())
+        );
+        std::fs::write(&path, "nope").unwrap();
+        let e = format!("{:#}", join_token(&path).unwrap_err());
+        assert!(e.contains("join token") && !e.contains("nope"), "{e}");
+    }
+}

@@ -1,0 +1,183 @@
+//! Cluster membership: how a `fastbox node` joins a server, holds its lease by heartbeats,
+//! and who may call the control API ([`ControlPlane`]).
+//!
+//! A node joins with the cluster's join token ([`Registration`]); the server answers two
+//! credentials made for that node alone ([`Registered`]): the one the server presents to
+//! the node, and the one the node presents back. A node holds a lease it renews with
+//! heartbeats ([`Heartbeat`] answered by [`Renewal`]). A node that cannot renew freezes its
+//! sandboxes before the lease runs out; the server declares it lost only after the lease plus
+//! a margin ([`LeaseTerms`]).
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::wire::NodeStatus;
+
+/// A node id: 1 to 63 characters of `[a-z0-9-]`, not starting with `-`.
+pub fn check_node_id(id: &str) -> Result<(), MembershipError> {
+    let ok = !id.is_empty()
+        && id.len() <= 63
+        && !id.starts_with('-')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    match ok {
+        true => Ok(()),
+        false => Err(MembershipError::Invalid(format!(
+            "node id {id:?}: 1 to 63 characters of a-z, 0-9 and '-', not starting with '-'"
+        ))),
+    }
+}
+
+/// What a node tells the server when it joins.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registration {
+    pub node_id: String,
+    /// Base URL of the node API (the server calls it).
+    pub url: String,
+    /// `host:port` clients reach the node proxy at (sandbox endpoints point there).
+    pub proxy_public: String,
+}
+
+/// How long a lease lasts and how often a node renews it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseTerms {
+    /// A renewal holds for this long from the moment the node sent its heartbeat.
+    pub lease_ms: u64,
+    /// The node sends a heartbeat this often.
+    pub heartbeat_ms: u64,
+}
+
+impl LeaseTerms {
+    /// When a node must have frozen its sandboxes, counted from the send of its last
+    /// renewed heartbeat: a fifth of the lease (at least 500 ms) before the lease ends, so a
+    /// slow freeze still ends before the server can declare the node lost (the lease plus
+    /// its margin).
+    pub fn fence_after_ms(&self) -> u64 {
+        let safety = (self.lease_ms / 5).max(500);
+        self.lease_ms.saturating_sub(safety)
+    }
+}
+
+/// The server's answer to a registration: the node's two credentials (64 hex digits each;
+/// `crate::remote::Credential` parses them) and its lease terms.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registered {
+    pub server_to_node: String,
+    pub node_to_server: String,
+    pub terms: LeaseTerms,
+}
+
+impl std::fmt::Debug for Registered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registered")
+            .field("terms", &self.terms)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A node's heartbeat: its status (capacity, warm pools, memory).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub status: NodeStatus,
+}
+
+/// The server's answer to a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Renewal {
+    pub terms: LeaseTerms,
+    /// The server had declared the node lost: the sandboxes it ran then are Failed
+    /// (`NODE_LOST`) and the server removes them. A node that froze its sandboxes (fenced)
+    /// thaws them only when this is false.
+    pub was_lost: bool,
+}
+
+/// Who presented a credential to the control API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// A registered node, by id.
+    Node(String),
+    /// A node joining with the cluster's join token (it may only register).
+    Joining,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum MembershipError {
+    /// The request is malformed (a bad node id, URL or address).
+    #[error("{0}")]
+    Invalid(String),
+    /// Registration is not possible here (no join token: static nodes only).
+    #[error("{0}")]
+    Refused(String),
+    /// The node is not registered (revoked, or another server's).
+    #[error("node {0} is not registered with this server")]
+    Unknown(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// The server's side of the control API besides egress and access: who calls, which
+/// sandboxes a node may ask about, registration and heartbeats.
+#[async_trait]
+pub trait ControlPlane: Send + Sync {
+    /// Who `presented` (the `X-Fastbox-Credential` value) belongs to, compared in constant
+    /// time; `None`: nobody.
+    fn authenticate(&self, presented: &[u8]) -> Option<Caller>;
+
+    /// Whether node `node_id` holds sandbox `sandbox_id` (the egress and access routes
+    /// answer a node only about its own sandboxes).
+    fn holds(&self, node_id: &str, sandbox_id: &str) -> bool;
+
+    /// A node joins (or joins again: its old credentials stop working).
+    async fn register(&self, registration: Registration) -> Result<Registered, MembershipError>;
+
+    /// Node `node_id` renews its lease.
+    async fn heartbeat(
+        &self,
+        node_id: &str,
+        heartbeat: Heartbeat,
+    ) -> Result<Renewal, MembershipError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_ids_are_short_dns_labels() {
+        for good in ["a", "node-1", "n0", &"x".repeat(63)] {
+            assert!(check_node_id(good).is_ok(), "{good}");
+        }
+        for bad in ["", "-a", "A", "a_b", "a.b", "a/b", &"x".repeat(64), "é"] {
+            assert!(check_node_id(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_node_fences_well_before_its_lease_ends() {
+        let terms = LeaseTerms {
+            lease_ms: 10_000,
+            heartbeat_ms: 1_000,
+        };
+        assert_eq!(terms.fence_after_ms(), 8_000);
+        let short = LeaseTerms {
+            lease_ms: 2_000,
+            heartbeat_ms: 250,
+        };
+        assert_eq!(short.fence_after_ms(), 1_500);
+    }
+
+    #[test]
+    fn debug_never_shows_credentials() {
+        let r = Registered {
+            server_to_node: "s".repeat(64),
+            node_to_server: "n".repeat(64),
+            terms: LeaseTerms {
+                lease_ms: 1,
+                heartbeat_ms: 1,
+            },
+        };
+        let shown = format!("{r:?}");
+        assert!(!shown.contains("sss") && !shown.contains("nnn"), "{shown}");
+    }
+}

@@ -1,0 +1,434 @@
+//! Registered nodes, over the real control API and node API (HTTP on loopback), against fake
+//! nodes: joining with the join token, per-node credentials and scoping, heartbeats and
+//! leases, loss (`NODE_LOST`), a lost node's return, revocation, and a restart of the server.
+//! No root needed.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fastbox_api::lifecycle::{CreateSandboxRequest, ImageSpec, SandboxState};
+use fastbox_node_api::NodeAgent;
+use fastbox_node_api::control::{AccessApi, EgressApi};
+use fastbox_node_api::membership::{MembershipError, Registered, Registration};
+use fastbox_node_api::remote::{
+    ControlClient, Credential, MembershipCallError, control_router, node_router,
+};
+use fastbox_node_api::testkit::{FakeNode, Verb};
+use fastbox_server::config::{ServerConfig, Settings};
+use fastbox_server::nodes::{NodeState, Nodes};
+use fastbox_server::service::{Lifecycle, NODE_LOST};
+use fastbox_server::store::Store;
+
+const IMAGE: &str = "registry.test/app:1";
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Serves `router` on a loopback port until the test's runtime ends; its base URL.
+async fn serve(router: axum::Router) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let service = router.into_make_service_with_connect_info::<SocketAddr>();
+        axum::serve(listener, service).await.unwrap();
+    });
+    (format!("http://{addr}"), task)
+}
+
+/// A server (with an in-process fake node `local`), its control API's URL and join token.
+struct Cluster {
+    dir: tempfile::TempDir,
+    lc: Arc<Lifecycle>,
+    control: String,
+    join: Credential,
+    local: Arc<FakeNode>,
+    /// The control API's server (it holds the lifecycle).
+    serving: tokio::task::JoinHandle<()>,
+}
+
+impl Cluster {
+    async fn start(lease_ms: u64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let local = Arc::new(FakeNode::new(4).with_node_id("local").with_image(IMAGE));
+        let (lc, control, join, serving) = Self::life(&dir, local.clone(), lease_ms).await;
+        Self {
+            dir,
+            lc,
+            control,
+            join,
+            local,
+            serving,
+        }
+    }
+
+    /// One life of the server over the data in `dir`.
+    async fn life(
+        dir: &tempfile::TempDir,
+        local: Arc<FakeNode>,
+        lease_ms: u64,
+    ) -> (
+        Arc<Lifecycle>,
+        String,
+        Credential,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let mut cfg = ServerConfig::resolve(Settings {
+            data_dir: Some(dir.path().to_path_buf()),
+            cache_dir: Some(dir.path().join("cache")),
+            node_lease_ms: Some(lease_ms),
+            ..Default::default()
+        })
+        .unwrap();
+        cfg.create_wait = Duration::from_secs(5);
+        let store = Store::open(&dir.path().join("state.redb")).unwrap();
+        let keys = fastbox_proxy::RouteKeys::load_or_create(&dir.path().join("route-key")).unwrap();
+        let nodes = Nodes::new(vec![local as Arc<dyn NodeAgent>]).unwrap();
+        let lc = Lifecycle::with_nodes(cfg, store, nodes, Default::default(), keys).unwrap();
+        lc.load_registered_nodes().unwrap();
+        let join = Credential::generate().unwrap();
+        lc.set_join_token(Some(join.clone()));
+        let (control, serving) = serve(control_router(lc.clone(), lc.clone(), lc.clone())).await;
+        (lc, control, join, serving)
+    }
+
+    /// Node `id` (a fake behind the real node API) joins; its fake and its control client.
+    async fn join(&self, id: &str) -> (Arc<FakeNode>, ControlClient, Registered) {
+        let fake = Arc::new(FakeNode::new(4).with_node_id(id).with_image(IMAGE));
+        self.join_as(fake).await
+    }
+
+    /// Node `fake` joins (again, after a restart of its own).
+    async fn join_as(&self, fake: Arc<FakeNode>) -> (Arc<FakeNode>, ControlClient, Registered) {
+        let id = fake.node_id().to_string();
+        // The node API listens before the registration names it (the credential comes with
+        // the answer): a listener first, the router once registered.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let registered = ControlClient::register(
+            &self.control,
+            &self.join,
+            &Registration {
+                node_id: id.clone(),
+                url,
+                proxy_public: format!("{id}.nodes.test:8091"),
+            },
+        )
+        .await
+        .expect("registered");
+        let router = node_router(fake.clone(), registered.server_to_node.parse().unwrap());
+        tokio::spawn(async move {
+            axum::serve(listener, router.into_make_service())
+                .await
+                .unwrap();
+        });
+        let client = ControlClient::new(&self.control, registered.node_to_server.parse().unwrap())
+            .unwrap()
+            .with_access_ttl(Duration::ZERO);
+        (fake, client, registered)
+    }
+}
+
+fn request() -> CreateSandboxRequest {
+    CreateSandboxRequest {
+        image: Some(ImageSpec {
+            uri: IMAGE.into(),
+            auth: None,
+        }),
+        entrypoint: Some(vec!["sleep".into(), "infinity".into()]),
+        ..Default::default()
+    }
+}
+
+/// A running sandbox on node `on` (creates until one lands there; the others are deleted).
+async fn running_on(lc: &Arc<Lifecycle>, on: &FakeNode) -> String {
+    for _ in 0..8 {
+        let id = lc.create(request()).await.expect("create").id;
+        until(lc, &id, SandboxState::Running).await;
+        if on.sandbox(&id).is_some() {
+            return id;
+        }
+        lc.delete(&id).unwrap();
+    }
+    panic!("no create landed on node {}", on.node_id());
+}
+
+async fn until(lc: &Lifecycle, id: &str, state: SandboxState) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while lc.get(id).unwrap().status.state != state {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{id}: {:?}, not {state}",
+            lc.get(id).unwrap().status
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn refused(e: MembershipCallError) -> MembershipError {
+    match e {
+        MembershipCallError::Refused(e) => e,
+        other => panic!("not a refusal: {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joining_needs_the_join_token_and_a_valid_name() {
+    let c = Cluster::start(10_000).await;
+    let registration = |id: &str| Registration {
+        node_id: id.into(),
+        url: "http://127.0.0.1:1".into(),
+        proxy_public: "127.0.0.1:8091".into(),
+    };
+    let wrong = Credential::generate().unwrap();
+    let e = refused(
+        ControlClient::register(&c.control, &wrong, &registration("n1"))
+            .await
+            .unwrap_err(),
+    );
+    assert!(e.to_string().contains("401"), "{e}");
+    for (id, why) in [("N1", "node id"), ("local", "taken")] {
+        let e = refused(
+            ControlClient::register(&c.control, &c.join, &registration(id))
+                .await
+                .unwrap_err(),
+        );
+        assert!(e.to_string().contains(why), "{id}: {e}");
+    }
+    let mut bad_proxy = registration("n1");
+    bad_proxy.proxy_public = "http://x/".into();
+    let e = refused(
+        ControlClient::register(&c.control, &c.join, &bad_proxy)
+            .await
+            .unwrap_err(),
+    );
+    assert!(matches!(e, MembershipError::Invalid(_)), "{e}");
+
+    // The join token registers and does nothing else; a node's credential does the rest.
+    let (_, node, registered) = c.join("n1").await;
+    assert_ne!(registered.server_to_node, registered.node_to_server);
+    let as_joining = ControlClient::new(&c.control, c.join.clone()).unwrap();
+    let e = refused(
+        as_joining
+            .heartbeat(c.lc.nodes().first().status().await)
+            .await
+            .unwrap_err(),
+    );
+    assert!(e.to_string().contains("403"), "{e}");
+    let e = as_joining.policy("x").await.unwrap_err();
+    assert_eq!(e.status, 503, "{e:?}");
+    let mut status = fastbox_node_api::wire::NodeStatus {
+        node_id: "n1".into(),
+        ..Default::default()
+    };
+    let renewal = node.heartbeat(status.clone()).await.expect("heartbeat");
+    assert!(!renewal.was_lost);
+    assert_eq!(renewal.terms.lease_ms, 10_000);
+    // A node speaks for itself only.
+    status.node_id = "local".into();
+    let e = refused(node.heartbeat(status).await.unwrap_err());
+    assert!(matches!(e, MembershipError::Invalid(_)), "{e}");
+    let views = c.lc.list_nodes();
+    assert_eq!(
+        views
+            .iter()
+            .map(|v| (v.id.as_str(), v.state))
+            .collect::<Vec<_>>(),
+        [("local", NodeState::Static), ("n1", NodeState::Ready)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_is_answered_about_its_own_sandboxes_only() {
+    let c = Cluster::start(10_000).await;
+    let (n1, n1_control, _) = c.join("n1").await;
+    let (_, n2_control, _) = c.join("n2").await;
+    let on_n1 = running_on(&c.lc, &n1).await;
+    let on_local = running_on(&c.lc, &c.local).await;
+
+    // Endpoints point at the owning node's proxy.
+    let endpoint = c.lc.endpoint(&on_n1, 8080, &Default::default()).unwrap();
+    assert!(
+        endpoint.endpoint.starts_with("n1.nodes.test:8091/"),
+        "{}",
+        endpoint.endpoint
+    );
+    assert!(n1_control.policy(&on_n1).await.is_ok());
+    assert!(n1_control.access(&on_n1).await.is_some());
+    for (control, id) in [
+        (&n2_control, &on_n1),
+        (&n1_control, &on_local),
+        (&n2_control, &on_local),
+    ] {
+        let e = control.policy(id).await.unwrap_err();
+        assert_eq!(e.status, 404, "{e:?}");
+        assert!(control.access(id).await.is_none());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_stops_renewing_is_lost_and_its_return_removes_what_it_ran() {
+    // A lease of 1 s: lost 0.5 s after it ran out.
+    let c = Cluster::start(1_000).await;
+    let (n1, n1_control, _) = c.join("n1").await;
+    let on_n1 = running_on(&c.lc, &n1).await;
+    let on_local = running_on(&c.lc, &c.local).await;
+    let paused = running_on(&c.lc, &n1).await;
+    c.lc.pause(&paused).unwrap();
+    until(&c.lc, &paused, SandboxState::Paused).await;
+
+    // No heartbeat: after the lease, nothing new goes to n1; a bit later it is lost.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    c.lc.reconcile().await;
+    assert_eq!(c.lc.list_nodes()[1].state, NodeState::Expired);
+    assert_eq!(
+        c.lc.get(&on_n1).unwrap().status.state,
+        SandboxState::Running
+    );
+    let later = c.lc.create(request()).await.unwrap().id;
+    until(&c.lc, &later, SandboxState::Running).await;
+    assert!(c.local.sandbox(&later).is_some(), "not on the expired node");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    n1.clear_calls();
+    c.lc.reconcile().await;
+    assert_eq!(c.lc.list_nodes()[1].state, NodeState::Lost);
+    let lost = c.lc.get(&on_n1).unwrap();
+    assert_eq!(lost.status.state, SandboxState::Failed);
+    assert_eq!(lost.status.reason.as_deref(), Some(NODE_LOST));
+    assert_eq!(
+        c.lc.get(&paused).unwrap().status.state,
+        SandboxState::Paused
+    );
+    assert_eq!(
+        c.lc.get(&on_local).unwrap().status.state,
+        SandboxState::Running
+    );
+    // Nothing was asked of the lost node, and more passes change nothing.
+    c.lc.reconcile().await;
+    assert!(
+        n1.calls().iter().all(|c| c.verb == Verb::Status),
+        "{:?}",
+        n1.calls()
+    );
+    assert!(n1.sandbox(&on_n1).is_some_and(|s| s.alive));
+    let e = c.lc.resume(&paused);
+    if e.is_ok() {
+        until(&c.lc, &paused, SandboxState::Paused).await;
+    }
+
+    // It comes back: told it was lost, and the reconciler removes what it ran.
+    let renewal = n1_control
+        .heartbeat(n1.status().await)
+        .await
+        .expect("heartbeat");
+    assert!(renewal.was_lost);
+    assert_eq!(c.lc.list_nodes()[1].state, NodeState::Ready);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while n1.sandbox(&on_n1).is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "never removed");
+        n1_control.heartbeat(n1.status().await).await.unwrap();
+        c.lc.reconcile().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        c.lc.get(&on_n1).unwrap().status.reason.as_deref(),
+        Some(NODE_LOST)
+    );
+    // The paused sandbox resumes on it again.
+    c.lc.resume(&paused).unwrap();
+    until(&c.lc, &paused, SandboxState::Running).await;
+    assert!(n1.sandbox(&paused).is_some_and(|s| s.alive));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revocation_ends_a_node_s_credentials_and_its_sandboxes() {
+    let c = Cluster::start(10_000).await;
+    let (n1, n1_control, _) = c.join("n1").await;
+    let on_n1 = running_on(&c.lc, &n1).await;
+    let e = c.lc.revoke_node("local").unwrap_err();
+    assert_eq!(e.status(), 409, "{e}");
+    assert_eq!(c.lc.revoke_node("ghost").unwrap_err().status(), 404);
+    c.lc.revoke_node("n1").unwrap();
+    let e = refused(n1_control.heartbeat(n1.status().await).await.unwrap_err());
+    assert!(e.to_string().contains("401"), "{e}");
+    let failed = c.lc.get(&on_n1).unwrap();
+    assert_eq!(failed.status.reason.as_deref(), Some(NODE_LOST));
+    assert_eq!(c.lc.list_nodes().len(), 1);
+    // Calls about its records find no node: 503, not a guess.
+    let e = c.lc.node_of_sandbox(&on_n1).err().unwrap();
+    assert_eq!(e.status(), 503, "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registered_nodes_survive_a_restart_of_the_server() {
+    let c = Cluster::start(10_000).await;
+    let (n1, _, registered) = c.join("n1").await;
+    let on_n1 = running_on(&c.lc, &n1).await;
+    let Cluster {
+        dir,
+        lc,
+        local,
+        serving,
+        ..
+    } = c;
+    serving.abort();
+    let _ = serving.await;
+    // The last holder of the store goes (once the tasks of the first life ended).
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while Arc::strong_count(&lc) > 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a task holds the server"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(lc);
+    n1.clear_calls();
+    // The next life: the same store, a new control API.
+    let (lc, control, _, _) = Cluster::life(&dir, local, 10_000).await;
+    let (adopted, lost, _) = lc.recover().await;
+    assert_eq!((adopted, lost), (1, 0));
+    assert_eq!(lc.node_of_sandbox(&on_n1).unwrap().node_id(), "n1");
+    assert!(
+        n1.calls_of(Verb::Adopt)
+            .iter()
+            .any(|c| c.id.as_deref() == Some(on_n1.as_str())),
+        "adopted by its own node"
+    );
+    assert_eq!(
+        lc.list_nodes()[1].state,
+        NodeState::Ready,
+        "a fresh lease at start"
+    );
+    // Its credential still works; another does not.
+    let node = ControlClient::new(&control, registered.node_to_server.parse().unwrap()).unwrap();
+    node.heartbeat(n1.status().await).await.expect("heartbeat");
+    let stranger = ControlClient::new(&control, Credential::generate().unwrap()).unwrap();
+    let e = refused(stranger.heartbeat(n1.status().await).await.unwrap_err());
+    assert!(e.to_string().contains("401"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_registers_again_is_given_its_sandboxes_back() {
+    let c = Cluster::start(10_000).await;
+    let (n1, old_control, _) = c.join("n1").await;
+    let kept = running_on(&c.lc, &n1).await;
+    let gone = running_on(&c.lc, &n1).await;
+    // n1 restarts (one sandbox's processes died meanwhile) and joins again: new
+    // credentials, the old ones stop working.
+    n1.kill(&gone);
+    n1.restart(fastbox_node_api::testkit::Restart::KeepSandboxes);
+    n1.clear_calls();
+    let (_, control, _) = c.join_as(n1.clone()).await;
+    let e = refused(old_control.heartbeat(n1.status().await).await.unwrap_err());
+    assert!(e.to_string().contains("401"), "{e}");
+    control.heartbeat(n1.status().await).await.unwrap();
+    c.lc.reconcile().await;
+    let adopted: Vec<_> = n1
+        .calls_of(Verb::Adopt)
+        .into_iter()
+        .filter_map(|c| c.id)
+        .collect();
+    assert_eq!(adopted.len(), 2, "{adopted:?}");
+    assert_eq!(c.lc.get(&kept).unwrap().status.state, SandboxState::Running);
+    let lost = c.lc.get(&gone).unwrap();
+    assert_eq!(lost.status.state, SandboxState::Failed, "{:?}", lost.status);
+}
