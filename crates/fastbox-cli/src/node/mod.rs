@@ -24,6 +24,7 @@ use crate::up::node_side::{self, NodeBinaries, UnheldSlots};
 use crate::up::{InstanceArgs, ROUTE_KEY_FILE, UpError};
 
 pub mod credentials;
+pub mod fence_guard;
 
 pub use credentials::NodeCredentials;
 
