@@ -41,26 +41,23 @@ pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How many times [`NodeCgroups::freeze_all`] lists the groups again for new ones.
 const ROUNDS: usize = 3;
 
+/// Errors say everything in their message (no separate source): they are collected per group
+/// and written into the fence marker as lines.
 #[derive(Debug, thiserror::Error)]
 pub enum FenceError {
     #[error("node prefix: {0}")]
     Prefix(String),
     #[error("cgroups: {0}")]
-    Cgroups(#[source] CgroupError),
+    Cgroups(CgroupError),
     #[error("no cgroup2 hierarchy on this host")]
     NoUnified,
-    #[error("sandbox group {id}: {source}")]
-    Group {
-        id: String,
-        #[source]
-        source: CgroupError,
-    },
-    #[error("sandbox group {id}: request the freeze in {}: {source}", path.display())]
+    #[error("sandbox group {id}: {cause}")]
+    Group { id: String, cause: CgroupError },
+    #[error("sandbox group {id}: request the freeze in {}: {cause}", path.display())]
     Request {
         id: String,
         path: PathBuf,
-        #[source]
-        source: io::Error,
+        cause: io::Error,
     },
     #[error("sandbox group {id}: not frozen after {waited:?} (the freeze stays requested)")]
     NotSettled { id: String, waited: Duration },
@@ -231,9 +228,9 @@ impl NodeCgroups {
             };
             match cgroup.thaw() {
                 Ok(()) => report.thawed.push(id.to_string()),
-                Err(source) => report.errors.push(FenceError::Group {
+                Err(cause) => report.errors.push(FenceError::Group {
                     id: id.to_string(),
-                    source,
+                    cause,
                 }),
             }
         }
@@ -254,9 +251,9 @@ impl NodeCgroups {
                         Err(e) => report.errors.push(e),
                     },
                     Err(_) if self.vanished(&cgroup) => {}
-                    Err(source) => report.errors.push(FenceError::Group {
+                    Err(cause) => report.errors.push(FenceError::Group {
                         id: cgroup.id().to_string(),
-                        source,
+                        cause,
                     }),
                 }
             }
@@ -300,9 +297,9 @@ pub fn group_names(cgroups: &CgroupRoot, prefix: &str) -> Vec<String> {
 fn request_freeze(cgroup: &Cgroup) -> Result<(), FenceError> {
     let (path, value) = cgroup
         .freeze_control(true)
-        .map_err(|source| FenceError::Group {
+        .map_err(|cause| FenceError::Group {
             id: cgroup.id().to_string(),
-            source,
+            cause,
         })?;
     OpenOptions::new()
         .write(true)
@@ -310,10 +307,10 @@ fn request_freeze(cgroup: &Cgroup) -> Result<(), FenceError> {
         .truncate(true)
         .open(&path)
         .and_then(|mut file| file.write_all(value.as_bytes()))
-        .map_err(|source| FenceError::Request {
+        .map_err(|cause| FenceError::Request {
             id: cgroup.id().to_string(),
             path,
-            source,
+            cause,
         })
 }
 
