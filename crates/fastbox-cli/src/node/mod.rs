@@ -103,6 +103,10 @@ async fn run(
 ) -> anyhow::Result<()> {
     let data_dir = cfg.data_dir.clone();
     node_side::create_data_dir(&data_dir)?;
+    // The self-fencing guard: it outlives this process and freezes the node's sandboxes if a
+    // lease deadline passes unrenewed. Heartbeats (the renewals) are not built yet, so it is
+    // never armed and never fences; it exits with this process.
+    let fence_guard = fence_guard::start_for_node(&data_dir, &cfg.prefix)?;
     let (credentials, created) = NodeCredentials::load_or_create(&data_dir)?;
     println!(
         "fastbox: node credentials {} in {} (hand them to the server: fastbox node --print-credentials)",
@@ -154,6 +158,7 @@ async fn run(
     }
     drop(node);
     node_side::stop(fastlet, node_store).await;
+    fence_guard.release();
     Ok(())
 }
 
