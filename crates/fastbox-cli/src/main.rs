@@ -24,6 +24,9 @@ enum Command {
     /// Run a node agent alone (sandboxes, node API, node proxy) for a `fastbox up
     /// --remote-node` server elsewhere.
     Node(Box<node::NodeArgs>),
+    /// The self-fencing guard of `fastbox node` (started by it, driven over stdin).
+    #[command(hide = true)]
+    NodeFenceGuard(node::fence_guard::FenceGuardArgs),
     /// Remove everything a stopped instance left on the host (sandboxes, network, cgroups).
     Purge(up::PurgeArgs),
     /// List host-wide state carrying a prefix (exit status 1 if any): a leak check.
@@ -149,6 +152,9 @@ fn main() {
                 .unwrap_or_else(|_| "warn,fastbox_server=info,fastbox_fastlet=info".into()),
         )
         .with_writer(std::io::stderr)
+        // A line that cannot be written is dropped, not a panic: the node's fence guard
+        // outlives the terminal or pipe its stderr was.
+        .log_internal_errors(false)
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
@@ -187,6 +193,7 @@ fn main() {
         Command::RouteKey { command } => route_key::run(command),
         Command::Up(args) => up::up(*args),
         Command::Node(args) => node::node(*args),
+        Command::NodeFenceGuard(args) => node::fence_guard::run(args).map_err(Into::into),
         Command::Purge(args) => up::purge(args),
         Command::Leftovers(args) => up::leftovers(args),
     };

@@ -396,6 +396,16 @@ fn nodes(server: &UpServer) -> std::collections::BTreeMap<String, serde_json::Va
         .collect()
 }
 
+/// Whether the cgroup `group` of instance `prefix` is frozen (v1 freezer or v2).
+fn frozen(prefix: &str, group: &str) -> bool {
+    let v1 = format!("/sys/fs/cgroup/freezer/{prefix}/{group}/freezer.state");
+    let v2 = format!("/sys/fs/cgroup/{prefix}/{group}/cgroup.events");
+    match std::fs::read_to_string(&v1) {
+        Ok(state) => state.trim() == "FROZEN",
+        Err(_) => std::fs::read_to_string(&v2).is_ok_and(|e| e.contains("frozen 1")),
+    }
+}
+
 /// Waits until node `id` is in `state` (`GET /v1/nodes`).
 fn wait_node(server: &UpServer, id: &str, state: &str, within: Duration) {
     let deadline = std::time::Instant::now() + within;
@@ -494,6 +504,24 @@ fn a_node_joins_a_server_shares_its_creates_and_is_lost_when_killed() {
         let _ = child.wait();
     }
     wait_node(&server, "n1", "expired", Duration::from_secs(10));
+    // Its guard (a process that outlived it) froze every sandbox before the lease ran out.
+    let marker: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(node.data_dir.join("fenced")).expect("the fence marker"),
+    )
+    .unwrap();
+    let fenced: Vec<String> = marker["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect();
+    assert!(fenced.len() >= on_n1.len(), "{marker}");
+    for group in &fenced {
+        assert!(
+            frozen(&node_prefix, group),
+            "{group} is not frozen: {marker}"
+        );
+    }
     wait_node(&server, "n1", "lost", Duration::from_secs(10));
     let lost_after = killed.elapsed();
     assert!(
@@ -519,9 +547,15 @@ fn a_node_joins_a_server_shares_its_creates_and_is_lost_when_killed() {
         "{ep}"
     );
 
-    // It comes back: it registers again, and the server removes what it ran while lost.
+    // It comes back: it registers again, and the server removes what it ran while lost (the
+    // node thaws nothing: the server had declared it lost).
     node.spawn();
     wait_node(&server, "n1", "ready", Duration::from_secs(20));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while node.data_dir.join("fenced").exists() {
+        assert!(std::time::Instant::now() < deadline, "{}", node.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     for id in &on_n1 {
         loop {

@@ -1260,6 +1260,11 @@ impl Fastlet {
             })
     }
 
+    /// How many sandboxes run on this node (placed or claimed; pooled ones not counted).
+    pub fn running_count(&self) -> usize {
+        self.routes.read().expect("routes lock").len()
+    }
+
     /// The route to a running sandbox of this node.
     pub fn route(&self, id: &str) -> Option<Route> {
         self.routes.read().expect("routes lock").get(id).cloned()

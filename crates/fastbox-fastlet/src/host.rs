@@ -620,15 +620,9 @@ pub(crate) fn remove_cgroups(
     prefix: &str,
     which: impl Fn(&str) -> bool,
 ) -> usize {
-    let mut names: Vec<String> = fastbox_runtime::cgroup::leaked(cgroups, prefix)
+    crate::fence::group_names(cgroups, prefix)
         .iter()
-        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .filter(|n| which(n))
-        .collect();
-    names.sort();
-    names.dedup();
-    names
-        .iter()
+        .filter(|name| which(name))
         .filter(|name| {
             fastbox_runtime::cgroup::Cgroup::open(cgroups, prefix, name)
                 .is_some_and(|cg| cg.kill_all().and_then(|()| cg.remove()).is_ok())

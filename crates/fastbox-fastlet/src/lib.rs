@@ -8,6 +8,7 @@ pub mod artifact;
 pub mod background;
 pub mod blocking;
 pub mod execd_client;
+pub mod fence;
 pub mod from_artifact;
 pub mod host;
 pub mod local_node;

@@ -549,6 +549,7 @@ impl NodeAgent for LocalNode {
                 .into_iter()
                 .collect::<BTreeMap<_, _>>(),
             memory_available_bytes: fastbox_runtime::image_stream::available_memory(),
+            sandboxes: u32::try_from(self.fastlet.running_count()).ok(),
         }
     }
 }

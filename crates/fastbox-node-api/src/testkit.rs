@@ -1564,6 +1564,12 @@ impl NodeAgent for FakeNode {
                     .into_iter()
                     .collect(),
                 memory_available_bytes: None,
+                sandboxes: Some(
+                    s.slots
+                        .iter()
+                        .filter(|x| matches!(x.content, Content::Sandbox(..)))
+                        .count() as u32,
+                ),
             }
         })
         .await

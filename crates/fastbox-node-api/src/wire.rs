@@ -204,6 +204,10 @@ pub struct NodeStatus {
     /// The host's available memory (`None`: not reported).
     #[serde(default)]
     pub memory_available_bytes: Option<u64>,
+    /// Sandboxes running (pooled ones not counted; `None`: not reported). Slots also hold
+    /// pooled sandboxes and spares, capacity made ahead: this is the node's load.
+    #[serde(default)]
+    pub sandboxes: Option<u32>,
 }
 
 /// Whether a request without a route signature may pass the node proxy.

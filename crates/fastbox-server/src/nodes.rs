@@ -407,9 +407,14 @@ impl Entry {
             Some(bytes) if bytes < LOW_MEMORY_BYTES => -LOW_MEMORY_PENALTY,
             _ => 0,
         };
-        // Free slots as a share of the node (so a big node and a small one fill evenly),
-        // in thousandths.
-        let share = free * 1000 / i64::from(status.slots.max(1));
+        // The share of the node not running sandboxes (so a big node and a small one fill
+        // evenly), in thousandths. Slots also hold pooled sandboxes and spares (capacity made
+        // ahead, not load): the running count says the load when the node reports it.
+        let idle = match status.sandboxes {
+            Some(running) => i64::from(status.slots) - i64::from(running) - admitted,
+            None => free,
+        };
+        let share = idle * 1000 / i64::from(status.slots.max(1));
         (warm.min(1) * WARM_POOL_SCORE) + memory + share
     }
 }
@@ -434,6 +439,7 @@ mod tests {
                 .map(|(k, n)| (k.to_string(), *n))
                 .collect::<BTreeMap<_, _>>(),
             memory_available_bytes: None,
+            sandboxes: None,
         }
     }
 
@@ -490,6 +496,24 @@ mod tests {
         // A report replaces the count.
         nodes.report(status("a", 4, 4, &[]));
         assert_eq!(ids(&nodes.ranked(None))[0], "a");
+    }
+
+    #[test]
+    fn the_running_count_is_the_load_when_reported() {
+        // Node a made more capacity ahead (pooled sandboxes, spares): fewer free slots, but
+        // fewer sandboxes running.
+        let nodes = Nodes::new(vec![node("a"), node("b")]).unwrap();
+        let mut a = status("a", 100, 60, &[]);
+        a.sandboxes = Some(10);
+        let mut b = status("b", 100, 80, &[]);
+        b.sandboxes = Some(20);
+        nodes.report(a);
+        nodes.report(b);
+        assert_eq!(ids(&nodes.ranked(None)), ["a", "b"]);
+        for _ in 0..11 {
+            nodes.admitted("a");
+        }
+        assert_eq!(ids(&nodes.ranked(None)), ["b", "a"]);
     }
 
     #[test]

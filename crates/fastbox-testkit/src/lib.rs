@@ -73,7 +73,8 @@ pub fn run_prefix(tag: &str) -> String {
 /// a letter beyond `f` (not a hex digit, so the prefix differs from every `run_prefix(tag)`,
 /// whose seventh character is one) other than `y` and `z` (fastbox-cli's `short_run_prefix`
 /// for one-off runs that add a character of their own). In use: `xc` `xd` fastbox-egress
-/// tests/tenant_limits.rs; `rn` `rs` `rw` fastbox-cli tests/remote_node.rs.
+/// tests/tenant_limits.rs; `rn` `rs` `rw` fastbox-cli tests/remote_node.rs; `ng` fastbox-cli
+/// tests/fence_guard.rs.
 pub fn run_prefix_pair(tag: &str) -> String {
     let mut chars = tag.chars();
     let (Some(first), Some(_), None) = (chars.next(), chars.next(), chars.next()) else {

@@ -9,7 +9,7 @@
 //! followed by a new registration: revocation stands until an operator restarts the node.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
@@ -17,21 +17,110 @@ use fastbox_node_api::NodeAgent;
 use fastbox_node_api::membership::{LeaseTerms, Registered, Registration, check_node_id};
 use fastbox_node_api::remote::{ControlClient, Credential, MembershipCallError};
 
-/// What holds the node's sandboxes to its lease (the fencing guard).
+use super::fence_guard::{self, FenceGuard, FenceGuardConfig, FencedMarker};
+
+/// What holds the node's sandboxes to its lease (the fencing guard). Its calls may block
+/// briefly (a pipe write; a new guard's start).
 pub trait Fence: Send + Sync {
     /// The lease was renewed: freeze the sandboxes at `fence_at` unless renewed again.
     fn renew(&self, fence_at: SystemTime);
-    /// The server still counts this node's sandboxes as its own (it did not declare the node
-    /// lost): sandboxes frozen by a fence that came too early run again.
-    fn confirmed(&self);
+    /// After a renewal: what an earlier fence froze. When the server had not declared the
+    /// node lost (`was_lost` false) those sandboxes are still the node's and run again;
+    /// otherwise they stay frozen and the server removes them.
+    fn settle(&self, was_lost: bool);
 }
 
-/// No fencing (the node holds no lease).
-pub struct NoFence;
+/// The fencing guard of `fastbox node` ([`FenceGuard`]), started again when one fenced (and
+/// so exited) and the lease is renewed after all.
+pub struct GuardFence {
+    config: FenceGuardConfig,
+    guard: Mutex<Option<FenceGuard>>,
+}
 
-impl Fence for NoFence {
-    fn renew(&self, _: SystemTime) {}
-    fn confirmed(&self) {}
+impl GuardFence {
+    /// Starts the guard of the node of `data_dir` and `prefix`.
+    pub fn start(data_dir: &Path, prefix: &str) -> anyhow::Result<Self> {
+        let guard = fence_guard::start_for_node(data_dir, prefix)?;
+        Ok(Self {
+            config: FenceGuardConfig::new(data_dir, prefix)?,
+            guard: Mutex::new(Some(guard)),
+        })
+    }
+
+    /// A clean stop: the guard still fences at a pending deadline unless a new node's guard
+    /// takes over first.
+    pub fn release(&self) {
+        if let Some(guard) = self.guard.lock().expect("guard lock").take() {
+            guard.release();
+        }
+    }
+}
+
+impl Fence for GuardFence {
+    fn renew(&self, fence_at: SystemTime) {
+        let mut guard = self.guard.lock().expect("guard lock");
+        if let Some(running) = guard.as_ref() {
+            match running.renew(fence_at) {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the fencing guard is gone (it fenced?); starting another")
+                }
+            }
+        }
+        match FenceGuard::spawn(&self.config) {
+            Ok(fresh) => {
+                if let Err(e) = fresh.renew(fence_at) {
+                    tracing::error!(error = %e, "the new fencing guard refused its deadline");
+                }
+                *guard = Some(fresh);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "no fencing guard: the sandboxes are not frozen if the lease runs out");
+                *guard = None;
+            }
+        }
+    }
+
+    fn settle(&self, was_lost: bool) {
+        let data_dir = &self.config.data_dir;
+        let marker = match FencedMarker::read(data_dir) {
+            Ok(Some(marker)) => marker,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "the fence marker cannot be read");
+                return;
+            }
+        };
+        if was_lost {
+            tracing::warn!(
+                frozen = marker.frozen,
+                "the server declared this node lost: the sandboxes the fence froze stay frozen until it removes them"
+            );
+        } else {
+            let cgroups =
+                fastbox_fastlet::fence::NodeCgroups::open(self.config.cgroups, &self.config.prefix);
+            match cgroups {
+                Ok(cgroups) => {
+                    let report = cgroups.thaw(&marker.sandboxes);
+                    tracing::warn!(
+                        thawed = report.thawed.len(),
+                        errors = report.errors.len(),
+                        "the lease was renewed before the server declared this node lost: the sandboxes the fence froze run again"
+                    );
+                    for e in &report.errors {
+                        tracing::warn!(error = %e, "a fenced sandbox could not be thawed");
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "the node's cgroups cannot be opened: fenced sandboxes stay frozen");
+                    return;
+                }
+            }
+        }
+        if let Err(e) = std::fs::remove_file(FencedMarker::path(data_dir)) {
+            tracing::warn!(error = %e, "the fence marker could not be removed");
+        }
+    }
 }
 
 /// The node's name: given, or the host name made a valid node id.
@@ -98,10 +187,17 @@ pub async fn heartbeat(
         match control.heartbeat(status).await {
             Ok(renewal) => {
                 terms = renewal.terms;
-                fence.renew(sent_at + Duration::from_millis(terms.fence_after_ms()));
-                if !renewal.was_lost {
-                    fence.confirmed();
-                } else {
+                let fence_at = sent_at + Duration::from_millis(terms.fence_after_ms());
+                let fence = fence.clone();
+                let settled = tokio::task::spawn_blocking(move || {
+                    fence.renew(fence_at);
+                    fence.settle(renewal.was_lost);
+                })
+                .await;
+                if let Err(e) = settled {
+                    tracing::error!(error = %e, "the fence renewal failed");
+                }
+                if renewal.was_lost {
                     tracing::warn!(
                         "the server had declared this node lost: it removes the sandboxes that ran here"
                     );

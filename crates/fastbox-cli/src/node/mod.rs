@@ -29,6 +29,7 @@ use crate::up::node_side::{self, NodeBinaries, UnheldSlots};
 use crate::up::{InstanceArgs, ROUTE_KEY_FILE, UpError};
 
 pub mod credentials;
+pub mod fence_guard;
 pub mod join;
 
 pub use credentials::NodeCredentials;
@@ -165,6 +166,12 @@ async fn run(
         }
         Meeting::Join { .. } => None,
     };
+    // A node that joins holds a lease: its self-fencing guard (a process that outlives this
+    // one) freezes its sandboxes when a lease deadline passes unrenewed.
+    let fence = match &meeting {
+        Meeting::Join { .. } => Some(Arc::new(join::GuardFence::start(&data_dir, &cfg.prefix)?)),
+        Meeting::Static { .. } => None,
+    };
     // Signed routes verify with these keys: the server's (copy its route-signing.key here).
     let keys = RouteKeys::load_or_create(&data_dir.join(ROUTE_KEY_FILE)).map_err(UpError::from)?;
     let node_store = node_side::open_node_store(&cfg).await?;
@@ -226,15 +233,14 @@ async fn run(
     );
     node.attach_proxy(proxy.clone());
     let heartbeats = async {
-        match terms {
-            Some(terms) => {
-                let why =
-                    join::heartbeat(control, node.clone(), terms, Arc::new(join::NoFence)).await;
+        match (terms, fence.clone()) {
+            (Some(terms), Some(fence)) => {
+                let why = join::heartbeat(control, node.clone(), terms, fence).await;
                 tracing::error!(error = %why, "heartbeats stopped");
                 eprintln!("fastbox: {why:#}");
                 std::future::pending::<()>().await
             }
-            None => std::future::pending::<()>().await,
+            _ => std::future::pending::<()>().await,
         }
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -265,6 +271,9 @@ async fn run(
     }
     drop(node);
     node_side::stop(fastlet, node_store).await;
+    if let Some(fence) = &fence {
+        fence.release();
+    }
     Ok(())
 }
 
