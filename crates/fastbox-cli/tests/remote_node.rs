@@ -495,6 +495,27 @@ fn a_node_joins_a_server_shares_its_creates_and_is_lost_when_killed() {
         !on_n1.is_empty() && !on_local.is_empty(),
         "both nodes take creates: n1 {on_n1:?}, local {on_local:?}"
     );
+    // A signed route (the server's key) passes the joined node's proxy: the node was given
+    // the server's route signing keys when it registered.
+    let expires = chrono::Utc::now().timestamp() + 300;
+    let (status, signed) = server.get(&format!(
+        "/v1/sandboxes/{}/endpoints/44772?expires={expires}",
+        on_n1[0]
+    ));
+    assert_eq!(status, 200, "{signed}");
+    let (_, plain) = server.get(&format!("/v1/sandboxes/{}/endpoints/44772", on_n1[0]));
+    let ping = reqwest::blocking::Client::new()
+        .get(format!(
+            "http://{}/ping",
+            signed["endpoint"].as_str().unwrap()
+        ))
+        .header(
+            "X-EXECD-ACCESS-TOKEN",
+            plain["headers"]["X-EXECD-ACCESS-TOKEN"].as_str().unwrap(),
+        )
+        .send()
+        .unwrap();
+    assert_eq!(ping.status(), 200, "a signed route on the joined node");
 
     // The node is killed: its lease runs out (3 s), half a lease later it is lost and what
     // ran there failed (NODE_LOST); the server's own sandboxes run on.

@@ -60,12 +60,15 @@ impl LeaseTerms {
 }
 
 /// The server's answer to a registration: the node's two credentials (64 hex digits each;
-/// `crate::remote::Credential` parses them) and its lease terms.
+/// `crate::remote::Credential` parses them), its lease terms, and the server's route signing
+/// keys (the text of its key file), so the node proxy verifies the routes the server signs.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Registered {
     pub server_to_node: String,
     pub node_to_server: String,
     pub terms: LeaseTerms,
+    #[serde(default)]
+    pub route_keys: Option<String>,
 }
 
 impl std::fmt::Debug for Registered {
@@ -76,20 +79,46 @@ impl std::fmt::Debug for Registered {
     }
 }
 
+/// What a heartbeat says of the route signing keys a node holds: SHA-256 (hex) of their key
+/// file's text.
+pub fn route_keys_digest(file_text: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(file_text.as_bytes()))
+}
+
 /// A node's heartbeat: its status (capacity, warm pools, memory).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Heartbeat {
     pub status: NodeStatus,
+    /// SHA-256 (hex) of the route signing keys the node holds (their key file's text).
+    #[serde(default)]
+    pub route_keys_sha256: Option<String>,
 }
 
 /// The server's answer to a heartbeat.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Renewal {
     pub terms: LeaseTerms,
     /// The server had declared the node lost: the sandboxes it ran then are Failed
     /// (`NODE_LOST`) and the server removes them. A node that froze its sandboxes (fenced)
     /// thaws them only when this is false.
     pub was_lost: bool,
+    /// The server's route signing keys, when the node's differ (rotated or retired since).
+    #[serde(default)]
+    pub route_keys: Option<String>,
+}
+
+impl std::fmt::Debug for Renewal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Renewal")
+            .field("terms", &self.terms)
+            .field("was_lost", &self.was_lost)
+            .field(
+                "route_keys",
+                &self.route_keys.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
 }
 
 /// Who presented a credential to the control API.
@@ -176,8 +205,19 @@ mod tests {
                 lease_ms: 1,
                 heartbeat_ms: 1,
             },
+            route_keys: Some("0:kkkkkk".into()),
         };
         let shown = format!("{r:?}");
-        assert!(!shown.contains("sss") && !shown.contains("nnn"), "{shown}");
+        assert!(
+            !shown.contains("sss") && !shown.contains("nnn") && !shown.contains("kkk"),
+            "{shown}"
+        );
+        let renewal = Renewal {
+            terms: r.terms,
+            was_lost: false,
+            route_keys: r.route_keys.clone(),
+        };
+        let shown = format!("{renewal:?}");
+        assert!(!shown.contains("kkk"), "{shown}");
     }
 }

@@ -22,6 +22,6 @@ pub mod route;
 pub use access::{AccessToken, FailureLimiter, FailureLimits, Limited, SECURE_ACCESS_HEADER};
 pub use forward::{Forwarder, ForwarderConfig, ProxyError, Target};
 pub use route::{
-    RouteError, RouteKeys, RoutePath, RouteSigner, from_b36, retire_key, rotate_key, split_route,
-    to_b36,
+    RouteError, RouteKeys, RoutePath, RouteSigner, from_b36, install_keys, retire_key, rotate_key,
+    split_route, to_b36,
 };

@@ -46,6 +46,8 @@ struct Entry {
     status: Mutex<Option<NodeStatus>>,
     /// Admissions since the last report (the report does not count them yet).
     admitted: AtomicU32,
+    /// Admissions since this server started.
+    admitted_total: std::sync::atomic::AtomicU64,
     /// Claims of a pooled sandbox since the last report, by whoever asked.
     claimed: AtomicU32,
     /// `host:port` of its node proxy (`None`: the server's configured one).
@@ -84,6 +86,8 @@ pub struct NodeView {
     /// Until its lease runs out (`None` without a lease, or once it ran out).
     pub lease_left: Option<Duration>,
     pub status: Option<NodeStatus>,
+    /// Sandboxes admitted into it since this server started.
+    pub admitted_total: u64,
 }
 
 /// The nodes, in the order they were added (the first is the default).
@@ -230,6 +234,7 @@ impl Nodes {
                     proxy: e.proxy.clone(),
                     lease_left: lease.until.and_then(|t| t.checked_duration_since(now)),
                     status: e.status.lock().expect("status lock").clone(),
+                    admitted_total: e.admitted_total.load(Ordering::Relaxed),
                 }
             })
             .collect()
@@ -316,6 +321,7 @@ impl Nodes {
     pub fn admitted(&self, id: &str) {
         if let Some(e) = self.entry(id) {
             e.admitted.fetch_add(1, Ordering::Relaxed);
+            e.admitted_total.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -366,6 +372,7 @@ impl Entry {
             agent,
             status: Mutex::new(None),
             admitted: AtomicU32::new(0),
+            admitted_total: std::sync::atomic::AtomicU64::new(0),
             claimed: AtomicU32::new(0),
             proxy,
             lease: Mutex::new(lease),
@@ -488,6 +495,8 @@ mod tests {
             firsts.push(best);
         }
         assert_eq!(firsts, ["a", "b", "a", "b", "a", "b"]);
+        let totals: Vec<u64> = nodes.views().iter().map(|v| v.admitted_total).collect();
+        assert_eq!(totals, [3, 3]);
         // Full by the server's count: last, whatever it reported.
         for _ in 0..2 {
             nodes.admitted("a");

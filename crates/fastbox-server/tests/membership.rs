@@ -10,7 +10,9 @@ use std::time::Duration;
 use fastbox_api::lifecycle::{CreateSandboxRequest, ImageSpec, SandboxState};
 use fastbox_node_api::NodeAgent;
 use fastbox_node_api::control::{AccessApi, EgressApi};
-use fastbox_node_api::membership::{MembershipError, Registered, Registration};
+use fastbox_node_api::membership::{
+    Heartbeat, MembershipError, Registered, Registration, route_keys_digest,
+};
 use fastbox_node_api::remote::{
     ControlClient, Credential, MembershipCallError, control_router, node_router,
 };
@@ -163,6 +165,14 @@ async fn until(lc: &Lifecycle, id: &str, state: SandboxState) {
     }
 }
 
+/// A heartbeat with `status` (and no route keys held).
+fn beat(status: fastbox_node_api::wire::NodeStatus) -> Heartbeat {
+    Heartbeat {
+        status,
+        route_keys_sha256: None,
+    }
+}
+
 fn refused(e: MembershipCallError) -> MembershipError {
     match e {
         MembershipCallError::Refused(e) => e,
@@ -208,7 +218,7 @@ async fn joining_needs_the_join_token_and_a_valid_name() {
     let as_joining = ControlClient::new(&c.control, c.join.clone()).unwrap();
     let e = refused(
         as_joining
-            .heartbeat(c.lc.nodes().first().status().await)
+            .heartbeat(&beat(c.lc.nodes().first().status().await))
             .await
             .unwrap_err(),
     );
@@ -219,12 +229,15 @@ async fn joining_needs_the_join_token_and_a_valid_name() {
         node_id: "n1".into(),
         ..Default::default()
     };
-    let renewal = node.heartbeat(status.clone()).await.expect("heartbeat");
+    let renewal = node
+        .heartbeat(&beat(status.clone()))
+        .await
+        .expect("heartbeat");
     assert!(!renewal.was_lost);
     assert_eq!(renewal.terms.lease_ms, 10_000);
     // A node speaks for itself only.
     status.node_id = "local".into();
-    let e = refused(node.heartbeat(status).await.unwrap_err());
+    let e = refused(node.heartbeat(&beat(status)).await.unwrap_err());
     assert!(matches!(e, MembershipError::Invalid(_)), "{e}");
     let views = c.lc.list_nodes();
     assert_eq!(
@@ -316,7 +329,7 @@ async fn a_node_that_stops_renewing_is_lost_and_its_return_removes_what_it_ran()
 
     // It comes back: told it was lost, and the reconciler removes what it ran.
     let renewal = n1_control
-        .heartbeat(n1.status().await)
+        .heartbeat(&beat(n1.status().await))
         .await
         .expect("heartbeat");
     assert!(renewal.was_lost);
@@ -324,7 +337,10 @@ async fn a_node_that_stops_renewing_is_lost_and_its_return_removes_what_it_ran()
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while n1.sandbox(&on_n1).is_some() {
         assert!(tokio::time::Instant::now() < deadline, "never removed");
-        n1_control.heartbeat(n1.status().await).await.unwrap();
+        n1_control
+            .heartbeat(&beat(n1.status().await))
+            .await
+            .unwrap();
         c.lc.reconcile().await;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -347,7 +363,12 @@ async fn revocation_ends_a_node_s_credentials_and_its_sandboxes() {
     assert_eq!(e.status(), 409, "{e}");
     assert_eq!(c.lc.revoke_node("ghost").unwrap_err().status(), 404);
     c.lc.revoke_node("n1").unwrap();
-    let e = refused(n1_control.heartbeat(n1.status().await).await.unwrap_err());
+    let e = refused(
+        n1_control
+            .heartbeat(&beat(n1.status().await))
+            .await
+            .unwrap_err(),
+    );
     assert!(e.to_string().contains("401"), "{e}");
     let failed = c.lc.get(&on_n1).unwrap();
     assert_eq!(failed.status.reason.as_deref(), Some(NODE_LOST));
@@ -400,9 +421,16 @@ async fn registered_nodes_survive_a_restart_of_the_server() {
     );
     // Its credential still works; another does not.
     let node = ControlClient::new(&control, registered.node_to_server.parse().unwrap()).unwrap();
-    node.heartbeat(n1.status().await).await.expect("heartbeat");
+    node.heartbeat(&beat(n1.status().await))
+        .await
+        .expect("heartbeat");
     let stranger = ControlClient::new(&control, Credential::generate().unwrap()).unwrap();
-    let e = refused(stranger.heartbeat(n1.status().await).await.unwrap_err());
+    let e = refused(
+        stranger
+            .heartbeat(&beat(n1.status().await))
+            .await
+            .unwrap_err(),
+    );
     assert!(e.to_string().contains("401"), "{e}");
 }
 
@@ -418,9 +446,14 @@ async fn a_node_that_registers_again_is_given_its_sandboxes_back() {
     n1.restart(fastbox_node_api::testkit::Restart::KeepSandboxes);
     n1.clear_calls();
     let (_, control, _) = c.join_as(n1.clone()).await;
-    let e = refused(old_control.heartbeat(n1.status().await).await.unwrap_err());
+    let e = refused(
+        old_control
+            .heartbeat(&beat(n1.status().await))
+            .await
+            .unwrap_err(),
+    );
     assert!(e.to_string().contains("401"), "{e}");
-    control.heartbeat(n1.status().await).await.unwrap();
+    control.heartbeat(&beat(n1.status().await)).await.unwrap();
     c.lc.reconcile().await;
     let adopted: Vec<_> = n1
         .calls_of(Verb::Adopt)
@@ -431,4 +464,45 @@ async fn a_node_that_registers_again_is_given_its_sandboxes_back() {
     assert_eq!(c.lc.get(&kept).unwrap().status.state, SandboxState::Running);
     let lost = c.lc.get(&gone).unwrap();
     assert_eq!(lost.status.state, SandboxState::Failed, "{:?}", lost.status);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_get_the_route_signing_keys_and_their_rotations() {
+    let c = Cluster::start(10_000).await;
+    let (n1, control, registered) = c.join("n1").await;
+    let key_file = c.dir.path().join("route-key");
+    let keys = registered
+        .route_keys
+        .expect("the keys come with the registration");
+    assert_eq!(keys, std::fs::read_to_string(&key_file).unwrap());
+    // A node holding them is not sent them again; one holding others (or none) is.
+    let holding = |text: &str| Heartbeat {
+        status: fastbox_node_api::wire::NodeStatus {
+            node_id: n1.node_id().into(),
+            ..Default::default()
+        },
+        route_keys_sha256: Some(route_keys_digest(text)),
+    };
+    assert_eq!(
+        control.heartbeat(&holding(&keys)).await.unwrap().route_keys,
+        None
+    );
+    let sent = control.heartbeat(&holding("old")).await.unwrap().route_keys;
+    assert_eq!(sent.as_deref(), Some(keys.as_str()));
+    // A rotation on the server reaches the nodes with their next heartbeat.
+    fastbox_proxy::rotate_key(&key_file).unwrap();
+    let rotated = std::fs::read_to_string(&key_file).unwrap();
+    assert_ne!(rotated, keys);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let renewal = control.heartbeat(&holding(&keys)).await.unwrap();
+        if renewal.route_keys.as_deref() == Some(rotated.as_str()) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the rotation never came"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -8,14 +8,17 @@
 //! A heartbeat the server refuses (the node was revoked, or the server forgot it) is not
 //! followed by a new registration: revocation stands until an operator restarts the node.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use fastbox_node_api::NodeAgent;
-use fastbox_node_api::membership::{LeaseTerms, Registered, Registration, check_node_id};
+use fastbox_node_api::membership::{
+    Heartbeat, LeaseTerms, Registered, Registration, check_node_id, route_keys_digest,
+};
 use fastbox_node_api::remote::{ControlClient, Credential, MembershipCallError};
+use fastbox_proxy::RouteKeys;
 
 use super::fence_guard::{self, FenceGuard, FenceGuardConfig, FencedMarker};
 
@@ -171,27 +174,64 @@ pub async fn register(
     }
 }
 
+/// The node's route signing keys: its key file, kept equal to the server's (the node proxy
+/// verifies the routes the server signs with them; the file is followed as it changes).
+#[derive(Clone)]
+pub struct RouteKeyFile {
+    pub keys: RouteKeys,
+    pub path: PathBuf,
+}
+
+impl RouteKeyFile {
+    /// What a heartbeat says of them.
+    fn digest(&self) -> String {
+        route_keys_digest(&self.keys.file_text())
+    }
+
+    /// Makes the file hold the server's keys `text`.
+    pub fn install(&self, text: &str) {
+        match fastbox_proxy::install_keys(&self.path, text) {
+            Ok(true) => {
+                tracing::info!(key_file = %self.path.display(), "the server's route signing keys installed")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "the server's route signing keys could not be installed")
+            }
+        }
+    }
+}
+
 /// Renews the lease every `terms.heartbeat_ms` (as the server's last answer says) until the
 /// server refuses; then returns why. Heartbeats the server did not answer are logged (once
-/// per run of failures) and the next one goes out on time.
+/// per run of failures) and the next one goes out on time. Route signing keys the server
+/// sends (rotated there) are installed.
 pub async fn heartbeat(
     control: Arc<ControlClient>,
     node: Arc<dyn NodeAgent>,
     mut terms: LeaseTerms,
     fence: Arc<dyn Fence>,
+    keys: RouteKeyFile,
 ) -> anyhow::Error {
     let mut failing_since: Option<Instant> = None;
     loop {
         let (sent, sent_at) = (Instant::now(), SystemTime::now());
-        let status = node.status().await;
-        match control.heartbeat(status).await {
+        let beat = Heartbeat {
+            status: node.status().await,
+            route_keys_sha256: Some(keys.digest()),
+        };
+        match control.heartbeat(&beat).await {
             Ok(renewal) => {
                 terms = renewal.terms;
+                if let Some(text) = &renewal.route_keys {
+                    keys.install(text);
+                }
                 let fence_at = sent_at + Duration::from_millis(terms.fence_after_ms());
                 let fence = fence.clone();
+                let was_lost = renewal.was_lost;
                 let settled = tokio::task::spawn_blocking(move || {
                     fence.renew(fence_at);
-                    fence.settle(renewal.was_lost);
+                    fence.settle(was_lost);
                 })
                 .await;
                 if let Err(e) = settled {

@@ -172,8 +172,14 @@ async fn run(
         Meeting::Join { .. } => Some(Arc::new(join::GuardFence::start(&data_dir, &cfg.prefix)?)),
         Meeting::Static { .. } => None,
     };
-    // Signed routes verify with these keys: the server's (copy its route-signing.key here).
-    let keys = RouteKeys::load_or_create(&data_dir.join(ROUTE_KEY_FILE)).map_err(UpError::from)?;
+    // Signed routes verify with these keys: the server's. A node that joins is given them
+    // (and their rotations) with the server's answers; copy them to a static node.
+    let key_path = data_dir.join(ROUTE_KEY_FILE);
+    let keys = RouteKeys::load_or_create(&key_path).map_err(UpError::from)?;
+    let key_file = join::RouteKeyFile {
+        keys: keys.clone(),
+        path: key_path,
+    };
     let node_store = node_side::open_node_store(&cfg).await?;
     let fastlet = node_side::start_fastlet(&cfg, binaries, &node_store).await?;
     // The records are the server's: every pooled sandbox is kept (it may have been claimed;
@@ -212,6 +218,9 @@ async fn run(
                 server_to_node: registered.server_to_node.parse()?,
                 node_to_server: registered.node_to_server.parse()?,
             };
+            if let Some(text) = &registered.route_keys {
+                key_file.install(text);
+            }
             (node_id, url, credentials, Some(registered.terms))
         }
         (Meeting::Static { control_url }, Some(credentials)) => {
@@ -235,7 +244,7 @@ async fn run(
     let heartbeats = async {
         match (terms, fence.clone()) {
             (Some(terms), Some(fence)) => {
-                let why = join::heartbeat(control, node.clone(), terms, fence).await;
+                let why = join::heartbeat(control, node.clone(), terms, fence, key_file).await;
                 tracing::error!(error = %why, "heartbeats stopped");
                 eprintln!("fastbox: {why:#}");
                 std::future::pending::<()>().await

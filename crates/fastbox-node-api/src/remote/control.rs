@@ -465,11 +465,8 @@ impl ControlClient {
     }
 
     /// Renews this node's lease with `status`.
-    pub async fn heartbeat(
-        &self,
-        status: crate::wire::NodeStatus,
-    ) -> Result<Renewal, MembershipCallError> {
-        self.membership("heartbeat", &Heartbeat { status }).await
+    pub async fn heartbeat(&self, heartbeat: &Heartbeat) -> Result<Renewal, MembershipCallError> {
+        self.membership("heartbeat", heartbeat).await
     }
 
     /// Keeps answers of the access route for `ttl` instead ([`Duration::ZERO`]: asks every

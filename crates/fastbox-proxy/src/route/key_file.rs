@@ -89,6 +89,27 @@ pub fn rotate_key(path: &Path) -> Result<RouteSigner, RouteError> {
     Ok(next)
 }
 
+/// Makes the key file at `path` hold the keys `text` names (the form
+/// [`RouteKeys::file_text`] writes), atomically; whether it changed. Text that is no key file
+/// is refused and the file left as it was. A node given its server's keys keeps them so.
+pub fn install_keys(path: &Path, text: &str) -> Result<bool, RouteError> {
+    let signer = parse(text).map_err(|reason| invalid(path, reason))?;
+    let wanted = render(&signer);
+    match fs::read_to_string(path) {
+        Ok(held) if held == wanted => return Ok(false),
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(RouteError::KeyFileIo {
+                path: path.to_owned(),
+                source,
+            });
+        }
+    }
+    replace(path, &signer)?;
+    Ok(true)
+}
+
 /// Removes the key `key_id` from the key file at `path`: the routes signed with it stop
 /// verifying. The signing key (the newest) is never removed: rotate first. Returns the keys
 /// now in the file.
@@ -187,6 +208,11 @@ impl RouteKeys {
                 }),
             }),
         }
+    }
+
+    /// The keys in force as their file holds them (secret: for a node of this server only).
+    pub fn file_text(&self) -> String {
+        render(&self.current())
     }
 
     /// The keys in force, after reading the file again if it changed.
@@ -391,6 +417,26 @@ fn invalid(path: &Path, reason: &'static str) -> RouteError {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn installed_keys_are_the_servers_and_bad_text_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = RouteKeys::load_or_create(&dir.path().join("server.key")).unwrap();
+        let node_path = dir.path().join("node.key");
+        assert!(install_keys(&node_path, &server.file_text()).unwrap());
+        assert!(
+            !install_keys(&node_path, &server.file_text()).unwrap(),
+            "unchanged"
+        );
+        let node = RouteKeys::load_or_create(&node_path).unwrap();
+        assert_eq!(node.file_text(), server.file_text());
+        let mode = fs::metadata(&node_path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let before = fs::read_to_string(&node_path).unwrap();
+        assert!(install_keys(&node_path, "not a key file").is_err());
+        assert_eq!(fs::read_to_string(&node_path).unwrap(), before);
+    }
+
     use super::*;
 
     #[test]

@@ -23,7 +23,7 @@ use std::io;
 use std::path::PathBuf;
 
 pub use b36::{from_b36, to_b36};
-pub use key_file::{RELOAD_EVERY, RouteKeys, retire_key, rotate_key};
+pub use key_file::{RELOAD_EVERY, RouteKeys, install_keys, retire_key, rotate_key};
 pub use path::{RoutePath, split_route};
 pub use signer::RouteSigner;
 

@@ -38,6 +38,11 @@ pub struct NodeInfo {
     pub pooled: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_available_bytes: Option<u64>,
+    /// Sandboxes running there, by its last report.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandboxes: Option<u32>,
+    /// Sandboxes this server admitted into it since it started.
+    pub admitted_total: u64,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -59,6 +64,8 @@ impl From<NodeView> for NodeInfo {
             free_slots: status.map(|s| s.free_slots),
             pooled: status.map(|s| s.pools.values().sum()),
             memory_available_bytes: status.and_then(|s| s.memory_available_bytes),
+            sandboxes: status.and_then(|s| s.sandboxes),
+            admitted_total: view.admitted_total,
         }
     }
 }

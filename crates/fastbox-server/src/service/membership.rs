@@ -15,7 +15,7 @@ use chrono::Utc;
 use fastbox_api::lifecycle::SandboxState;
 use fastbox_node_api::membership::{
     Caller, ControlPlane, Heartbeat, MembershipError, Registered, Registration, Renewal,
-    check_node_id,
+    check_node_id, route_keys_digest,
 };
 use fastbox_node_api::remote::{Credential, NodeClient, Timeouts};
 use sha2::{Digest, Sha256};
@@ -240,6 +240,7 @@ impl ControlPlane for Lifecycle {
             server_to_node: server_to_node.to_string(),
             node_to_server: node_to_server.to_string(),
             terms: self.cfg.leases.terms,
+            route_keys: Some(self.keys.file_text()),
         })
     }
 
@@ -259,9 +260,13 @@ impl ControlPlane for Lifecycle {
         if was_lost {
             tracing::warn!(node = %node_id, "a lost node renewed its lease: what it ran is removed");
         }
+        let keys = self.keys.file_text();
+        let held = heartbeat.route_keys_sha256.as_deref();
+        let route_keys = (held != Some(route_keys_digest(&keys).as_str())).then_some(keys);
         Ok(Renewal {
             terms: self.cfg.leases.terms,
             was_lost,
+            route_keys,
         })
     }
 }
