@@ -74,6 +74,10 @@ enum VerifyCommand {
     /// template cold through peers and an S3 origin; prints blocks, origin and peer fetches,
     /// cache hits, seconds and bytes verified.
     P2p(fastbox_cli::verify_p2p::P2pArgs),
+    /// Several nodes behind one server on one machine: creates on one node and on the
+    /// cluster (p50/p99, each node's share), a node killed (lease, fencing, NODE_LOST) and
+    /// back; prints a report (`--json` too) and leaves nothing behind.
+    Cluster(fastbox_cli::verify_cluster::ClusterArgs),
     /// One node of `verify p2p` (started by it, driven over stdin/stdout).
     #[command(hide = true)]
     P2pNode(fastbox_cli::verify_p2p::NodeArgs),
@@ -187,6 +191,9 @@ fn main() {
         Command::Verify {
             command: VerifyCommand::P2pNode(args),
         } => fastbox_cli::verify_p2p::run_node(args),
+        Command::Verify {
+            command: VerifyCommand::Cluster(args),
+        } => fastbox_cli::verify_cluster::run(args),
         Command::Artifacts {
             command: ArtifactsCommand::Gc(args),
         } => artifacts::gc(args),

@@ -9,7 +9,7 @@
 pub(crate) mod client;
 mod report;
 pub(crate) mod request;
-mod run;
+pub(crate) mod run;
 pub(crate) mod stats;
 
 use std::time::Duration;

@@ -11,8 +11,8 @@ use crate::paths;
 
 pub(crate) mod node_side;
 mod run;
+pub use run::{JOIN_TOKEN_FILE, ROUTE_KEY_FILE, UpError};
 use run::{NodeMode, RemoteNode};
-pub use run::{ROUTE_KEY_FILE, UpError};
 
 /// Every setting can also come from the config file; flags and environment win over it.
 #[derive(clap::Args, Debug)]

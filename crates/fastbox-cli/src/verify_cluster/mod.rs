@@ -1,0 +1,575 @@
+//! `fastbox verify cluster`: several nodes behind one server, on one machine, by itself
+//! (`docs/cluster.md`).
+//!
+//! 1. **Server alone**: a `fastbox up --accept-nodes` (its own node in process) prepares the
+//!    image; `--creates` creates at `--concurrency` through the lifecycle API, each timed to
+//!    execd's `/ping` (the one-node figures).
+//! 2. **Cluster**: `--nodes` − 1 `fastbox node --join` agents join it (each its own prefix,
+//!    address pool, data directory and loopback ports); the same creates again, with each
+//!    node's share (the server's admissions per node).
+//! 3. **Node loss**: a sandbox on the last node and one on the server's; the node's agent is
+//!    killed with SIGKILL. Checked: its lease runs out, then the node is declared lost no
+//!    sooner than the lease after the kill; its fencing guard froze its sandboxes before
+//!    that (the marker and the cgroups say so); its sandbox is `Failed` (`NODE_LOST`) while
+//!    the other still answers.
+//! 4. **Return**: the agent starts again and joins; the server removes what it ran while lost,
+//!    and the node thaws nothing.
+//! 5. Everything stops and every prefix is purged; nothing carrying one is left.
+//!
+//! The nodes share the machine's loopback (not a network namespace each) and its CPU: the
+//! figures are the cluster's overhead on one host, not more capacity.
+
+mod api;
+mod procs;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use serde::Serialize;
+
+use crate::bench_create::client::BenchClient;
+use crate::bench_create::request::{self, Pool, Source};
+use crate::bench_create::run::{self, Pace, Plan};
+use crate::bench_create::stats::{Latency, Tally};
+use crate::paths::{HostArgs, require_root, run_prefix};
+use api::Api;
+use procs::{Instance, free_port};
+
+/// How long the server may take to prepare its image, and a node to join.
+const READY_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[derive(clap::Args, Debug)]
+pub struct ClusterArgs {
+    #[command(flatten)]
+    pub host: HostArgs,
+    /// Nodes, the server's own included (at least 2).
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    /// Timed creates, on one node and then on the cluster.
+    #[arg(long, default_value_t = 100)]
+    pub creates: usize,
+    /// Creates in flight at once.
+    #[arg(long, default_value_t = 10)]
+    pub concurrency: usize,
+    /// Image of every sandbox.
+    #[arg(long, default_value = "fastbox/busybox", value_name = "REF")]
+    pub image: String,
+    /// Lease of the joined nodes, milliseconds (lost half a lease after it ran out).
+    #[arg(long, default_value_t = 3000)]
+    pub lease_ms: u64,
+    /// Prefix of the run's host-wide names (at most 7 of [a-z0-9]; the server's instance adds
+    /// `s`, node i adds i) [default: fc + 4 random hex digits].
+    #[arg(long)]
+    pub prefix: Option<String>,
+    /// Second octet of the run's sandbox addresses: the server's 10.B.0.0/24, node i's
+    /// 10.B.i.0/24.
+    #[arg(long, default_value_t = 219, value_name = "B")]
+    pub net_octet: u8,
+    /// Print one JSON object instead of a summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What a run found.
+#[derive(Debug, Serialize)]
+pub struct ClusterReport {
+    pub nodes: usize,
+    pub image: String,
+    pub creates: usize,
+    pub concurrency: usize,
+    /// The creates on the server's node alone.
+    pub one_node: CreateRun,
+    /// The same creates with every node joined.
+    pub cluster: CreateRun,
+    pub loss: LossReport,
+    /// Whether every check held.
+    pub passed: bool,
+    /// The checks that did not hold.
+    pub failures: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CreateRun {
+    pub latency: Latency,
+    pub failures: usize,
+    pub seconds: f64,
+    /// Creates admitted per node during the run.
+    pub share: Vec<(String, u64)>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LossReport {
+    pub node: String,
+    pub lease_ms: u64,
+    /// From the SIGKILL until the server said the lease ran out, and until it declared the
+    /// node lost.
+    pub expired_after_ms: u64,
+    pub lost_after_ms: u64,
+    /// Sandbox groups the node's guard froze (its marker), and whether the kernel reported
+    /// each frozen when the node was declared lost.
+    pub fenced: usize,
+    pub all_frozen: bool,
+    /// The state and reason of its sandbox once the node was lost.
+    pub lost_sandbox: (String, Option<String>),
+    /// Whether the sandbox on the server's node still answered.
+    pub survivor_answers: bool,
+    /// From its restart until the server removed what it ran while lost.
+    pub removed_after_return_ms: u64,
+}
+
+pub fn run(args: ClusterArgs) -> anyhow::Result<i32> {
+    require_root()?;
+    ensure!(args.nodes >= 2, "--nodes must be at least 2");
+    ensure!(
+        args.creates > 0 && args.concurrency > 0,
+        "--creates and --concurrency must be at least 1"
+    );
+    let prefix = run_prefix(args.prefix.as_deref(), "fc", 7)?;
+    ensure!(
+        args.nodes <= 10,
+        "--nodes must be at most 10 (each instance adds one character to the prefix)"
+    );
+    let criu = args.host.criu()?;
+    let execd = args.host.execd()?;
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("fastbox-verify-cluster-{prefix}-"))
+        .tempdir()
+        .context("the run's directory")?;
+    let mut scenario = Scenario {
+        dir: dir.path().to_path_buf(),
+        prefix: prefix.clone(),
+        criu: criu.path.clone(),
+        execd,
+        cache_dir: args.host.cache_dir.clone(),
+        args: &args,
+        failures: Vec::new(),
+    };
+    let report = scenario.run();
+    // Every process is stopped and purged by now (or by the drops on an error).
+    let leftovers: Vec<String> = scenario
+        .prefixes()
+        .iter()
+        .flat_map(|p| crate::local_sandbox::leftovers(p))
+        .collect();
+    let mut report = report?;
+    if !leftovers.is_empty() {
+        report.failures.push(format!("left behind: {leftovers:?}"));
+    }
+    report.passed = report.failures.is_empty();
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", human(&report));
+    }
+    Ok(if report.passed { 0 } else { 1 })
+}
+
+struct Scenario<'a> {
+    dir: PathBuf,
+    prefix: String,
+    criu: PathBuf,
+    execd: PathBuf,
+    cache_dir: PathBuf,
+    args: &'a ClusterArgs,
+    failures: Vec<String>,
+}
+
+impl Scenario<'_> {
+    fn prefixes(&self) -> Vec<String> {
+        std::iter::once(format!("{}s", self.prefix))
+            .chain((1..self.args.nodes).map(|i| format!("{}{i}", self.prefix)))
+            .collect()
+    }
+
+    fn check(&mut self, holds: bool, what: impl Into<String>) {
+        if !holds {
+            let what = what.into();
+            eprintln!("fastbox: check failed: {what}");
+            self.failures.push(what);
+        }
+    }
+
+    fn common_args(&self, data_dir: &Path, prefix: &str, pool: &str) -> Vec<String> {
+        [
+            "--data-dir",
+            &data_dir.display().to_string(),
+            "--cache-dir",
+            &self.cache_dir.display().to_string(),
+            "--prefix",
+            prefix,
+            "--pool",
+            pool,
+            "--execd",
+            &self.execd.display().to_string(),
+            "--criu",
+            &self.criu.display().to_string(),
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
+    fn run(&mut self) -> anyhow::Result<ClusterReport> {
+        let args = self.args;
+        let (api_port, proxy_port, control_port) = (free_port()?, free_port()?, free_port()?);
+        let key = fastbox_server::service::random_token();
+        let server_prefix = format!("{}s", self.prefix);
+        let server_data = self.dir.join("server");
+        let mut server_args: Vec<String> = [
+            "up",
+            "--listen",
+            &format!("127.0.0.1:{api_port}"),
+            "--node-proxy-listen",
+            &format!("127.0.0.1:{proxy_port}"),
+            "--api-key",
+            &key,
+            "--default-image",
+            &args.image,
+            "--accept-nodes",
+            "--control-listen",
+            &format!("127.0.0.1:{control_port}"),
+            "--node-lease-ms",
+            &args.lease_ms.to_string(),
+        ]
+        .map(String::from)
+        .to_vec();
+        server_args.extend(self.common_args(
+            &server_data,
+            &server_prefix,
+            &format!("10.{}.0.0/24", args.net_octet),
+        ));
+        let mut server = Instance::new(
+            &self.dir,
+            "server",
+            &server_prefix,
+            server_data.clone(),
+            server_args,
+        );
+        let api = Api::new(format!("http://127.0.0.1:{api_port}"), key.clone())?;
+        progress(format!(
+            "starting the server ({server_prefix}); it prepares {}",
+            args.image
+        ));
+        server.spawn()?;
+        server.wait_until("healthy", READY_TIMEOUT, || api.healthy())?;
+
+        progress(format!(
+            "{} creates at concurrency {} on the server's node alone",
+            args.creates, args.concurrency
+        ));
+        let one_node = self.creates(&api, &key)?;
+
+        let mut nodes = Vec::new();
+        for i in 1..args.nodes {
+            let node = self.join(i, control_port, &server_data)?;
+            nodes.push(node);
+        }
+        for (i, node) in nodes.iter_mut().enumerate() {
+            let id = format!("n{}", i + 1);
+            node.wait_until("joined and reporting", READY_TIMEOUT, || {
+                api.node(&id)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|n| n["state"] == "ready" && !n["freeSlots"].is_null())
+            })?;
+        }
+        // Each node builds its golden checkpoint of the image at its first create.
+        progress(
+            "warming up every node (its first create builds the image's golden checkpoint)"
+                .to_string(),
+        );
+        let mut warm = Vec::new();
+        for _ in 0..args.nodes * 2 {
+            warm.push(api.running(&args.image)?);
+        }
+        for id in warm {
+            api.delete(&format!("/v1/sandboxes/{id}"))?;
+        }
+        progress(format!(
+            "{} creates at concurrency {} on {} nodes",
+            args.creates, args.concurrency, args.nodes
+        ));
+        let cluster = self.creates(&api, &key)?;
+        self.check(
+            cluster.failures == 0,
+            format!("{} cluster creates failed", cluster.failures),
+        );
+        self.check(
+            cluster.share.iter().filter(|(_, n)| *n > 0).count() == args.nodes,
+            format!("not every node took creates: {:?}", cluster.share),
+        );
+
+        let victim_index = nodes.len() - 1;
+        let loss = self.lose_and_return(&api, &mut nodes[victim_index], victim_index + 1)?;
+
+        for node in &mut nodes {
+            node.stop();
+        }
+        server.stop();
+        drop(nodes);
+        drop(server);
+        Ok(ClusterReport {
+            nodes: args.nodes,
+            image: args.image.clone(),
+            creates: args.creates,
+            concurrency: args.concurrency,
+            one_node,
+            cluster,
+            loss,
+            passed: false,
+            failures: std::mem::take(&mut self.failures),
+        })
+    }
+
+    /// Starts node `i`, joining the server's control API.
+    fn join(&self, i: usize, control_port: u16, server_data: &Path) -> anyhow::Result<Instance> {
+        let (listen, proxy) = (free_port()?, free_port()?);
+        let prefix = format!("{}{i}", self.prefix);
+        let data_dir = self.dir.join(format!("n{i}"));
+        let mut node_args: Vec<String> = [
+            "node",
+            "--join",
+            &format!("http://127.0.0.1:{control_port}"),
+            "--join-token-file",
+            &server_data
+                .join(crate::up::JOIN_TOKEN_FILE)
+                .display()
+                .to_string(),
+            "--node-name",
+            &format!("n{i}"),
+            "--listen",
+            &format!("127.0.0.1:{listen}"),
+            "--node-proxy-listen",
+            &format!("127.0.0.1:{proxy}"),
+            "--node-proxy-public",
+            &format!("127.0.0.1:{proxy}"),
+        ]
+        .map(String::from)
+        .to_vec();
+        node_args.extend(self.common_args(
+            &data_dir,
+            &prefix,
+            &format!("10.{}.{i}.0/24", self.args.net_octet),
+        ));
+        let mut node = Instance::new(&self.dir, &format!("n{i}"), &prefix, data_dir, node_args);
+        progress(format!("node n{i} ({prefix}) joins"));
+        node.spawn()?;
+        Ok(node)
+    }
+
+    /// The timed creates, and each node's admissions meanwhile.
+    fn creates(&self, api: &Api, key: &str) -> anyhow::Result<CreateRun> {
+        let before = admissions(api)?;
+        let server: reqwest::Url = api.base.parse()?;
+        let ready_timeout = Duration::from_secs(120);
+        let plan = Plan {
+            n: self.args.creates,
+            pace: Pace::BackToBack,
+            body: request::create_body(&Source::Image(self.args.image.clone()), Pool::On, None),
+            ready_timeout,
+        };
+        let clients = (0..self.args.concurrency.min(self.args.creates))
+            .map(|_| BenchClient::try_new(&server, Some(key.to_string()), ready_timeout))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (tally, wall): (Tally, Duration) = run::measure(&clients, &plan);
+        let after = admissions(api)?;
+        let share = after
+            .into_iter()
+            .map(|(id, n)| {
+                let was = before.iter().find(|(b, _)| *b == id).map_or(0, |(_, v)| *v);
+                (id, n - was)
+            })
+            .collect();
+        Ok(CreateRun {
+            latency: Latency::of(&tally.samples),
+            failures: tally.failures(),
+            seconds: wall.as_secs_f64(),
+            share,
+        })
+    }
+
+    /// Kills node `number`'s agent with SIGKILL and follows the loss, then its return.
+    fn lose_and_return(
+        &mut self,
+        api: &Api,
+        node: &mut Instance,
+        number: usize,
+    ) -> anyhow::Result<LossReport> {
+        let id = format!("n{number}");
+        let proxy = api
+            .node(&id)?
+            .and_then(|n| n["proxy"].as_str().map(str::to_string))
+            .context("the node's proxy")?;
+        // A sandbox on it and one elsewhere (creates go by the ranking: a few tries).
+        let (mut on_victim, mut elsewhere) = (None, None);
+        let mut spare = Vec::new();
+        for _ in 0..(4 * self.args.nodes) {
+            let sandbox = api.running(&self.args.image)?;
+            let (endpoint, _) = api.execd(&sandbox)?;
+            match (endpoint.starts_with(&proxy), &on_victim, &elsewhere) {
+                (true, None, _) => on_victim = Some(sandbox),
+                (false, _, None) => elsewhere = Some(sandbox),
+                _ => spare.push(sandbox),
+            }
+            if on_victim.is_some() && elsewhere.is_some() {
+                break;
+            }
+        }
+        for sandbox in spare {
+            api.delete(&format!("/v1/sandboxes/{sandbox}"))?;
+        }
+        let (Some(on_victim), Some(elsewhere)) = (on_victim, elsewhere) else {
+            bail!("no sandbox landed on node {id} (or none elsewhere)");
+        };
+
+        progress(format!(
+            "killing node {id}'s agent (SIGKILL); lease {} ms",
+            self.args.lease_ms
+        ));
+        let killed = Instant::now();
+        node.kill9();
+        let wait_state = |state: &str| -> anyhow::Result<Duration> {
+            let deadline = Instant::now() + Duration::from_millis(self.args.lease_ms * 4 + 10_000);
+            loop {
+                if api.node(&id)?.is_some_and(|n| n["state"] == state) {
+                    return Ok(killed.elapsed());
+                }
+                if Instant::now() >= deadline {
+                    bail!("node {id} never became {state}");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
+        let expired = wait_state("expired")?;
+        let lost = wait_state("lost")?;
+        let marker: Option<serde_json::Value> = std::fs::read(node.data_dir.join("fenced"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        let groups: Vec<String> = marker
+            .as_ref()
+            .and_then(|m| m["sandboxes"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|g| g.as_str().map(str::to_string))
+            .collect();
+        let all_frozen = !groups.is_empty() && groups.iter().all(|g| frozen(&node.prefix, g));
+        let lost_sandbox = api.state(&on_victim)?;
+        let survivor_answers = api.pings(&elsewhere);
+        self.check(
+            marker.is_some(),
+            format!("node {id}'s guard wrote no fence marker"),
+        );
+        self.check(
+            all_frozen,
+            format!("node {id}'s sandboxes were not all frozen: {groups:?}"),
+        );
+        self.check(
+            lost >= Duration::from_millis(self.args.lease_ms),
+            format!("node {id} was declared lost {lost:?} after the kill, within its lease"),
+        );
+        self.check(
+            lost_sandbox == ("Failed".to_string(), Some("NODE_LOST".to_string())),
+            format!("its sandbox is {lost_sandbox:?}, not Failed (NODE_LOST)"),
+        );
+        self.check(
+            survivor_answers,
+            "the sandbox on another node stopped answering",
+        );
+
+        progress(format!("node {id} starts again"));
+        let returned = Instant::now();
+        let marker_path = node.data_dir.join("fenced");
+        node.spawn()?;
+        node.wait_until("removing what it ran while lost", READY_TIMEOUT, || {
+            api.events(&on_victim).is_ok_and(|e| e.contains("Removed"))
+        })?;
+        let removed = returned.elapsed();
+        node.wait_until("rid of its fence marker", Duration::from_secs(30), || {
+            !marker_path.exists()
+        })?;
+        for sandbox in [&on_victim, &elsewhere] {
+            api.delete(&format!("/v1/sandboxes/{sandbox}"))?;
+        }
+        Ok(LossReport {
+            node: id,
+            lease_ms: self.args.lease_ms,
+            expired_after_ms: expired.as_millis() as u64,
+            lost_after_ms: lost.as_millis() as u64,
+            fenced: groups.len(),
+            all_frozen,
+            lost_sandbox,
+            survivor_answers,
+            removed_after_return_ms: removed.as_millis() as u64,
+        })
+    }
+}
+
+/// Admissions per node so far.
+fn admissions(api: &Api) -> anyhow::Result<Vec<(String, u64)>> {
+    Ok(api
+        .nodes()?
+        .into_iter()
+        .map(|(id, n)| (id, n["admittedTotal"].as_u64().unwrap_or(0)))
+        .collect())
+}
+
+/// Whether cgroup `group` of instance `prefix` is frozen (v1 freezer or v2).
+fn frozen(prefix: &str, group: &str) -> bool {
+    let v1 = format!("/sys/fs/cgroup/freezer/{prefix}/{group}/freezer.state");
+    let v2 = format!("/sys/fs/cgroup/{prefix}/{group}/cgroup.events");
+    match std::fs::read_to_string(&v1) {
+        Ok(state) => state.trim() == "FROZEN",
+        Err(_) => std::fs::read_to_string(&v2).is_ok_and(|e| e.contains("frozen 1")),
+    }
+}
+
+fn progress(line: String) {
+    eprintln!("fastbox: {line}");
+}
+
+fn ms(value: Option<f64>) -> String {
+    value.map_or("-".into(), |v| format!("{v:.1} ms"))
+}
+
+/// The report as text.
+pub fn human(r: &ClusterReport) -> String {
+    let mut out = String::new();
+    let run = |name: &str, c: &CreateRun| {
+        format!(
+            "{name:<10} p50 {:>9}  p90 {:>9}  p99 {:>9}  max {:>9}  failures {}  ({:.1} s){}\n",
+            ms(c.latency.p50_ms),
+            ms(c.latency.p90_ms),
+            ms(c.latency.p99_ms),
+            ms(c.latency.max_ms),
+            c.failures,
+            c.seconds,
+            match c.share.len() {
+                0 | 1 => String::new(),
+                _ => format!(
+                    "\n           share: {}",
+                    c.share
+                        .iter()
+                        .map(|(id, n)| format!("{id} {n}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }
+        )
+    };
+    out.push_str(&format!(
+        "verify cluster: {} nodes, {} creates of {} at concurrency {} (create -> execd /ping)\n",
+        r.nodes, r.creates, r.image, r.concurrency
+    ));
+    out.push_str(&run("one node", &r.one_node));
+    out.push_str(&run("cluster", &r.cluster));
+    let l = &r.loss;
+    out.push_str(&format!(
+        "node loss: {} killed (lease {} ms): expired after {} ms, lost after {} ms; fence froze {} group(s) (all frozen: {}); its sandbox {:?}; the other answers: {}; removed {} ms after it came back\n",
+        l.node, l.lease_ms, l.expired_after_ms, l.lost_after_ms, l.fenced, l.all_frozen, l.lost_sandbox, l.survivor_answers, l.removed_after_return_ms
+    ));
+    match r.passed {
+        true => out.push_str("passed\n"),
+        false => out.push_str(&format!("FAILED: {}\n", r.failures.join("; "))),
+    }
+    out
+}

@@ -1,0 +1,138 @@
+//! The processes of a `verify cluster` run: one `fastbox up --accept-nodes` and `fastbox node
+//! --join` agents, each with its own prefix, address pool, data directory and loopback ports,
+//! logging to a file in the run's directory. Dropping one kills it and purges its prefix.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+/// A free loopback port (bound and let go: another process could take it, rarely).
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// One `fastbox` child process of the run.
+pub struct Instance {
+    pub name: String,
+    pub prefix: String,
+    pub data_dir: PathBuf,
+    pub log: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Instance {
+    /// An instance named `name` (its log is `{dir}/{name}.log`) run with `args`.
+    pub fn new(dir: &Path, name: &str, prefix: &str, data_dir: PathBuf, args: Vec<String>) -> Self {
+        Self {
+            name: name.to_string(),
+            prefix: prefix.to_string(),
+            data_dir,
+            log: dir.join(format!("{name}.log")),
+            args,
+            child: None,
+        }
+    }
+
+    /// Starts the process (again); its output goes to its log.
+    pub fn spawn(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("log {}", self.log.display()))?;
+        let child = Command::new(std::env::current_exe()?)
+            .args(&self.args)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("start {}", self.name))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Waits until `ready` holds, at most `within`; fails early (with the log's tail) when
+    /// the process exits.
+    pub fn wait_until(
+        &mut self,
+        what: &str,
+        within: Duration,
+        mut ready: impl FnMut() -> bool,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            if ready() {
+                return Ok(());
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                bail!(
+                    "{} exited ({status}) before {what}:\n{}",
+                    self.name,
+                    self.log_tail()
+                );
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "{} was not {what} within {within:?}:\n{}",
+                    self.name,
+                    self.log_tail()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// SIGKILL, as a crash.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then waits (SIGKILL after 20 s).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The last lines of its log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        self.kill9();
+        if let Err(e) = fastbox_fastlet::host::purge(&self.prefix, &self.data_dir) {
+            eprintln!(
+                "fastbox: warning: purge of {} ({}): {e}",
+                self.name, self.prefix
+            );
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! `fastbox verify cluster --nodes 3` end to end, small: a server with its own node and two
+//! joined `fastbox node` agents share creates; one agent is killed (SIGKILL), its guard
+//! freezes its sandboxes before the server declares it lost, its sandbox fails
+//! (`NODE_LOST`), and it comes back; nothing is left afterwards.
+//!
+//! Root and CRIU (skipped with the reason otherwise). Prefix: the run prefix's first six
+//! characters and `v` (see `fastbox_testkit::run_prefix_pair`).
+
+mod common;
+
+use std::process::Command;
+
+#[test]
+fn three_nodes_share_creates_and_a_killed_node_is_fenced_then_lost() {
+    if let Some(reason) = common::unavailable() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let base = fastbox_testkit::run_prefix("");
+    let prefix = format!("{}v", &base[..6]);
+    let out = Command::new(env!("CARGO_BIN_EXE_fastbox"))
+        .args([
+            "verify",
+            "cluster",
+            "--nodes",
+            "3",
+            "--creates",
+            "12",
+            "--concurrency",
+            "3",
+            "--lease-ms",
+            "2000",
+            "--net-octet",
+            "223",
+            "--json",
+            "--prefix",
+            &prefix,
+            "--cache-dir",
+            &common::server::test_cache_dir().display().to_string(),
+            "--execd",
+            &fastbox_testkit::execd_path().unwrap().display().to_string(),
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("no report ({e}): {stderr}"));
+    assert!(out.status.success(), "{report:#}\n{stderr}");
+    assert_eq!(report["passed"], true, "{report:#}");
+    // Every create of both runs became ready, and every node took some.
+    for run in ["one_node", "cluster"] {
+        assert_eq!(report[run]["failures"], 0, "{run}: {report:#}");
+        assert!(
+            report[run]["latency"]["p50_ms"].as_f64().is_some(),
+            "{report:#}"
+        );
+    }
+    let share = report["cluster"]["share"].as_array().unwrap();
+    assert_eq!(share.len(), 3, "{report:#}");
+    assert!(
+        share.iter().all(|s| s[1].as_u64().unwrap() > 0),
+        "{report:#}"
+    );
+    let total: u64 = share.iter().map(|s| s[1].as_u64().unwrap()).sum();
+    assert_eq!(total, 12, "{report:#}");
+    // The loss: fenced, then lost after the lease, the sandbox NODE_LOST, the other alive.
+    let loss = &report["loss"];
+    assert!(loss["fenced"].as_u64().unwrap() >= 1, "{loss:#}");
+    assert_eq!(loss["all_frozen"], true, "{loss:#}");
+    assert!(loss["lost_after_ms"].as_u64().unwrap() >= 2000, "{loss:#}");
+    assert_eq!(loss["lost_sandbox"][0], "Failed", "{loss:#}");
+    assert_eq!(loss["lost_sandbox"][1], "NODE_LOST", "{loss:#}");
+    assert_eq!(loss["survivor_answers"], true, "{loss:#}");
+    for instance in ["s", "1", "2"] {
+        let left = fastbox_cli::local_sandbox::leftovers(&format!("{prefix}{instance}"));
+        assert!(left.is_empty(), "{prefix}{instance} left {left:?}");
+    }
+}
