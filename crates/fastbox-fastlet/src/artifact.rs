@@ -353,13 +353,38 @@ pub fn materialize_template<S: ArtifactStore + ?Sized>(
     manifest: &Digest,
     dest: &Path,
 ) -> Result<MaterializedTemplate> {
+    materialize_restorable(store, manifest, dest, &[ArtifactKind::Template])
+}
+
+/// [`materialize_template`] for the checkpoint of a snapshot or of a paused sandbox (the
+/// same layout: a packed rootfs, the writable layer, CRIU's images), published by another
+/// node.
+pub fn materialize_checkpoint<S: ArtifactStore + ?Sized>(
+    store: &S,
+    manifest: &Digest,
+    dest: &Path,
+) -> Result<MaterializedTemplate> {
+    materialize_restorable(
+        store,
+        manifest,
+        dest,
+        &[ArtifactKind::Snapshot, ArtifactKind::Checkpoint],
+    )
+}
+
+fn materialize_restorable<S: ArtifactStore + ?Sized>(
+    store: &S,
+    manifest: &Digest,
+    dest: &Path,
+    kinds: &[ArtifactKind],
+) -> Result<MaterializedTemplate> {
     let clock = Instant::now();
     let m = read_manifest(store, manifest)?;
     let not_a_template = |reason: String| TemplateArtifactError::NotATemplate {
         manifest: *manifest,
         reason,
     };
-    if m.meta.kind != ArtifactKind::Template {
+    if !kinds.contains(&m.meta.kind) {
         return Err(not_a_template(format!("its kind is {:?}", m.meta.kind)));
     }
     let rootfs = m

@@ -22,7 +22,9 @@ use std::process::Command;
 use fastbox_artifact::{ArtifactStore, Digest, PackFormat};
 
 use crate::agent::{Fastlet, FastletError};
-use crate::artifact::{MaterializedTemplate, materialize_template, unpack_canonical_tar};
+use crate::artifact::{
+    MaterializedTemplate, materialize_checkpoint, materialize_template, unpack_canonical_tar,
+};
 use crate::template::{self, Template};
 
 /// The directory the lower layer of a materialized template is mounted or unpacked at.
@@ -47,27 +49,73 @@ impl Fastlet {
     ) -> Result<Template, FastletError> {
         let key = artifact_key(manifest);
         let dir = template::template_dir(&self.config().data_dir, &key);
+        self.materialized(
+            store,
+            manifest,
+            golden_token,
+            &key,
+            &dir,
+            Restorable::Template,
+        )
+    }
+
+    /// The checkpoint of a snapshot or of a paused sandbox published as `manifest` (by
+    /// another node), materialized on this node as snapshot `key` if it is not here yet: then
+    /// clones of it ([`Fastlet::restore_from`]) and resumes of it ([`Fastlet::resume`]) run
+    /// here as on the node that took it. `execd_token` is the token of execd inside it (the
+    /// server keeps it; the manifest confirms it).
+    pub fn snapshot_from_artifact(
+        &self,
+        store: &dyn ArtifactStore,
+        manifest: &Digest,
+        key: &str,
+        execd_token: &str,
+    ) -> Result<Template, FastletError> {
+        let dir = crate::snapshot::snapshot_dir(&self.config().data_dir, key);
+        self.materialized(
+            store,
+            manifest,
+            execd_token,
+            key,
+            &dir,
+            Restorable::Checkpoint,
+        )
+    }
+
+    fn materialized(
+        &self,
+        store: &dyn ArtifactStore,
+        manifest: &Digest,
+        golden_token: &str,
+        key: &str,
+        dir: &Path,
+        what: Restorable,
+    ) -> Result<Template, FastletError> {
         let fail = |message: String| FastletError::Template {
             image: format!("artifact {manifest}"),
             message,
         };
-        let lock = self.builds.for_image(&key);
+        let lock = self.builds.for_image(key);
         let _materializing = lock.lock().expect("build lock");
-        if let Some(t) = self.current_template(&dir) {
-            ensure_rootfs(&dir).map_err(fail)?;
+        if let Some(t) = self.current_template(dir) {
+            ensure_rootfs(dir).map_err(fail)?;
             return Ok(t);
         }
-        unmount_rootfs(&dir);
-        let _ = std::fs::remove_dir_all(&dir);
+        unmount_rootfs(dir);
+        let _ = std::fs::remove_dir_all(dir);
         if let Some(parent) = dir.parent() {
             std::fs::create_dir_all(parent)
                 .map_err(|e| fail(format!("{}: {e}", parent.display())))?;
         }
-        let m = materialize_template(store, manifest, &dir).map_err(|e| fail(e.to_string()))?;
-        let adopted = self.adopt_materialized(&m, &key, golden_token);
+        let m = match what {
+            Restorable::Template => materialize_template(store, manifest, dir),
+            Restorable::Checkpoint => materialize_checkpoint(store, manifest, dir),
+        }
+        .map_err(|e| fail(e.to_string()))?;
+        let adopted = self.adopt_materialized(&m, key, golden_token);
         if adopted.is_err() {
-            unmount_rootfs(&dir);
-            let _ = std::fs::remove_dir_all(&dir);
+            unmount_rootfs(dir);
+            let _ = std::fs::remove_dir_all(dir);
         }
         let t = adopted.map_err(fail)?;
         tracing::info!(manifest = %manifest, blocks = m.stats.blocks_fetched, bytes = m.stats.bytes, seconds = m.seconds, "template materialized from an artifact");
@@ -104,6 +152,15 @@ impl Fastlet {
         template::commit(&m.dir, &t).map_err(|e| format!("commit: {e}"))?;
         Ok(t)
     }
+}
+
+/// What an artifact is materialized as.
+#[derive(Debug, Clone, Copy)]
+enum Restorable {
+    /// A template (golden checkpoint) of the templates directory.
+    Template,
+    /// A node snapshot (a snapshot's or a pause's checkpoint) of the snapshots directory.
+    Checkpoint,
 }
 
 /// The template key of a materialized manifest (also its directory name).
@@ -167,13 +224,15 @@ pub fn unmount_rootfs(dir: &Path) {
     }
 }
 
-/// Unmounts the lower layers of every materialized template under `data_dir`.
+/// Unmounts the lower layers of every materialized template and snapshot under `data_dir`.
 pub fn unmount_all(data_dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(data_dir.join("templates")) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        unmount_rootfs(&entry.path());
+    for kind in ["templates", "snapshots"] {
+        let Ok(entries) = std::fs::read_dir(data_dir.join(kind)) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            unmount_rootfs(&entry.path());
+        }
     }
 }
 

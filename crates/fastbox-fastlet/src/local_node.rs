@@ -455,6 +455,25 @@ impl NodeAgent for LocalNode {
         self.fastlet.load_snapshot(key).is_some()
     }
 
+    async fn fetch_checkpoint(
+        &self,
+        key: &str,
+        manifest: &str,
+        execd_token: &str,
+    ) -> NodeResult<()> {
+        let digest = fastbox_artifact::Digest::from_hex(manifest)
+            .map_err(|e| NodeError::failed(format!("manifest {manifest:?}: {e}")))?;
+        let fastlet = self.fastlet.clone();
+        let (k, token) = (key.to_string(), execd_token.to_string());
+        blocking::run("fastbox-fetch", move || {
+            let store = fastlet.artifact_store().clone();
+            fastlet.snapshot_from_artifact(store.as_ref(), &digest, &k, &token)
+        })
+        .await
+        .map(drop)
+        .map_err(|e| NodeError::failed(format!("checkpoint {key}: {e}")))
+    }
+
     async fn remove_snapshot(&self, key: &str) -> NodeResult<()> {
         self.drop_staged(key).await;
         let fastlet = self.fastlet.clone();

@@ -442,12 +442,15 @@ impl Fastlet {
         self.transfers.wait_for_source(key);
         self.transfers.wait_for_source(&staged_key(key));
         let _ = std::fs::remove_dir_all(self.staging.dir(key));
+        let dir = snapshot_dir(&self.config().data_dir, key);
+        // One materialized from another node's artifact has its lower layer mounted in it.
+        crate::from_artifact::unmount_rootfs(&dir);
         if let Ok(index) = IndexKey::try_new(key) {
             self.artifact_store()
                 .index_delete(&index)
                 .map_err(std::io::Error::other)?;
         }
-        match std::fs::remove_dir_all(snapshot_dir(&self.config().data_dir, key)) {
+        match std::fs::remove_dir_all(&dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         }

@@ -126,6 +126,18 @@ pub trait NodeAgent: Send + Sync {
     /// Whether checkpoint `key` is committed on this node.
     async fn has_snapshot(&self, key: &str) -> bool;
 
+    /// Makes checkpoint `key` (a snapshot's or a pause's, published by the node that took it
+    /// as `manifest`, `blake3` hex) committed on this node too, materialized from the
+    /// artifact store; nothing to do when it is here. `execd_token` is the token of execd in
+    /// it (the manifest confirms it). Then [`NodeAgent::clone_snapshot`] and
+    /// [`NodeAgent::resume`] of `key` run here.
+    async fn fetch_checkpoint(
+        &self,
+        key: &str,
+        manifest: &str,
+        execd_token: &str,
+    ) -> NodeResult<()>;
+
     /// Removes checkpoint `key` (committed or not), once no restore reads it. Idempotent.
     async fn remove_snapshot(&self, key: &str) -> NodeResult<()>;
 

@@ -113,6 +113,7 @@ pub enum Verb {
     StageSnapshot,
     CommitSnapshot,
     HasSnapshot,
+    FetchCheckpoint,
     RemoveSnapshot,
     DiscardInterruptedSnapshot,
     SnapshotKeys,
@@ -141,6 +142,7 @@ impl Verb {
                 | Self::StageSnapshot
                 | Self::CommitSnapshot
                 | Self::RemoveSnapshot
+                | Self::FetchCheckpoint
                 | Self::BuildTemplate
                 | Self::RemoveTemplate
                 | Self::SetEgressPolicy
@@ -953,7 +955,8 @@ fn report(source: &str, slot: u32) -> StartReport {
 fn snapshot_report(key: &str) -> SnapshotReport {
     SnapshotReport {
         summary: format!("fake checkpoint {key}"),
-        manifest: None,
+        // Published: another node fetches it by this (`fetch_checkpoint`).
+        manifest: Some(format!("fake-manifest-{key}")),
         bytes: 0,
         streamed: false,
     }
@@ -1441,6 +1444,29 @@ impl NodeAgent for FakeNode {
             s.checkpoints
                 .get(key)
                 .is_some_and(|c| c.state == CheckpointState::Committed)
+        })
+        .await
+    }
+
+    async fn fetch_checkpoint(
+        &self,
+        key: &str,
+        manifest: &str,
+        _execd_token: &str,
+    ) -> NodeResult<()> {
+        let manifest = manifest.to_string();
+        self.fallible(Call::new(Verb::FetchCheckpoint).key(key), move |s| {
+            if manifest.is_empty() {
+                return Err(NodeError::failed("no manifest"));
+            }
+            s.checkpoints
+                .entry(key.to_string())
+                .or_insert_with(|| FakeCheckpoint {
+                    key: key.to_string(),
+                    state: CheckpointState::Committed,
+                    source: format!("artifact {manifest}"),
+                });
+            Ok(())
         })
         .await
     }

@@ -273,6 +273,16 @@ impl NodeAgent for Spy {
         self.node.remove_snapshot(key).await
     }
 
+    async fn fetch_checkpoint(
+        &self,
+        key: &str,
+        manifest: &str,
+        execd_token: &str,
+    ) -> NodeResult<()> {
+        self.note(format!("fetch_checkpoint {key} {manifest}"));
+        self.node.fetch_checkpoint(key, manifest, execd_token).await
+    }
+
     async fn discard_interrupted_snapshot(&self, key: &str) {
         self.note(format!("discard_interrupted_snapshot {key}"));
         self.node.discard_interrupted_snapshot(key).await
@@ -482,6 +492,12 @@ async fn script(node: &dyn NodeAgent) -> Vec<String> {
     note!(node.adopt("ghost", &first, &tokens(4), &policy()).await);
     note!(node.discard_interrupted_snapshot("snap-1").await);
     note!(node.remove_snapshot("pause-2").await).unwrap();
+    note!(
+        node.fetch_checkpoint("pause-9", "fake-manifest-pause-9", "t")
+            .await
+    )
+    .unwrap();
+    note!(node.has_snapshot("pause-9").await);
     note!(node.build_template("tpl-1", IMAGE, &recipe()).await).unwrap();
     note!(node.build_template("tpl-2", "nowhere/x", &recipe()).await).unwrap_err();
     note!(node.remove_template("tpl-1").await).unwrap();
@@ -537,6 +553,7 @@ async fn every_verb_round_trips() {
         Verb::StageSnapshot,
         Verb::CommitSnapshot,
         Verb::HasSnapshot,
+        Verb::FetchCheckpoint,
         Verb::RemoveSnapshot,
         Verb::DiscardInterruptedSnapshot,
         Verb::SnapshotKeys,

@@ -54,6 +54,14 @@ pub struct SandboxRecord {
     /// While paused (and resuming): the node checkpoint its processes are in.
     #[serde(default)]
     pub paused_checkpoint: Option<String>,
+    /// While paused: that checkpoint's manifest in the artifact store (`blake3` hex), from
+    /// which another node can resume it when its own is lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_manifest: Option<String>,
+    /// After it moved off a lost node to resume elsewhere: what it left there, removed once
+    /// that node is back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_from: Option<MovedFrom>,
     /// After a resume, until its checkpoint is removed: the checkpoint it was resumed from.
     /// A restart that finds the sandbox's memory still being copied in (a lazy resume)
     /// resumes it from there again.
@@ -63,6 +71,17 @@ pub struct SandboxRecord {
     /// (each sandbox its own, clones included). `None`: its endpoints are open by URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secure_access: Option<SecureAccess>,
+}
+
+/// What a sandbox left on the node it moved off (see [`SandboxRecord::moved_from`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MovedFrom {
+    /// The node (`None`: the first node).
+    pub node: Option<String>,
+    /// The slot it kept there while paused.
+    pub slot: Option<u32>,
+    /// The pause checkpoint there.
+    pub checkpoint: Option<String>,
 }
 
 /// The access token of a `secureAccess` sandbox, as recorded. `Debug` never shows it.
@@ -251,6 +270,10 @@ pub struct SnapshotRecord {
     /// The node its checkpoint is on (the source's; `None`: the first node).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// Its manifest in the artifact store (`blake3` hex), once taken: another node restores
+    /// it from there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<String>,
 }
 
 impl SnapshotRecord {
@@ -322,6 +345,8 @@ pub(crate) mod tests {
             egress_token: "e".into(),
             snapshot_id: None,
             paused_checkpoint: None,
+            paused_manifest: None,
+            moved_from: None,
             resumed_from: None,
             secure_access: None,
         }

@@ -322,10 +322,6 @@ async fn a_node_that_stops_renewing_is_lost_and_its_return_removes_what_it_ran()
         n1.calls()
     );
     assert!(n1.sandbox(&on_n1).is_some_and(|s| s.alive));
-    let e = c.lc.resume(&paused);
-    if e.is_ok() {
-        until(&c.lc, &paused, SandboxState::Paused).await;
-    }
 
     // It comes back: told it was lost, and the reconciler removes what it ran.
     let renewal = n1_control
@@ -348,7 +344,7 @@ async fn a_node_that_stops_renewing_is_lost_and_its_return_removes_what_it_ran()
         c.lc.get(&on_n1).unwrap().status.reason.as_deref(),
         Some(NODE_LOST)
     );
-    // The paused sandbox resumes on it again.
+    // The paused sandbox stayed where it was (nobody resumed it meanwhile): it resumes there.
     c.lc.resume(&paused).unwrap();
     until(&c.lc, &paused, SandboxState::Running).await;
     assert!(n1.sandbox(&paused).is_some_and(|s| s.alive));
@@ -505,4 +501,95 @@ async fn nodes_get_the_route_signing_keys_and_their_rotations() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_sandbox_of_a_lost_node_resumes_on_another_and_its_leftovers_go_later() {
+    let c = Cluster::start(1_000).await;
+    let (n1, n1_control, _) = c.join("n1").await;
+    let paused = running_on(&c.lc, &n1).await;
+    c.lc.pause(&paused).unwrap();
+    until(&c.lc, &paused, SandboxState::Paused).await;
+    let key = n1
+        .checkpoints()
+        .into_iter()
+        .find(|k| k.key.starts_with(&format!("pause-{paused}-")))
+        .expect("the pause checkpoint on n1")
+        .key;
+    // A snapshot taken on n1 too.
+    let source = running_on(&c.lc, &n1).await;
+    let snap = c.lc.create_snapshot(&source, None).unwrap().id;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while c.lc.get_snapshot(&snap).unwrap().status.state
+        != fastbox_api::snapshots::SnapshotState::Ready
+    {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // n1 stops renewing and is lost.
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    c.lc.reconcile().await;
+    assert_eq!(c.lc.list_nodes()[1].state, NodeState::Lost);
+
+    // The resume takes it to the server's node: the checkpoint fetched there first (the fake
+    // node's fetch needs the manifest the pause published), a new slot, Running.
+    c.lc.resume(&paused).unwrap();
+    until(&c.lc, &paused, SandboxState::Running).await;
+    assert!(c.local.sandbox(&paused).is_some_and(|s| s.alive));
+    assert!(
+        c.local
+            .calls_of(Verb::FetchCheckpoint)
+            .iter()
+            .any(|call| call.key.as_deref() == Some(key.as_str())),
+        "{:?}",
+        c.local.calls()
+    );
+    assert_eq!(c.lc.node_of_sandbox(&paused).unwrap().node_id(), "local");
+    let events =
+        c.lc.diagnostics_events(&paused, "all")
+            .unwrap()
+            .content
+            .unwrap();
+    assert!(events.contains("Moved"), "{events}");
+    // A create from the snapshot goes elsewhere too, fetching it.
+    let clone =
+        c.lc.create(CreateSandboxRequest {
+            snapshot_id: Some(snap.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .id;
+    until(&c.lc, &clone, SandboxState::Running).await;
+    assert!(c.local.sandbox(&clone).is_some());
+    assert!(
+        c.local
+            .calls_of(Verb::FetchCheckpoint)
+            .iter()
+            .any(|call| call.key.as_deref() == Some(snap.as_str()))
+    );
+
+    // n1 comes back: what the moved sandbox left there (its kept slot, its checkpoint) goes.
+    n1_control
+        .heartbeat(&beat(n1.status().await))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while n1.checkpoint(&key).is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", n1.calls());
+        c.lc.reconcile().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let events =
+        c.lc.diagnostics_events(&paused, "all")
+            .unwrap()
+            .content
+            .unwrap();
+    assert!(events.contains("Cleaned"), "{events}");
+    assert!(
+        n1.sandbox(&paused).is_none(),
+        "nothing of it runs on n1: {:?}",
+        n1.sandbox(&paused)
+    );
 }

@@ -72,6 +72,12 @@ pub struct NodeArgs {
     /// The URL the server calls the node API at [default: http:// and --listen].
     #[arg(long, env = "FASTBOX_ADVERTISE_URL")]
     pub advertise_url: Option<String>,
+    /// Where templates, snapshots and pause checkpoints are published and fetched: the
+    /// cluster's shared store (`s3://BUCKET[/PREFIX]?endpoint=URL`, or a directory every node
+    /// and the server see), so a paused sandbox resumes on another node when this one is
+    /// lost [default: DATA_DIR/artifacts, this node's alone].
+    #[arg(long, env = "FASTBOX_ARTIFACT_STORE")]
+    pub artifact_store: Option<String>,
     /// Print the node's two credentials (made when missing) as the server reads them
     /// (`--remote-node-credentials FILE`), and exit.
     #[arg(long)]
@@ -92,6 +98,7 @@ impl NodeArgs {
             pool: self.instance.pool.clone(),
             execd: self.instance.execd.clone(),
             default_images: Some(Vec::new()),
+            artifact_store: self.artifact_store.clone(),
             ..Settings::default()
         }
     }

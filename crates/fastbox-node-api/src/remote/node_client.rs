@@ -411,6 +411,20 @@ impl NodeAgent for NodeClient {
         self.call(Verb::RemoveSnapshot, &args).await
     }
 
+    async fn fetch_checkpoint(
+        &self,
+        key: &str,
+        manifest: &str,
+        execd_token: &str,
+    ) -> NodeResult<()> {
+        let args = FetchArgs {
+            key: key.to_string(),
+            manifest: manifest.to_string(),
+            execd_token: execd_token.to_string(),
+        };
+        self.call(Verb::FetchCheckpoint, &args).await
+    }
+
     async fn discard_interrupted_snapshot(&self, key: &str) {
         let args = KeyArgs {
             key: key.to_string(),

@@ -187,6 +187,14 @@ async fn serve(agent: &dyn NodeAgent, verb: Verb, body: &[u8]) -> Result<Vec<u8>
             let a: KeyArgs = args(body)?;
             answer(agent.remove_snapshot(&a.key).await)
         }
+        Verb::FetchCheckpoint => {
+            let a: FetchArgs = args(body)?;
+            answer(
+                agent
+                    .fetch_checkpoint(&a.key, &a.manifest, &a.execd_token)
+                    .await,
+            )
+        }
         Verb::DiscardInterruptedSnapshot => {
             let a: KeyArgs = args(body)?;
             agent.discard_interrupted_snapshot(&a.key).await;

@@ -71,6 +71,7 @@ verbs! {
     StageSnapshot = "stage_snapshot", Long;
     CommitSnapshot = "commit_snapshot", Long;
     HasSnapshot = "has_snapshot", Quick;
+    FetchCheckpoint = "fetch_checkpoint", Long;
     RemoveSnapshot = "remove_snapshot", Moderate;
     DiscardInterruptedSnapshot = "discard_interrupted_snapshot", Moderate;
     SnapshotKeys = "snapshot_keys", Quick;
@@ -166,6 +167,13 @@ pub(super) struct CommitArgs {
 #[derive(Serialize, Deserialize)]
 pub(super) struct KeyArgs {
     pub key: String,
+}
+
+#[derive(Serialize, Deserialize)]
+pub(super) struct FetchArgs {
+    pub key: String,
+    pub manifest: String,
+    pub execd_token: String,
 }
 
 #[derive(Serialize, Deserialize)]

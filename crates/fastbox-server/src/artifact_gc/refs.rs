@@ -108,6 +108,7 @@ mod tests {
             network_policy: None,
             execd_token: "t".into(),
             node: None,
+            manifest: None,
             report: None,
             secure_access: false,
         }

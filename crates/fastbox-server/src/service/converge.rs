@@ -327,6 +327,9 @@ impl Lifecycle {
             if self.node_is_lost(record.node.as_deref()) {
                 continue;
             }
+            if record.moved_from.is_some() {
+                self.clean_moved(&record).await;
+            }
             let id = record.id.as_str();
             match record.state() {
                 SandboxState::Running | SandboxState::Pending | SandboxState::Paused

@@ -322,6 +322,8 @@ impl Lifecycle {
             egress_token: random_token(),
             snapshot_id: plan.snapshot_id.clone(),
             paused_checkpoint: None,
+            paused_manifest: None,
+            moved_from: None,
             resumed_from: None,
             secure_access,
         };
@@ -345,7 +347,7 @@ impl Lifecycle {
         plan: &super::plan::CreatePlan,
     ) -> Result<(Arc<dyn NodeAgent>, u32), ApiError> {
         let candidates = match &plan.snapshot_id {
-            Some(snapshot) => vec![self.node(self.snapshot_node(snapshot)?.as_deref())?],
+            Some(snapshot) => self.snapshot_candidates(snapshot)?,
             None => self.nodes.ranked(plan.template_id.as_deref()),
         };
         let mut refused = None;

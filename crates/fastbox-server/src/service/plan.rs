@@ -597,6 +597,7 @@ mod tests {
             report: None,
             secure_access: false,
             node: None,
+            manifest: None,
         }
     }
 

@@ -19,7 +19,7 @@ use fastbox_node_api::{NodeAgent, NodeError, NodeErrorKind, NodeResult};
 
 use crate::config::ResourcePolicy;
 use crate::error::ApiError;
-use crate::record::{SandboxRecord, SnapshotRecord};
+use crate::record::{MovedFrom, SandboxRecord, SnapshotRecord};
 
 use super::converge::{PROCESS_LOST, START_FAILED};
 use super::lifecycle::{Lifecycle, not_running};
@@ -68,7 +68,7 @@ fn new_pause_key(id: &str) -> String {
 }
 
 impl Lifecycle {
-    fn snapshot_record(&self, id: &str) -> Result<SnapshotRecord, ApiError> {
+    pub(super) fn snapshot_record(&self, id: &str) -> Result<SnapshotRecord, ApiError> {
         self.snapshots
             .lock()
             .expect("snapshots lock")
@@ -80,6 +80,37 @@ impl Lifecycle {
     /// The node snapshot `id`'s checkpoint is on (`None`: the first node).
     pub(super) fn snapshot_node(&self, id: &str) -> Result<Option<String>, ApiError> {
         Ok(self.snapshot_record(id)?.node)
+    }
+
+    /// The nodes a sandbox created from snapshot `id` may go to, in order: the one that holds
+    /// it (unless lost), then, once it is published, the others as a create ranks them (they
+    /// fetch it from the artifact store first).
+    pub(super) fn snapshot_candidates(
+        &self,
+        id: &str,
+    ) -> Result<Vec<Arc<dyn NodeAgent>>, ApiError> {
+        let snapshot = self.snapshot_record(id)?;
+        let mut candidates: Vec<Arc<dyn NodeAgent>> = Vec::new();
+        let holder = self.node(snapshot.node.as_deref());
+        if let Ok(holder) = &holder {
+            candidates.push(holder.clone());
+        }
+        if snapshot.manifest.is_some() {
+            for node in self.nodes.ranked(None) {
+                if !candidates.iter().any(|c| c.node_id() == node.node_id()) {
+                    candidates.push(node);
+                }
+            }
+        }
+        match (candidates.is_empty(), holder) {
+            (true, Err(e)) => Err(e),
+            _ => Ok(candidates),
+        }
+    }
+
+    /// The name of the node `node` names (`None`: the first node).
+    fn node_name(&self, node: Option<&str>) -> String {
+        node.map_or_else(|| self.nodes.first_id(), str::to_string)
     }
 
     fn update_snapshot(
@@ -184,6 +215,7 @@ impl Lifecycle {
             report: None,
             secure_access: source.secure_access.is_some(),
             node: source.node.clone(),
+            manifest: None,
         };
         let stored = self.store.put_snapshot(&snapshot);
         if let Err(e) = stored {
@@ -261,6 +293,7 @@ impl Lifecycle {
         let updated = self.update_snapshot(id, |s| match &taken {
             Ok(report) => {
                 s.report = Some(report.summary.clone());
+                s.manifest = report.manifest.clone();
                 s.transition(SnapshotState::Ready, None, &report.summary);
             }
             Err(message) => s.transition(SnapshotState::Failed, Some(SNAPSHOT_FAILED), message),
@@ -421,6 +454,7 @@ impl Lifecycle {
             Ok(report) => {
                 let _ = self.update(id, |r| {
                     r.placement = None;
+                    r.paused_manifest = report.manifest.clone();
                     if r.state() == SandboxState::Pausing {
                         r.transition(SandboxState::Paused, None, &report.summary);
                     }
@@ -468,18 +502,26 @@ impl Lifecycle {
                 .await;
             return;
         };
-        let node = match self.node(record.node.as_deref()) {
-            Ok(node) => node,
-            Err(e) => {
-                // Left Paused: the node may be back (or configured again) later.
-                let _ = self.update(id, |r| {
-                    if r.state() == SandboxState::Resuming {
-                        r.transition(SandboxState::Paused, Some(RESUME_FAILED), &e.to_string());
-                    }
-                    Ok(())
-                });
-                return;
-            }
+        let (node, slot) = match self.node(record.node.as_deref()) {
+            Ok(node) => (node, slot),
+            // Its node is lost (or gone): another takes it, from the published checkpoint.
+            Err(lost) => match self.move_paused(&record, &key).await {
+                Ok(moved) => moved,
+                Err(why) => {
+                    // Left Paused: its node may be back later, or another may take it then.
+                    let _ = self.update(id, |r| {
+                        if r.state() == SandboxState::Resuming {
+                            r.transition(
+                                SandboxState::Paused,
+                                Some(RESUME_FAILED),
+                                &format!("{lost}; {why}"),
+                            );
+                        }
+                        Ok(())
+                    });
+                    return;
+                }
+            },
         };
         let resumed = match restore_spec(&record, &self.cfg.resources) {
             Ok(spec) => node.resume(&key, spec, slot).await,
@@ -536,6 +578,104 @@ impl Lifecycle {
         }
     }
 
+    /// Moves paused sandbox `record` (its checkpoint `key`) off its lost node: a slot on the
+    /// best node that has one and fetches the published checkpoint, recorded with what the
+    /// sandbox left behind. The resume then runs there (a new address).
+    async fn move_paused(
+        &self,
+        record: &SandboxRecord,
+        key: &str,
+    ) -> Result<(Arc<dyn NodeAgent>, u32), String> {
+        let manifest = record
+            .paused_manifest
+            .clone()
+            .ok_or("its checkpoint was not published: it resumes only on its own node")?;
+        let from = self.node_name(record.node.as_deref());
+        let mut refusals = Vec::new();
+        for node in self.nodes.ranked(None) {
+            if node.node_id() == from {
+                continue;
+            }
+            let slot = match node.admit().await {
+                Ok(slot) => slot,
+                Err(e) => {
+                    refusals.push(format!("node {}: {e}", node.node_id()));
+                    continue;
+                }
+            };
+            self.nodes.admitted(node.node_id());
+            if let Err(e) = node
+                .fetch_checkpoint(key, &manifest, &record.execd_token)
+                .await
+            {
+                node.release_slot(slot).await;
+                refusals.push(format!("node {}: {e}", node.node_id()));
+                continue;
+            }
+            let to = node.node_id().to_string();
+            let moved = self.update(&record.id, |r| {
+                r.moved_from = Some(MovedFrom {
+                    node: r.node.take(),
+                    slot: r.slot,
+                    checkpoint: Some(key.to_string()),
+                });
+                r.node = Some(to.clone());
+                r.slot = Some(slot);
+                r.event(
+                    "Moved",
+                    &format!(
+                        "node {from} is lost: resumed on node {to} from its published checkpoint"
+                    ),
+                );
+                Ok(())
+            });
+            if let Err(e) = moved {
+                node.release_slot(slot).await;
+                return Err(e.to_string());
+            }
+            tracing::warn!(sandbox = %record.id, from = %from, to = %to, "a paused sandbox moves off a lost node");
+            return Ok((node, slot));
+        }
+        Err(match refusals.is_empty() {
+            true => "no other node is available".into(),
+            false => format!("no other node could take it: {}", refusals.join("; ")),
+        })
+    }
+
+    /// What a sandbox that moved off a lost node left there (its kept slot, its checkpoint),
+    /// removed once that node is back. Until then (or when that fails) it stays recorded.
+    pub(super) async fn clean_moved(&self, record: &SandboxRecord) {
+        let Some(moved) = &record.moved_from else {
+            return;
+        };
+        let Ok(node) = self.node(moved.node.as_deref()) else {
+            return;
+        };
+        let mut cleaned = node
+            .remove(&record.id, None, moved.slot)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string());
+        if let (Ok(()), Some(key)) = (&cleaned, &moved.checkpoint) {
+            cleaned = node.remove_snapshot(key).await.map_err(|e| e.to_string());
+        }
+        match cleaned {
+            Ok(()) => {
+                let _ = self.update(&record.id, |r| {
+                    r.moved_from = None;
+                    r.event(
+                        "Cleaned",
+                        &format!("what it left on node {} is removed", node.node_id()),
+                    );
+                    Ok(())
+                });
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %record.id, node = node.node_id(), error = %e, "could not remove what a moved sandbox left")
+            }
+        }
+    }
+
     /// Removes the checkpoint a resumed (or removed) sandbox was paused in.
     pub(super) async fn drop_pause_checkpoint(&self, id: &str) {
         let Ok(record) = self.record(id) else { return };
@@ -577,6 +717,11 @@ impl Lifecycle {
                 return;
             }
         };
+        // On another node than the snapshot's: fetched from the artifact store first.
+        if let Err(e) = self.fetch_snapshot(&*node, snapshot_id).await {
+            self.fail(id, START_FAILED, &e).await;
+            return;
+        }
         let placed = match restore_spec(&record, &self.cfg.resources) {
             Ok(mut spec) => {
                 spec.common.policy = plan.policy.clone();
@@ -587,6 +732,20 @@ impl Lifecycle {
             Err(e) => Err(e),
         };
         self.finish_start(id, slot, placed, None).await;
+    }
+
+    /// Makes snapshot `id` present on `node` when it is not the node that took it.
+    async fn fetch_snapshot(&self, node: &dyn NodeAgent, id: &str) -> Result<(), String> {
+        let snapshot = self.snapshot_record(id).map_err(|e| e.to_string())?;
+        if self.node_name(snapshot.node.as_deref()) == node.node_id() {
+            return Ok(());
+        }
+        let manifest = snapshot.manifest.as_deref().ok_or_else(|| {
+            format!("snapshot {id} is not published: it restores only where it was taken")
+        })?;
+        node.fetch_checkpoint(id, manifest, &snapshot.execd_token)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     /// `POST /v1/sandboxes/{id}/fork`: one live snapshot of the sandbox, and `count` new
