@@ -99,10 +99,14 @@ pub struct Heartbeat {
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Renewal {
     pub terms: LeaseTerms,
-    /// The server had declared the node lost: the sandboxes it ran then are Failed
-    /// (`NODE_LOST`) and the server removes them. A node that froze its sandboxes (fenced)
-    /// thaws them only when this is false.
+    /// The server had declared the node lost since its last renewal: the sandboxes it ran
+    /// then are Failed (`NODE_LOST`) and the server removes them.
     pub was_lost: bool,
+    /// How many times the server ever declared the node lost (kept across restarts of
+    /// either side). A node that froze its sandboxes (fenced) thaws them only when this is
+    /// the count it knew before the fence.
+    #[serde(default)]
+    pub losses: u64,
     /// The server's route signing keys, when the node's differ (rotated or retired since).
     #[serde(default)]
     pub route_keys: Option<String>,
@@ -113,6 +117,7 @@ impl std::fmt::Debug for Renewal {
         f.debug_struct("Renewal")
             .field("terms", &self.terms)
             .field("was_lost", &self.was_lost)
+            .field("losses", &self.losses)
             .field(
                 "route_keys",
                 &self.route_keys.as_ref().map(|_| "<redacted>"),
@@ -157,8 +162,14 @@ pub trait ControlPlane: Send + Sync {
     /// answer a node only about its own sandboxes).
     fn holds(&self, node_id: &str, sandbox_id: &str) -> bool;
 
-    /// A node joins (or joins again: its old credentials stop working).
-    async fn register(&self, registration: Registration) -> Result<Registered, MembershipError>;
+    /// A node joins: `caller` [`Caller::Joining`] for a name not registered, or the node
+    /// itself ([`Caller::Node`] of the same name) registering again (its old credentials stop
+    /// working). The join token never takes over a registered name.
+    async fn register(
+        &self,
+        caller: &Caller,
+        registration: Registration,
+    ) -> Result<Registered, MembershipError>;
 
     /// Node `node_id` renews its lease.
     async fn heartbeat(
@@ -215,6 +226,7 @@ mod tests {
         let renewal = Renewal {
             terms: r.terms,
             was_lost: false,
+            losses: 0,
             route_keys: r.route_keys.clone(),
         };
         let shown = format!("{renewal:?}");

@@ -186,7 +186,9 @@ impl Nodes {
     /// yet; their ids.
     pub fn newly_lost(&self, margin: Duration) -> Vec<String> {
         let now = Instant::now();
-        let entries: Vec<Arc<Entry>> = self.entries.read().expect("nodes lock").clone();
+        // Under the write lock: a registration replacing an entry meanwhile would carry the
+        // old entry's state over before this marks it.
+        let entries = self.entries.write().expect("nodes lock");
         entries
             .iter()
             .filter(|e| {

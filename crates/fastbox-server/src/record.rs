@@ -128,6 +128,14 @@ pub struct NodeRecord {
     /// SHA-256 (hex) of the credential it presents to the server (never kept as it is).
     pub node_to_server_sha256: String,
     pub registered_at: DateTime<Utc>,
+    /// How many times it was declared lost (its heartbeats carry it: a node thaws what its
+    /// fence froze only when this did not change meanwhile).
+    #[serde(default)]
+    pub losses: u64,
+    /// Revoked: its credentials were dropped and its name may not join again until an
+    /// operator forgets it (a second `DELETE /v1/nodes/{id}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<DateTime<Utc>>,
 }
 
 impl std::fmt::Debug for NodeRecord {
@@ -137,6 +145,8 @@ impl std::fmt::Debug for NodeRecord {
             .field("url", &self.url)
             .field("proxy_public", &self.proxy_public)
             .field("registered_at", &self.registered_at)
+            .field("losses", &self.losses)
+            .field("revoked_at", &self.revoked_at)
             .finish_non_exhaustive()
     }
 }

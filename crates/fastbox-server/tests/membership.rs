@@ -95,11 +95,17 @@ impl Cluster {
     /// Node `id` (a fake behind the real node API) joins; its fake and its control client.
     async fn join(&self, id: &str) -> (Arc<FakeNode>, ControlClient, Registered) {
         let fake = Arc::new(FakeNode::new(4).with_node_id(id).with_image(IMAGE));
-        self.join_as(fake).await
+        let join = self.join.clone();
+        self.join_as(fake, &join).await
     }
 
-    /// Node `fake` joins (again, after a restart of its own).
-    async fn join_as(&self, fake: Arc<FakeNode>) -> (Arc<FakeNode>, ControlClient, Registered) {
+    /// Node `fake` registers presenting `credential` (the join token, or its own to register
+    /// again after a restart of its own).
+    async fn join_as(
+        &self,
+        fake: Arc<FakeNode>,
+        credential: &Credential,
+    ) -> (Arc<FakeNode>, ControlClient, Registered) {
         let id = fake.node_id().to_string();
         // The node API listens before the registration names it (the credential comes with
         // the answer): a listener first, the router once registered.
@@ -107,7 +113,7 @@ impl Cluster {
         let url = format!("http://{}", listener.local_addr().unwrap());
         let registered = ControlClient::register(
             &self.control,
-            &self.join,
+            credential,
             &Registration {
                 node_id: id.clone(),
                 url,
@@ -433,15 +439,16 @@ async fn registered_nodes_survive_a_restart_of_the_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_registers_again_is_given_its_sandboxes_back() {
     let c = Cluster::start(10_000).await;
-    let (n1, old_control, _) = c.join("n1").await;
+    let (n1, old_control, registered) = c.join("n1").await;
     let kept = running_on(&c.lc, &n1).await;
     let gone = running_on(&c.lc, &n1).await;
-    // n1 restarts (one sandbox's processes died meanwhile) and joins again: new
-    // credentials, the old ones stop working.
+    // n1 restarts (one sandbox's processes died meanwhile) and registers again with its own
+    // credential: new credentials, the old ones stop working.
     n1.kill(&gone);
     n1.restart(fastbox_node_api::testkit::Restart::KeepSandboxes);
     n1.clear_calls();
-    let (_, control, _) = c.join_as(n1.clone()).await;
+    let own: Credential = registered.node_to_server.parse().unwrap();
+    let (_, control, _) = c.join_as(n1.clone(), &own).await;
     let e = refused(
         old_control
             .heartbeat(&beat(n1.status().await))
@@ -592,4 +599,97 @@ async fn a_paused_sandbox_of_a_lost_node_resumes_on_another_and_its_leftovers_go
         "nothing of it runs on n1: {:?}",
         n1.sandbox(&paused)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_join_token_never_takes_over_a_name_and_revoked_names_stay_out() {
+    let c = Cluster::start(10_000).await;
+    let (n1, _, n1_registered) = c.join("n1").await;
+    let (_, _, n2_registered) = c.join("n2").await;
+    let as_n1 = |credential: &Credential| {
+        let control = c.control.clone();
+        let credential = credential.clone();
+        async move {
+            ControlClient::register(
+                &control,
+                &credential,
+                &Registration {
+                    node_id: "n1".into(),
+                    url: "http://127.0.0.1:1".into(),
+                    proxy_public: "127.0.0.1:8091".into(),
+                },
+            )
+            .await
+        }
+    };
+    // The join token, or another node's credential, cannot register as n1.
+    let e = refused(as_n1(&c.join).await.unwrap_err());
+    assert!(e.to_string().contains("own credential"), "{e}");
+    let n2_own: Credential = n2_registered.node_to_server.parse().unwrap();
+    let e = refused(as_n1(&n2_own).await.unwrap_err());
+    assert!(e.to_string().contains("as itself only"), "{e}");
+    // n1 itself can (and gets new credentials).
+    let n1_own: Credential = n1_registered.node_to_server.parse().unwrap();
+    let again = as_n1(&n1_own).await.expect("n1 registers again");
+    assert_ne!(again.node_to_server, n1_registered.node_to_server);
+    let e = refused(as_n1(&n1_own).await.unwrap_err());
+    assert!(
+        e.to_string().contains("401"),
+        "the old credential is gone: {e}"
+    );
+
+    // Revoked: its name stays out, even with the join token, until forgotten.
+    c.lc.revoke_node("n1").unwrap();
+    let e = refused(as_n1(&c.join).await.unwrap_err());
+    assert!(e.to_string().contains("revoked"), "{e}");
+    let newest: Credential = again.node_to_server.parse().unwrap();
+    assert!(as_n1(&newest).await.is_err());
+    c.lc.revoke_node("n1").unwrap();
+    as_n1(&c.join).await.expect("a forgotten name joins anew");
+    drop(n1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losses_are_counted_durably_and_told_with_every_renewal() {
+    let c = Cluster::start(1_000).await;
+    let (n1, control, registered) = c.join("n1").await;
+    assert_eq!(
+        control
+            .heartbeat(&beat(n1.status().await))
+            .await
+            .unwrap()
+            .losses,
+        0
+    );
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    c.lc.reconcile().await;
+    assert_eq!(c.lc.list_nodes()[1].state, NodeState::Lost);
+    let renewal = control.heartbeat(&beat(n1.status().await)).await.unwrap();
+    assert!(renewal.was_lost);
+    assert_eq!(renewal.losses, 1);
+    // The count outlives a restart of the server (its lease does not).
+    let Cluster {
+        dir,
+        lc,
+        local,
+        serving,
+        ..
+    } = c;
+    serving.abort();
+    let _ = serving.await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while Arc::strong_count(&lc) > 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a task holds the server"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(lc);
+    let (_lc, control_url, _, _) = Cluster::life(&dir, local, 1_000).await;
+    let own: Credential = registered.node_to_server.parse().unwrap();
+    let control = ControlClient::new(&control_url, own).unwrap();
+    let renewal = control.heartbeat(&beat(n1.status().await)).await.unwrap();
+    assert!(!renewal.was_lost);
+    assert_eq!(renewal.losses, 1);
 }

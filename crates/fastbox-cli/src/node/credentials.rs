@@ -102,6 +102,27 @@ impl NodeCredentials {
     }
 }
 
+/// Replaces the file at `path` with `text`, readable by root only (0600), atomically (a
+/// sibling renamed over it); its directory is made (0700) when missing.
+pub(crate) fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+    }
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
 /// The credential in `path`, or a new one written there (0600); whether it was made now.
 pub(crate) fn load_or_create_one(path: &Path) -> anyhow::Result<(Credential, bool)> {
     match std::fs::read_to_string(path) {

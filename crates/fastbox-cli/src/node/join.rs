@@ -1,9 +1,17 @@
-//! `fastbox node --join`: the node registers with the server at every start (the server
-//! issues it two fresh credentials; the old ones stop working) and then renews its lease with
-//! a heartbeat that carries its status. Each renewal moves the fencing deadline
+//! `fastbox node --join`: the node registers with the server at every start, the first time
+//! with the cluster's join token, later with its own credential (kept in
+//! `DATA_DIR/node-credentials/joined`: the join token never takes over a registered name),
+//! and gets two fresh credentials each time (the old ones stop working). It then renews its
+//! lease with a heartbeat that carries its status. Each renewal moves the fencing deadline
 //! ([`Fence::renew`]): the time, counted from the heartbeat's send, by which the node's
-//! sandboxes are frozen unless another renewal comes. The server declares the node lost
-//! only later (its lease plus a margin), so no sandbox runs on two nodes.
+//! sandboxes are frozen unless another renewal comes, and by which the node API stops
+//! starting sandboxes ([`LeaseClock`]). The server declares the node lost only later (its
+//! lease plus a margin), so no sandbox runs on two nodes. A renewal whose answer came too
+//! late to count is ignored.
+//!
+//! What a fence froze runs again only when the server's count of this node's losses is the
+//! one the node knew before the fence (`DATA_DIR/node-losses`): otherwise the server failed
+//! those sandboxes and removes them.
 //!
 //! A heartbeat the server refuses (the node was revoked, or the server forgot it) is not
 //! followed by a new registration: revocation stands until an operator restarts the node.
@@ -27,10 +35,62 @@ use super::fence_guard::{self, FenceGuard, FenceGuardConfig, FencedMarker};
 pub trait Fence: Send + Sync {
     /// The lease was renewed: freeze the sandboxes at `fence_at` unless renewed again.
     fn renew(&self, fence_at: SystemTime);
-    /// After a renewal: what an earlier fence froze. When the server had not declared the
-    /// node lost (`was_lost` false) those sandboxes are still the node's and run again;
-    /// otherwise they stay frozen and the server removes them.
-    fn settle(&self, was_lost: bool);
+    /// Whether a guard holds the sandboxes to the deadline (without one nothing starts
+    /// and nothing is thawed).
+    fn armed(&self) -> bool;
+    /// After a renewal: what an earlier fence froze. When the server's count of this node's
+    /// losses is the one the node knew before the fence, those sandboxes are still the
+    /// node's and run again; otherwise they stay frozen and the server removes them.
+    fn settle(&self, losses: u64);
+}
+
+/// When the node's lease (as the node counts it) ends: the node API starts nothing after it.
+#[derive(Clone, Default)]
+pub struct LeaseClock(Arc<Mutex<Option<Instant>>>);
+
+impl LeaseClock {
+    fn set(&self, until: Option<Instant>) {
+        *self.0.lock().expect("lease clock lock") = until;
+    }
+
+    /// The lease holds for `left` from now.
+    pub fn set_for(&self, left: Duration) {
+        self.set(Some(Instant::now() + left));
+    }
+
+    /// Whether the lease holds now.
+    pub fn holds(&self) -> bool {
+        self.0
+            .lock()
+            .expect("lease clock lock")
+            .is_some_and(|until| Instant::now() < until)
+    }
+}
+
+/// The verbs of the node API that start processes: refused once the lease ran out.
+const STARTS: [&str; 3] = ["place", "clone_snapshot", "resume"];
+
+/// The node API's gate: a start after the node's own deadline is refused (503), so nothing
+/// starts on a node that may be fenced and declared lost.
+pub async fn gate(
+    axum::extract::State(lease): axum::extract::State<LeaseClock>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let verb = req.uri().path().rsplit('/').next().unwrap_or_default();
+    if STARTS.contains(&verb) && !lease.holds() {
+        let body = serde_json::json!({
+            "code": "NODE::LEASE_EXPIRED",
+            "message": "this node's lease ran out: it starts nothing until the server renews it",
+        });
+        return (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(body),
+        )
+            .into_response();
+    }
+    next.run(req).await
 }
 
 /// The fencing guard of `fastbox node` ([`FenceGuard`]), started again when one fenced (and
@@ -60,6 +120,10 @@ impl GuardFence {
 }
 
 impl Fence for GuardFence {
+    fn armed(&self) -> bool {
+        self.guard.lock().expect("guard lock").is_some()
+    }
+
     fn renew(&self, fence_at: SystemTime) {
         let mut guard = self.guard.lock().expect("guard lock");
         if let Some(running) = guard.as_ref() {
@@ -84,8 +148,12 @@ impl Fence for GuardFence {
         }
     }
 
-    fn settle(&self, was_lost: bool) {
+    fn settle(&self, losses: u64) {
         let data_dir = &self.config.data_dir;
+        let known = known_losses(data_dir);
+        if known != Some(losses) {
+            remember_losses(data_dir, losses);
+        }
         let marker = match FencedMarker::read(data_dir) {
             Ok(Some(marker)) => marker,
             Ok(None) => return,
@@ -94,11 +162,8 @@ impl Fence for GuardFence {
                 return;
             }
         };
-        if was_lost {
-            tracing::warn!(
-                frozen = marker.frozen,
-                "the server declared this node lost: the sandboxes the fence froze stay frozen until it removes them"
-            );
+        if known != Some(losses) || !self.armed() {
+            tracing::warn!(frozen = marker.frozen, known = ?known, losses, "the server declared this node lost since (or the count is unknown): the sandboxes the fence froze stay frozen until it removes them");
         } else {
             let cgroups =
                 fastbox_fastlet::fence::NodeCgroups::open(self.config.cgroups, &self.config.prefix);
@@ -112,6 +177,10 @@ impl Fence for GuardFence {
                     );
                     for e in &report.errors {
                         tracing::warn!(error = %e, "a fenced sandbox could not be thawed");
+                    }
+                    if !report.errors.is_empty() {
+                        // Kept: the next renewal tries again.
+                        return;
                     }
                 }
                 Err(e) => {
@@ -151,25 +220,75 @@ pub fn join_token(path: &Path) -> anyhow::Result<Credential> {
         .with_context(|| format!("join token {}", path.display()))
 }
 
-/// Registers `registration` with the control plane at `url`; tries for up to `patience`
-/// while the server does not answer (it may be starting).
+/// The file a joined node keeps its own credential in (the one it presents to the server).
+pub fn own_credential_path(data_dir: &Path) -> PathBuf {
+    super::credentials::NodeCredentials::dir(data_dir).join("joined")
+}
+
+/// The count of this node's losses the server last told (`None`: never told).
+fn known_losses(data_dir: &Path) -> Option<u64> {
+    std::fs::read_to_string(data_dir.join("node-losses"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn remember_losses(data_dir: &Path, losses: u64) {
+    let path = data_dir.join("node-losses");
+    if let Err(e) = super::credentials::write_private(&path, &losses.to_string()) {
+        tracing::error!(error = %e, "the count of this node's losses could not be kept");
+    }
+}
+
+/// Registers `registration` with the control plane at `url`: with the node's own credential
+/// when it registered before (kept in `data_dir`), else with the join token `token`; keeps
+/// the new own credential. Tries for up to `patience` while the server does not answer (it
+/// may be starting).
 pub async fn register(
     url: &str,
     token: &Credential,
+    data_dir: &Path,
     registration: &Registration,
     patience: Duration,
 ) -> anyhow::Result<Registered> {
+    let own_path = own_credential_path(data_dir);
+    let own: Option<Credential> = std::fs::read_to_string(&own_path)
+        .ok()
+        .and_then(|text| text.parse().ok());
+    let registered = match &own {
+        Some(own) => match register_with(url, own, registration, patience).await {
+            // The server does not know this credential (its state was reset): join anew.
+            Err(MembershipCallError::Refused(e)) if e.to_string().contains("401") => {
+                tracing::warn!(error = %e, "the server does not know this node's credential: joining with the join token");
+                register_with(url, token, registration, patience).await
+            }
+            other => other,
+        },
+        None => register_with(url, token, registration, patience).await,
+    }
+    .with_context(|| format!("registration with {url}"))?;
+    let own: Credential = registered.node_to_server.parse()?;
+    super::credentials::write_private(&own_path, &format!("{own}\n"))
+        .with_context(|| format!("keep {}", own_path.display()))?;
+    Ok(registered)
+}
+
+async fn register_with(
+    url: &str,
+    credential: &Credential,
+    registration: &Registration,
+    patience: Duration,
+) -> Result<Registered, MembershipCallError> {
     let deadline = Instant::now() + patience;
     loop {
-        match ControlClient::register(url, token, registration).await {
+        match ControlClient::register(url, credential, registration).await {
             Ok(registered) => return Ok(registered),
             Err(MembershipCallError::Unreachable(why)) if Instant::now() < deadline => {
                 tracing::warn!(control = %url, error = %why, "the server did not answer the registration; trying again");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
-            Err(e) => {
-                return Err(e).with_context(|| format!("registration with {url}"));
-            }
+            Err(e) => return Err(e),
         }
     }
 }
@@ -212,26 +331,35 @@ pub async fn heartbeat(
     mut terms: LeaseTerms,
     fence: Arc<dyn Fence>,
     keys: RouteKeyFile,
+    lease: LeaseClock,
 ) -> anyhow::Error {
     let mut failing_since: Option<Instant> = None;
     loop {
-        let (sent, sent_at) = (Instant::now(), SystemTime::now());
+        let sent = Instant::now();
         let beat = Heartbeat {
             status: node.status().await,
             route_keys_sha256: Some(keys.digest()),
         };
         match control.heartbeat(&beat).await {
-            Ok(renewal) => {
+            Ok(renewal)
+                if sent.elapsed() < Duration::from_millis(renewal.terms.fence_after_ms()) =>
+            {
                 terms = renewal.terms;
                 if let Some(text) = &renewal.route_keys {
                     keys.install(text);
                 }
-                let fence_at = sent_at + Duration::from_millis(terms.fence_after_ms());
+                // The deadline from this process's monotonic clock: a wall clock stepped
+                // meanwhile does not move it.
+                let left =
+                    Duration::from_millis(terms.fence_after_ms()).saturating_sub(sent.elapsed());
                 let fence = fence.clone();
-                let was_lost = renewal.was_lost;
+                let losses = renewal.losses;
+                let clock = lease.clone();
                 let settled = tokio::task::spawn_blocking(move || {
-                    fence.renew(fence_at);
-                    fence.settle(was_lost);
+                    fence.renew(SystemTime::now() + left);
+                    // Nothing starts without a guard holding the sandboxes to the lease.
+                    clock.set(fence.armed().then(|| Instant::now() + left));
+                    fence.settle(losses);
                 })
                 .await;
                 if let Err(e) = settled {
@@ -245,6 +373,10 @@ pub async fn heartbeat(
                 if let Some(since) = failing_since.take() {
                     tracing::info!(after = ?since.elapsed(), "heartbeats answered again");
                 }
+            }
+            Ok(_) => {
+                tracing::warn!(after = ?sent.elapsed(), "a heartbeat answer came too late to count");
+                failing_since.get_or_insert_with(Instant::now);
             }
             Err(MembershipCallError::Unreachable(why)) => {
                 if failing_since.is_none() {

@@ -175,6 +175,7 @@ async fn run(
     };
     // A node that joins holds a lease: its self-fencing guard (a process that outlives this
     // one) freezes its sandboxes when a lease deadline passes unrenewed.
+    let lease = join::LeaseClock::default();
     let fence = match &meeting {
         Meeting::Join { .. } => Some(Arc::new(join::GuardFence::start(&data_dir, &cfg.prefix)?)),
         Meeting::Static { .. } => None,
@@ -216,7 +217,12 @@ async fn run(
                 url: advertise_url,
                 proxy_public: proxy_public.clone(),
             };
-            let registered = join::register(&url, &token, &registration, JOIN_PATIENCE).await?;
+            let registered =
+                join::register(&url, &token, &data_dir, &registration, JOIN_PATIENCE).await?;
+            // Until the first heartbeat: the lease the registration started.
+            lease.set_for(std::time::Duration::from_millis(
+                registered.terms.fence_after_ms(),
+            ));
             println!(
                 "fastbox: joined {url} as node {node_id} (lease {} ms, a heartbeat every {} ms)",
                 registered.terms.lease_ms, registered.terms.heartbeat_ms
@@ -251,7 +257,9 @@ async fn run(
     let heartbeats = async {
         match (terms, fence.clone()) {
             (Some(terms), Some(fence)) => {
-                let why = join::heartbeat(control, node.clone(), terms, fence, key_file).await;
+                let why =
+                    join::heartbeat(control, node.clone(), terms, fence, key_file, lease.clone())
+                        .await;
                 tracing::error!(error = %why, "heartbeats stopped");
                 eprintln!("fastbox: {why:#}");
                 std::future::pending::<()>().await
@@ -260,11 +268,15 @@ async fn run(
         }
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let api = node_side::serve(
-        api_listener,
-        node_router(node.clone(), credentials.server_to_node.clone()),
-        stop_rx.clone(),
-    );
+    let mut api_router = node_router(node.clone(), credentials.server_to_node.clone());
+    if fence.is_some() {
+        // A node that holds a lease starts nothing once its own deadline passed.
+        api_router = api_router.layer(axum::middleware::from_fn_with_state(
+            lease.clone(),
+            join::gate,
+        ));
+    }
+    let api = node_side::serve(api_listener, api_router, stop_rx.clone());
     let proxied = node_side::serve(proxy_listener, node_proxy::router(proxy), stop_rx);
     println!(
         "fastbox: node API on http://{listen}, node proxy on {} (public {}), control plane {control_url}, data in {}",

@@ -215,7 +215,7 @@ impl ControlPlane for SingleNode {
         node_id == self.node_id
     }
 
-    async fn register(&self, _: Registration) -> Result<Registered, MembershipError> {
+    async fn register(&self, _: &Caller, _: Registration) -> Result<Registered, MembershipError> {
         Err(MembershipError::Refused(
             "this server takes no registrations".into(),
         ))
@@ -260,19 +260,15 @@ async fn identify(
         .map(|v| plane.authenticate(v.as_bytes()));
     let registering = req.uri().path() == REGISTER_ROUTE;
     match caller {
-        Some(Some(caller)) if (caller == Caller::Joining) == registering => {
+        // A registered node registers again (with its own credential) and calls the rest.
+        Some(Some(caller)) if caller != Caller::Joining || registering => {
             req.extensions_mut().insert(caller);
             next.run(req).await
         }
-        Some(Some(Caller::Joining)) => envelope(
+        Some(Some(_)) => envelope(
             StatusCode::FORBIDDEN,
             "NODE::JOIN_TOKEN_ONLY_REGISTERS",
             "the join token may only register a node",
-        ),
-        Some(Some(Caller::Node(_))) => envelope(
-            StatusCode::FORBIDDEN,
-            "NODE::REGISTER_WITH_JOIN_TOKEN",
-            "a node registers (again) with the cluster's join token",
         ),
         Some(None) => envelope(
             StatusCode::UNAUTHORIZED,
@@ -290,12 +286,16 @@ async fn identify(
 /// A [`MembershipError`] as the wire carries it.
 type MembershipAnswer<T> = Result<T, MembershipError>;
 
-async fn register(State(control): State<Control>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn register(
+    State(control): State<Control>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let registration: Registration = match parse(body) {
         Ok(args) => args,
         Err(refused) => return *refused,
     };
-    let answer: MembershipAnswer<Registered> = control.plane.register(registration).await;
+    let answer: MembershipAnswer<Registered> = control.plane.register(&caller, registration).await;
     json(&answer)
 }
 
@@ -452,14 +452,15 @@ impl ControlClient {
         })
     }
 
-    /// Registers a node with the control plane at `url`, presenting the cluster's
-    /// `join_token`: the node's credentials and lease terms.
+    /// Registers a node with the control plane at `url`, presenting `credential`: the
+    /// cluster's join token (a name not registered yet), or the node's own credential (its
+    /// name again). The node's (new) credentials and lease terms.
     pub async fn register(
         url: &str,
-        join_token: &Credential,
+        credential: &Credential,
         registration: &Registration,
     ) -> Result<Registered, MembershipCallError> {
-        let client = Self::new(url, join_token.clone())
+        let client = Self::new(url, credential.clone())
             .map_err(|e| MembershipCallError::Refused(MembershipError::Invalid(e.to_string())))?;
         client.membership("register", registration).await
     }

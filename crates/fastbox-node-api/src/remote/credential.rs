@@ -81,6 +81,50 @@ impl fmt::Debug for Credential {
     }
 }
 
+/// The SHA-256 of a credential: what a side that checks a credential keeps instead of it.
+/// `Debug` shows nothing of it.
+#[derive(Clone)]
+pub struct CredentialDigest([u8; 32]);
+
+impl CredentialDigest {
+    /// The digest of the bytes presented (a header's value).
+    pub fn of(presented: &[u8]) -> Self {
+        use sha2::Digest;
+        Self(sha2::Sha256::digest(presented).into())
+    }
+
+    /// Whether both are the same, in time independent of where they differ.
+    pub fn matches(&self, other: &Self) -> bool {
+        self.0
+            .iter()
+            .zip(&other.0)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// 64 hex digits, as [`CredentialDigest::to_hex`] wrote them.
+    pub fn from_hex(text: &str) -> Option<Self> {
+        Some(Self(hex::decode(text).ok()?.try_into().ok()?))
+    }
+}
+
+impl fmt::Debug for CredentialDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CredentialDigest(..)")
+    }
+}
+
+impl Credential {
+    /// Its digest.
+    pub fn digest(&self) -> CredentialDigest {
+        CredentialDigest::of(self.0.as_bytes())
+    }
+}
+
 /// The check in front of every route: a request without `credential` never reaches a
 /// handler.
 pub(super) async fn require(

@@ -122,7 +122,7 @@ mod verbs;
 pub use control::{
     ControlClient, DEFAULT_ACCESS_TTL, MembershipCallError, SingleNode, control_router,
 };
-pub use credential::{Credential, CredentialError};
+pub use credential::{Credential, CredentialDigest, CredentialError};
 pub use node_client::{ClientError, NodeClient, Timeouts};
 pub use node_server::node_router;
 

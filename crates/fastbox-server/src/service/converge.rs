@@ -408,8 +408,7 @@ impl Lifecycle {
 
     /// [`Lifecycle::recover`] for the sandboxes of node `node_id` (it restarted).
     pub async fn recover_node(self: &Arc<Self>, node_id: &str) -> (usize, usize, usize) {
-        let first = self.nodes.first_id();
-        self.recover_records(|r| r.node.as_deref().unwrap_or(&first) == node_id)
+        self.recover_records(|r| self.node_name(r.node.as_deref()) == node_id)
             .await
     }
 

@@ -61,6 +61,8 @@ pub struct Lifecycle {
     pub(super) members: Mutex<HashMap<String, super::membership::Member>>,
     /// The cluster's join token (`None`: no registrations).
     pub(super) join_token: RwLock<Option<fastbox_node_api::remote::Credential>>,
+    /// Held while a registration or revocation changes the members, so they never interleave.
+    pub(super) membership_changes: Mutex<()>,
 }
 
 /// `GET /v1/sandboxes` filters.
@@ -129,6 +131,7 @@ impl Lifecycle {
             nodes,
             members: Mutex::new(HashMap::new()),
             join_token: RwLock::new(None),
+            membership_changes: Mutex::new(()),
             images,
             keys,
             health: RwLock::new(Health::Starting("starting".into())),
@@ -235,10 +238,9 @@ impl Lifecycle {
     /// The placement of every sandbox placed on node `node_id` (the node tells what it
     /// holds from them: a pooled sandbox keeps its pool name after a claim).
     pub fn placements(&self, node_id: &str) -> Vec<NodePlacement> {
-        let first = self.nodes.first_id();
         self.snapshot()
             .into_iter()
-            .filter(|r| r.node.as_deref().unwrap_or(&first) == node_id)
+            .filter(|r| self.node_name(r.node.as_deref()) == node_id)
             .filter_map(|r| r.placement)
             .collect()
     }

@@ -8,7 +8,6 @@
 //! paused sandboxes keep their checkpoint and stay `Paused`.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use async_trait::async_trait;
 use chrono::Utc;
@@ -17,8 +16,7 @@ use fastbox_node_api::membership::{
     Caller, ControlPlane, Heartbeat, MembershipError, Registered, Registration, Renewal,
     check_node_id, route_keys_digest,
 };
-use fastbox_node_api::remote::{Credential, NodeClient, Timeouts};
-use sha2::{Digest, Sha256};
+use fastbox_node_api::remote::{Credential, CredentialDigest, NodeClient, Timeouts};
 
 use crate::error::ApiError;
 use crate::nodes::{NodeState, NodeView};
@@ -26,33 +24,27 @@ use crate::record::NodeRecord;
 
 use super::lifecycle::Lifecycle;
 
-/// The reason recorded on sandboxes that ran on a lost node.
+/// The reason recorded on sandboxes that ran on a lost (or revoked) node.
 pub const NODE_LOST: &str = "NODE_LOST";
 
-/// A registered node as the server holds it in memory.
+/// A registered (or revoked) node as the server holds it in memory.
 pub(super) struct Member {
     record: NodeRecord,
-    /// SHA-256 of the credential it presents.
-    node_to_server: [u8; 32],
+    /// The digest of the credential it presents (`None`: revoked).
+    node_to_server: Option<CredentialDigest>,
 }
 
 impl Member {
-    fn of(record: NodeRecord) -> Option<Self> {
-        let digest = hex::decode(&record.node_to_server_sha256).ok()?;
-        Some(Self {
-            node_to_server: digest.try_into().ok()?,
+    fn of(record: NodeRecord) -> Self {
+        let node_to_server = match record.revoked_at {
+            Some(_) => None,
+            None => CredentialDigest::from_hex(&record.node_to_server_sha256),
+        };
+        Self {
             record,
-        })
+            node_to_server,
+        }
     }
-}
-
-fn sha256(bytes: &[u8]) -> [u8; 32] {
-    Sha256::digest(bytes).into()
-}
-
-/// `a == b` in time independent of where they differ.
-fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 impl Lifecycle {
@@ -62,44 +54,50 @@ impl Lifecycle {
     }
 
     /// The nodes registered before this start, each added with a fresh lease (to heartbeat
-    /// again before it is lost). How many.
+    /// again before it is lost), and the revoked names. How many nodes.
     pub fn load_registered_nodes(&self) -> Result<usize, ApiError> {
         let records = self.store.load_nodes()?;
         let mut loaded = 0;
         for record in records {
             match self.admit_member(record) {
-                Ok(()) => loaded += 1,
+                Ok(true) => loaded += 1,
+                Ok(false) => {}
                 Err(e) => tracing::warn!(error = %e, "a registered node could not be loaded"),
             }
         }
         Ok(loaded)
     }
 
-    /// Adds the node `record` names (its client, its lease) and keeps its credential's digest.
-    fn admit_member(&self, record: NodeRecord) -> Result<(), ApiError> {
-        let credential: Credential = record
-            .server_to_node
-            .parse()
-            .map_err(|e| ApiError::Internal(format!("node {}: {e}", record.node_id)))?;
-        let client = NodeClient::new(
+    /// The client of the node `record` names (refused: a URL the client cannot use).
+    fn client_of(&self, record: &NodeRecord) -> Result<NodeClient, String> {
+        let credential: Credential = record.server_to_node.parse().map_err(|e| format!("{e}"))?;
+        Ok(NodeClient::new(
             record.node_id.clone(),
             &record.url,
             credential,
             Timeouts::default(),
         )
-        .map_err(|e| ApiError::InvalidParameter(format!("node {}: {e}", record.node_id)))?
-        .with_image_config(self.images.clone());
-        let member = Member::of(record.clone()).ok_or_else(|| {
-            ApiError::Internal(format!("node {}: a bad credential digest", record.node_id))
-        })?;
-        let until = Instant::now() + self.lease_duration();
-        self.nodes
-            .add_leased(Arc::new(client), record.proxy_public.clone(), until);
+        .map_err(|e| format!("url {:?}: {e}", record.url))?
+        .with_image_config(self.images.clone()))
+    }
+
+    /// Keeps `record` (a node, or a revoked name) and, unless revoked, adds its client with a
+    /// lease; whether it is a node.
+    fn admit_member(&self, record: NodeRecord) -> Result<bool, ApiError> {
+        let node = record.revoked_at.is_none();
+        if node {
+            let client = self
+                .client_of(&record)
+                .map_err(|e| ApiError::Internal(format!("node {}: {e}", record.node_id)))?;
+            let until = std::time::Instant::now() + self.lease_duration();
+            self.nodes
+                .add_leased(Arc::new(client), record.proxy_public.clone(), until);
+        }
         self.members
             .lock()
             .expect("members lock")
-            .insert(record.node_id.clone(), member);
-        Ok(())
+            .insert(record.node_id.clone(), Member::of(record));
+        Ok(node)
     }
 
     fn lease_duration(&self) -> std::time::Duration {
@@ -112,42 +110,76 @@ impl Lifecycle {
     }
 
     /// `DELETE /v1/nodes/{id}`: revokes a registered node: its credentials stop working at
-    /// once (it cannot renew, so its guard freezes its sandboxes) and its running sandboxes
-    /// fail (`NODE_LOST`). The in-process node and configured ones cannot be revoked.
+    /// once (it cannot renew, so its guard freezes its sandboxes), what ran there fails
+    /// (`NODE_LOST`) and its name may not join again. Paused sandboxes stay paused (they
+    /// resume on another node from their published checkpoint). Called again on a revoked
+    /// name, forgets it: the name may join anew. The in-process node and configured ones
+    /// cannot be revoked.
     pub fn revoke_node(&self, id: &str) -> Result<(), ApiError> {
-        if !self.members.lock().expect("members lock").contains_key(id) {
+        let _serial = self.membership_changes.lock().expect("membership lock");
+        let record = self
+            .members
+            .lock()
+            .expect("members lock")
+            .get(id)
+            .map(|m| m.record.clone());
+        let Some(mut record) = record else {
             return Err(match self.nodes.get(Some(id)) {
                 Ok(_) => ApiError::Conflict(format!(
                     "node {id} did not register: it is part of this server's configuration"
                 )),
                 Err(_) => ApiError::NodeNotFound(id.to_string()),
             });
+        };
+        if record.revoked_at.is_some() {
+            self.store.remove_node(id)?;
+            self.members.lock().expect("members lock").remove(id);
+            tracing::warn!(node = %id, "revoked node forgotten: the name may join again");
+            return Ok(());
         }
-        self.store.remove_node(id)?;
-        self.members.lock().expect("members lock").remove(id);
+        record.revoked_at = Some(Utc::now());
+        record.server_to_node.clear();
+        record.node_to_server_sha256.clear();
+        self.store.put_node(&record)?;
+        self.members
+            .lock()
+            .expect("members lock")
+            .insert(id.to_string(), Member::of(record));
         self.nodes.remove(id);
-        self.fail_sandboxes_of(id, &format!("node {id} was revoked"));
+        self.end_sandboxes_of(id, &format!("node {id} was revoked"));
         tracing::warn!(node = %id, "node revoked");
         Ok(())
     }
 
     /// Declares lost the nodes whose lease ran out longer ago than the margin (one pass of
-    /// the reconciler).
+    /// the reconciler); each loss is counted durably before anything else.
     pub(super) fn declare_lost_nodes(&self) {
         for id in self.nodes.newly_lost(self.cfg.leases.lost_margin) {
             tracing::error!(node = %id, "node lost: its lease ran out");
+            self.count_loss(&id);
             self.fail_sandboxes_of(&id, &format!("node {id} was lost (its lease ran out)"));
+        }
+    }
+
+    fn count_loss(&self, id: &str) {
+        let mut members = self.members.lock().expect("members lock");
+        let Some(member) = members.get_mut(id) else {
+            return;
+        };
+        let mut record = member.record.clone();
+        record.losses += 1;
+        match self.store.put_node(&record) {
+            Ok(()) => member.record = record,
+            Err(e) => {
+                tracing::error!(node = %id, error = %e, "the loss of a node could not be recorded")
+            }
         }
     }
 
     /// The sandboxes on node `id` that ran or were about to: `Failed` (`NODE_LOST`). Paused
     /// ones keep their checkpoint and stay `Paused`. Nothing is asked of the node.
     fn fail_sandboxes_of(&self, id: &str, message: &str) {
-        let first = self.nodes.first_id();
-        for record in self.snapshot() {
-            if record.node.as_deref().unwrap_or(&first) != id {
-                continue;
-            }
+        for record in self.records_on(id) {
             let _ = self.update(&record.id, |r| {
                 match r.state() {
                     SandboxState::Pending
@@ -164,10 +196,55 @@ impl Lifecycle {
         }
     }
 
+    /// [`Lifecycle::fail_sandboxes_of`] for a node that is gone for good: nothing of them
+    /// is left to remove there (their placement and slot are forgotten, a deletion ends).
+    fn end_sandboxes_of(&self, id: &str, message: &str) {
+        self.fail_sandboxes_of(id, message);
+        for record in self.records_on(id) {
+            let _ = self.update(&record.id, |r| {
+                if r.state() != SandboxState::Paused {
+                    r.placement = None;
+                    r.slot = None;
+                }
+                if r.state() == SandboxState::Stopping {
+                    r.transition(SandboxState::Terminated, None, message);
+                }
+                Ok(())
+            });
+        }
+    }
+
+    /// The records of node `id`.
+    fn records_on(&self, id: &str) -> Vec<crate::record::SandboxRecord> {
+        self.snapshot()
+            .into_iter()
+            .filter(|r| self.node_name(r.node.as_deref()) == id)
+            .collect()
+    }
+
     /// Whether the records of node `id` are left alone (it is lost: nothing is asked of it
     /// until it renews its lease).
     pub(super) fn node_is_lost(&self, id: Option<&str>) -> bool {
         self.nodes.is_lost(id)
+    }
+
+    /// The name of the node `node` names (`None`: the first node).
+    pub(super) fn node_name(&self, node: Option<&str>) -> String {
+        node.map_or_else(|| self.nodes.first_id(), str::to_string)
+    }
+}
+
+/// `host:port` with nothing else (no scheme, user, path).
+fn check_proxy(proxy: &str) -> Result<(), MembershipError> {
+    let bad = || MembershipError::Invalid(format!("proxy_public {proxy:?} is not host:port"));
+    let (host, port) = proxy.rsplit_once(':').ok_or_else(bad)?;
+    let host_ok = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'[' | b']' | b':'));
+    match (host_ok, port.parse::<u16>()) {
+        (true, Ok(p)) if p > 0 => Ok(()),
+        _ => Err(bad()),
     }
 }
 
@@ -179,37 +256,66 @@ impl ControlPlane for Lifecycle {
         {
             return Some(Caller::Joining);
         }
-        let digest = sha256(presented);
+        let digest = CredentialDigest::of(presented);
         let members = self.members.lock().expect("members lock");
         // Every member is compared, so the time taken does not tell which one matched.
         members
             .values()
-            .filter(|m| same(&m.node_to_server, &digest))
+            .filter(|m| {
+                m.node_to_server
+                    .as_ref()
+                    .is_some_and(|d| d.matches(&digest))
+            })
             .map(|m| Caller::Node(m.record.node_id.clone()))
             .fold(None, |found, caller| found.or(Some(caller)))
     }
 
     fn holds(&self, node_id: &str, sandbox_id: &str) -> bool {
-        let first = self.nodes.first_id();
         self.record(sandbox_id)
-            .is_ok_and(|r| r.node.as_deref().unwrap_or(&first) == node_id)
+            .is_ok_and(|r| self.node_name(r.node.as_deref()) == node_id)
     }
 
-    async fn register(&self, registration: Registration) -> Result<Registered, MembershipError> {
+    async fn register(
+        &self,
+        caller: &Caller,
+        registration: Registration,
+    ) -> Result<Registered, MembershipError> {
         check_node_id(&registration.node_id)?;
+        let proxy = registration.proxy_public.trim().to_string();
+        check_proxy(&proxy)?;
         let id = registration.node_id.clone();
-        let proxy = registration.proxy_public.trim();
-        if proxy.is_empty() || proxy.contains('/') || !proxy.contains(':') {
-            return Err(MembershipError::Invalid(format!(
-                "proxy_public {proxy:?} is not host:port"
-            )));
-        }
-        let registered_before = self.members.lock().expect("members lock").contains_key(&id);
-        if !registered_before && self.nodes.get(Some(&id)).is_ok() {
-            return Err(MembershipError::Refused(format!(
-                "node id {id} is taken by a node of this server's configuration"
-            )));
-        }
+        let _serial = self.membership_changes.lock().expect("membership lock");
+        let known = self
+            .members
+            .lock()
+            .expect("members lock")
+            .get(&id)
+            .map(|m| m.record.clone());
+        let refused = |why: String| Err(MembershipError::Refused(why));
+        let losses = match (caller, &known) {
+            (Caller::Joining, None) if self.nodes.get(Some(&id)).is_ok() => {
+                return refused(format!(
+                    "node id {id} is taken by a node of this server's configuration"
+                ));
+            }
+            (Caller::Joining, None) => 0,
+            (Caller::Joining, Some(r)) if r.revoked_at.is_some() => {
+                return refused(format!(
+                    "node {id} was revoked: it joins again only once an operator forgets it (DELETE /v1/nodes/{id} once more)"
+                ));
+            }
+            (Caller::Joining, Some(_)) => {
+                return refused(format!(
+                    "node {id} is registered: it registers again with its own credential; the join token never takes over a registered name"
+                ));
+            }
+            (Caller::Node(me), Some(r)) if *me == id && r.revoked_at.is_none() => r.losses,
+            (Caller::Node(me), _) => {
+                return refused(format!(
+                    "node {me} may register again as itself only, not as {id}"
+                ));
+            }
+        };
         let fresh = || {
             Credential::generate().map_err(|e| MembershipError::Failed(format!("getrandom: {e}")))
         };
@@ -217,25 +323,21 @@ impl ControlPlane for Lifecycle {
         let record = NodeRecord {
             node_id: id.clone(),
             url: registration.url.clone(),
-            proxy_public: proxy.to_string(),
+            proxy_public: proxy.clone(),
             server_to_node: server_to_node.to_string(),
-            node_to_server_sha256: hex::encode(sha256(node_to_server.to_string().as_bytes())),
+            node_to_server_sha256: node_to_server.digest().to_hex(),
             registered_at: Utc::now(),
+            losses,
+            revoked_at: None,
         };
         // Checked before it is kept: a URL the client refuses is the node's mistake.
-        NodeClient::new(
-            id.clone(),
-            &record.url,
-            server_to_node.clone(),
-            Timeouts::default(),
-        )
-        .map_err(|e| MembershipError::Invalid(format!("url {:?}: {e}", record.url)))?;
+        self.client_of(&record).map_err(MembershipError::Invalid)?;
         self.store
             .put_node(&record)
             .map_err(|e| MembershipError::Failed(e.to_string()))?;
         self.admit_member(record)
             .map_err(|e| MembershipError::Failed(e.to_string()))?;
-        tracing::info!(node = %id, url = %registration.url, proxy, again = registered_before, "node registered");
+        tracing::info!(node = %id, proxy = %proxy, again = known.is_some(), "node registered");
         Ok(Registered {
             server_to_node: server_to_node.to_string(),
             node_to_server: node_to_server.to_string(),
@@ -251,7 +353,7 @@ impl ControlPlane for Lifecycle {
     ) -> Result<Renewal, MembershipError> {
         // Counted from now, which is after the node sent it: the node counts from its send,
         // so its own deadline always comes first.
-        let until = Instant::now() + self.lease_duration();
+        let until = std::time::Instant::now() + self.lease_duration();
         let was_lost = self
             .nodes
             .renew(node_id, until)
@@ -260,12 +362,19 @@ impl ControlPlane for Lifecycle {
         if was_lost {
             tracing::warn!(node = %node_id, "a lost node renewed its lease: what it ran is removed");
         }
+        let losses = self
+            .members
+            .lock()
+            .expect("members lock")
+            .get(node_id)
+            .map_or(0, |m| m.record.losses);
         let keys = self.keys.file_text();
         let held = heartbeat.route_keys_sha256.as_deref();
         let route_keys = (held != Some(route_keys_digest(&keys).as_str())).then_some(keys);
         Ok(Renewal {
             terms: self.cfg.leases.terms,
             was_lost,
+            losses,
             route_keys,
         })
     }

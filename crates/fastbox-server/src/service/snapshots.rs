@@ -108,11 +108,6 @@ impl Lifecycle {
         }
     }
 
-    /// The name of the node `node` names (`None`: the first node).
-    fn node_name(&self, node: Option<&str>) -> String {
-        node.map_or_else(|| self.nodes.first_id(), str::to_string)
-    }
-
     fn update_snapshot(
         &self,
         id: &str,
