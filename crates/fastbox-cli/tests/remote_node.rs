@@ -396,16 +396,6 @@ fn nodes(server: &UpServer) -> std::collections::BTreeMap<String, serde_json::Va
         .collect()
 }
 
-/// Whether the cgroup `group` of instance `prefix` is frozen (v1 freezer or v2).
-fn frozen(prefix: &str, group: &str) -> bool {
-    let v1 = format!("/sys/fs/cgroup/freezer/{prefix}/{group}/freezer.state");
-    let v2 = format!("/sys/fs/cgroup/{prefix}/{group}/cgroup.events");
-    match std::fs::read_to_string(&v1) {
-        Ok(state) => state.trim() == "FROZEN",
-        Err(_) => std::fs::read_to_string(&v2).is_ok_and(|e| e.contains("frozen 1")),
-    }
-}
-
 /// Waits until node `id` is in `state` (`GET /v1/nodes`).
 fn wait_node(server: &UpServer, id: &str, state: &str, within: Duration) {
     let deadline = std::time::Instant::now() + within;
@@ -539,7 +529,7 @@ fn a_node_joins_a_server_shares_its_creates_and_is_lost_when_killed() {
     assert!(fenced.len() >= on_n1.len(), "{marker}");
     for group in &fenced {
         assert!(
-            frozen(&node_prefix, group),
+            fastbox_cli::verify_cluster::frozen(&node_prefix, group),
             "{group} is not frozen: {marker}"
         );
     }

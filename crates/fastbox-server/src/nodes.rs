@@ -23,6 +23,9 @@ use fastbox_node_api::wire::NodeStatus;
 /// At most this many nodes are asked, best first, before a create is refused as full.
 pub const TOP_K: usize = 3;
 
+/// The most slots a node's report is believed to have (a /16 address pool).
+const MAX_SLOTS: u32 = 1 << 16;
+
 /// Weight of a pre-restored sandbox of the create's template (a claim takes milliseconds,
 /// a restore tens of them).
 const WARM_POOL_SCORE: i64 = 1_000_000;
@@ -351,8 +354,15 @@ impl Nodes {
         }
     }
 
-    /// Keeps a report node `status.node_id` sent.
-    pub fn report(&self, status: NodeStatus) {
+    /// Keeps a report node `status.node_id` sent, its figures bounded by the node's own size
+    /// (a node that lies about them cannot outrank the others by more than an honest full
+    /// report would).
+    pub fn report(&self, mut status: NodeStatus) {
+        status.slots = status.slots.min(MAX_SLOTS);
+        status.free_slots = status.free_slots.min(status.slots);
+        status.sandboxes = status.sandboxes.map(|n| n.min(status.slots));
+        let slots = status.slots as usize;
+        status.pools.values_mut().for_each(|n| *n = (*n).min(slots));
         if let Some(e) = self.entry(&status.node_id) {
             e.report(status);
         }

@@ -477,7 +477,10 @@ async fn nodes_get_the_route_signing_keys_and_their_rotations() {
     let keys = registered
         .route_keys
         .expect("the keys come with the registration");
-    assert_eq!(keys, std::fs::read_to_string(&key_file).unwrap());
+    // Its own keys, derived from the server's: not the server's.
+    let server_keys = fastbox_proxy::RouteKeys::load_or_create(&key_file).unwrap();
+    assert_ne!(keys, server_keys.file_text());
+    assert_eq!(keys, server_keys.current().derive("n1").file_text());
     // A node holding them is not sent them again; one holding others (or none) is.
     let holding = |text: &str| Heartbeat {
         status: fastbox_node_api::wire::NodeStatus {
@@ -493,8 +496,10 @@ async fn nodes_get_the_route_signing_keys_and_their_rotations() {
     let sent = control.heartbeat(&holding("old")).await.unwrap().route_keys;
     assert_eq!(sent.as_deref(), Some(keys.as_str()));
     // A rotation on the server reaches the nodes with their next heartbeat.
-    fastbox_proxy::rotate_key(&key_file).unwrap();
-    let rotated = std::fs::read_to_string(&key_file).unwrap();
+    let rotated = fastbox_proxy::rotate_key(&key_file)
+        .unwrap()
+        .derive("n1")
+        .file_text();
     assert_ne!(rotated, keys);
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {

@@ -28,13 +28,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use serde::Serialize;
 
+use crate::bench::free_port;
 use crate::bench_create::client::BenchClient;
 use crate::bench_create::request::{self, Pool, Source};
 use crate::bench_create::run::{self, Pace, Plan};
 use crate::bench_create::stats::{Latency, Tally};
 use crate::paths::{HostArgs, require_root, run_prefix};
 use api::Api;
-use procs::{Instance, free_port};
+use procs::Instance;
 
 /// How long the server may take to prepare its image, and a node to join.
 const READY_TIMEOUT: Duration = Duration::from_secs(300);
@@ -221,8 +222,6 @@ impl Scenario<'_> {
             &format!("127.0.0.1:{api_port}"),
             "--node-proxy-listen",
             &format!("127.0.0.1:{proxy_port}"),
-            "--api-key",
-            &key,
             "--default-image",
             &args.image,
             "--accept-nodes",
@@ -244,7 +243,9 @@ impl Scenario<'_> {
             &server_prefix,
             server_data.clone(),
             server_args,
-        );
+        )
+        // Not on the command line, where any local user reads it.
+        .with_env("FASTBOX_API_KEY", &key);
         let api = Api::new(format!("http://127.0.0.1:{api_port}"), key.clone())?;
         progress(format!(
             "starting the server ({server_prefix}); it prepares {}",
@@ -513,8 +514,9 @@ fn admissions(api: &Api) -> anyhow::Result<Vec<(String, u64)>> {
         .collect())
 }
 
-/// Whether cgroup `group` of instance `prefix` is frozen (v1 freezer or v2).
-fn frozen(prefix: &str, group: &str) -> bool {
+/// Whether cgroup `group` of instance `prefix` is frozen, as the kernel reports it (the v1
+/// freezer, or v2's `cgroup.events`).
+pub fn frozen(prefix: &str, group: &str) -> bool {
     let v1 = format!("/sys/fs/cgroup/freezer/{prefix}/{group}/freezer.state");
     let v2 = format!("/sys/fs/cgroup/{prefix}/{group}/cgroup.events");
     match std::fs::read_to_string(&v1) {

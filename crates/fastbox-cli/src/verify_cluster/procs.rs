@@ -2,17 +2,11 @@
 //! --join` agents, each with its own prefix, address pool, data directory and loopback ports,
 //! logging to a file in the run's directory. Dropping one kills it and purges its prefix.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-
-/// A free loopback port (bound and let go: another process could take it, rarely).
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
 
 /// One `fastbox` child process of the run.
 pub struct Instance {
@@ -21,6 +15,7 @@ pub struct Instance {
     pub data_dir: PathBuf,
     pub log: PathBuf,
     args: Vec<String>,
+    envs: Vec<(String, String)>,
     child: Option<Child>,
 }
 
@@ -33,8 +28,15 @@ impl Instance {
             data_dir,
             log: dir.join(format!("{name}.log")),
             args,
+            envs: Vec::new(),
             child: None,
         }
+    }
+
+    /// The same, with `name=value` in its environment.
+    pub fn with_env(mut self, name: &str, value: &str) -> Self {
+        self.envs.push((name.to_string(), value.to_string()));
+        self
     }
 
     /// Starts the process (again); its output goes to its log.
@@ -46,6 +48,7 @@ impl Instance {
             .with_context(|| format!("log {}", self.log.display()))?;
         let child = Command::new(std::env::current_exe()?)
             .args(&self.args)
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),

@@ -342,7 +342,7 @@ fn replace(path: &Path, signer: &RouteSigner) -> Result<(), RouteError> {
 }
 
 /// The file's text: one `{key_id}:{hex secret}` line per key, oldest first.
-fn render(signer: &RouteSigner) -> String {
+pub(crate) fn render(signer: &RouteSigner) -> String {
     signer
         .keys()
         .iter()

@@ -76,6 +76,34 @@ impl RouteSigner {
         Ok(Self { keys: checked })
     }
 
+    /// The keys of one node of a cluster (`scope`: its name), derived from these: the same
+    /// ids, each secret `SHA-256(len ‖ secret ‖ len ‖ "fastbox node route key\n" ‖ scope)`.
+    /// A node holding its own keys verifies the routes signed for its sandboxes and can sign
+    /// no route another node accepts.
+    pub fn derive(&self, scope: &str) -> RouteSigner {
+        let label = format!("fastbox node route key\n{scope}");
+        let keys = self
+            .keys
+            .iter()
+            .map(|k| RouteKey {
+                id: k.id,
+                secret: Sha256::new()
+                    .chain_update(be32_len(k.secret.len()))
+                    .chain_update(&k.secret)
+                    .chain_update(be32_len(label.len()))
+                    .chain_update(label.as_bytes())
+                    .finalize()
+                    .to_vec(),
+            })
+            .collect();
+        RouteSigner { keys }
+    }
+
+    /// The keys as a key file holds them (secret).
+    pub fn file_text(&self) -> String {
+        super::key_file::render(self)
+    }
+
     /// The key id this signer appends to the signatures it makes (the newest key's).
     pub fn key_id(&self) -> char {
         self.signing().id
@@ -213,6 +241,32 @@ pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn derived_keys_verify_their_own_routes_only() {
+        let base = RouteSigner::with_keys(vec![('0', vec![7; 32]), ('1', vec![9; 32])]).unwrap();
+        let (a, b) = (base.derive("n1"), base.derive("n2"));
+        assert_eq!(a.key_ids(), base.key_ids());
+        assert_eq!(
+            a.file_text(),
+            base.derive("n1").file_text(),
+            "deterministic"
+        );
+        let sig = a.sign("sbx", 8080, 4_000_000_000);
+        assert!(
+            a.verify("sbx", 8080, &to_b36(4_000_000_000), &sig, 0)
+                .is_ok()
+        );
+        for other in [&base, &b] {
+            assert!(
+                other
+                    .verify("sbx", 8080, &to_b36(4_000_000_000), &sig, 0)
+                    .is_err()
+            );
+        }
+        assert_ne!(a.file_text(), base.file_text());
+    }
+
     use super::*;
 
     const SECRET: &[u8] = b"fastbox-test-secret";

@@ -555,7 +555,9 @@ impl Lifecycle {
                             "expires {expires} is more than {max} s ahead (route_max_lifetime)"
                         )));
                     }
-                    let sig = self.keys.current().sign(id, port, expires);
+                    let sig = self
+                        .route_signer_for(record.node.as_deref())
+                        .sign(id, port, expires);
                     format!("{node}/{id}/{port}/{}/{sig}", to_b36(expires))
                 }
             }

@@ -222,6 +222,26 @@ impl Lifecycle {
             .collect()
     }
 
+    /// The route signing keys of the routes to sandboxes on node `node`: a registered node's
+    /// own (derived from the server's and its name: it can sign no route another node
+    /// accepts), else the server's.
+    pub(super) fn route_signer_for(
+        &self,
+        node: Option<&str>,
+    ) -> std::sync::Arc<fastbox_proxy::RouteSigner> {
+        let name = self.node_name(node);
+        let registered = self
+            .members
+            .lock()
+            .expect("members lock")
+            .get(&name)
+            .is_some_and(|m| m.record.revoked_at.is_none());
+        match registered {
+            true => std::sync::Arc::new(self.keys.current().derive(&name)),
+            false => self.keys.current(),
+        }
+    }
+
     /// Whether the records of node `id` are left alone (it is lost: nothing is asked of it
     /// until it renews its lease).
     pub(super) fn node_is_lost(&self, id: Option<&str>) -> bool {
@@ -342,7 +362,7 @@ impl ControlPlane for Lifecycle {
             server_to_node: server_to_node.to_string(),
             node_to_server: node_to_server.to_string(),
             terms: self.cfg.leases.terms,
-            route_keys: Some(self.keys.file_text()),
+            route_keys: Some(self.keys.current().derive(&id).file_text()),
         })
     }
 
@@ -368,7 +388,7 @@ impl ControlPlane for Lifecycle {
             .expect("members lock")
             .get(node_id)
             .map_or(0, |m| m.record.losses);
-        let keys = self.keys.file_text();
+        let keys = self.keys.current().derive(node_id).file_text();
         let held = heartbeat.route_keys_sha256.as_deref();
         let route_keys = (held != Some(route_keys_digest(&keys).as_str())).then_some(keys);
         Ok(Renewal {
