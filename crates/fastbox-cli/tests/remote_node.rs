@@ -596,3 +596,139 @@ fn a_node_joins_a_server_shares_its_creates_and_is_lost_when_killed() {
         assert!(clean, "fastbox leftovers --prefix {prefix}: {found}");
     }
 }
+#[test]
+fn a_paused_sandbox_resumes_on_another_node_when_its_node_is_lost() {
+    if let Some(reason) = common::unavailable() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let (node_prefix, server_prefix) = (
+        fastbox_testkit::run_prefix_pair("jm"),
+        fastbox_testkit::run_prefix_pair("jt"),
+    );
+    // One artifact store for the cluster: a directory both see.
+    let shared = tempfile::Builder::new()
+        .prefix(&format!("{server_prefix}-store-"))
+        .tempdir()
+        .unwrap();
+    let store = shared.path().display().to_string();
+    let control = format!("127.0.0.1:{}", fastbox_testkit::server_port());
+    let server = UpServer::start_prefixed(
+        &server_prefix,
+        "10.218.125.0/24",
+        &[
+            "--accept-nodes",
+            "--control-listen",
+            &control,
+            "--node-lease-ms",
+            "2000",
+            "--artifact-store",
+            &store,
+        ],
+    )
+    .expect("prerequisites checked above");
+    let token = server.data_dir.join("node-join-token");
+    let join = format!("http://{control}");
+    let mut node = NodeProcess::start(
+        &node_prefix,
+        "10.218.126.0/24",
+        &[
+            "--join",
+            &join,
+            "--join-token-file",
+            token.to_str().unwrap(),
+            "--node-name",
+            "n1",
+            "--artifact-store",
+            &store,
+        ],
+    );
+    wait_node(&server, "n1", "ready", Duration::from_secs(10));
+
+    // A sandbox on n1 with a file and a process of its own.
+    let id = loop {
+        let id = server.create_busybox();
+        server.wait_state(&id, "Running");
+        let (_, ep) = server.get(&format!("/v1/sandboxes/{id}/endpoints/44772"));
+        if ep["endpoint"].as_str().unwrap().starts_with(&node.proxy) {
+            break id;
+        }
+        assert_eq!(server.delete(&format!("/v1/sandboxes/{id}")), 204);
+    };
+    let run = Execd::of(&server, &id)
+        .sh("echo kept-$((6 * 7)) > /tmp/mark; (sleep 100000 &) ; sleep 0.2; pidof sleep | wc -w");
+    let sleepers = run.stdout.trim().to_string();
+    let (status, body) = server.post(&format!("/v1/sandboxes/{id}/pause"), &json!({}));
+    assert_eq!(status, 202, "{body}");
+    server.wait_state(&id, "Paused");
+
+    // n1 is killed and lost; the resume runs on the server's own node, from the checkpoint
+    // n1 published to the shared store.
+    if let Some(mut child) = node.child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    wait_node(&server, "n1", "lost", Duration::from_secs(15));
+    let (status, body) = server.post(&format!("/v1/sandboxes/{id}/resume"), &json!({}));
+    assert_eq!(status, 202, "{body}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let resumed = loop {
+        let (_, sandbox) = server.get(&format!("/v1/sandboxes/{id}"));
+        if sandbox["status"]["state"] != "Resuming" || std::time::Instant::now() > deadline {
+            break sandbox;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        resumed["status"]["state"],
+        "Running",
+        "{resumed}\n{}",
+        server.log_text()
+    );
+    let (_, ep) = server.get(&format!("/v1/sandboxes/{id}/endpoints/44772"));
+    assert!(
+        ep["endpoint"]
+            .as_str()
+            .unwrap()
+            .starts_with(&server.node_proxy),
+        "resumed on the server's node: {ep}\n{}",
+        server.log_text()
+    );
+    let run = Execd::of(&server, &id).sh("cat /tmp/mark; pidof sleep | wc -w");
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(lines.first(), Some(&"kept-42"), "{}", run.stdout);
+    assert_eq!(
+        lines.get(1).map(|l| l.trim()),
+        Some(sleepers.as_str()),
+        "its processes came along: {}",
+        run.stdout
+    );
+    let (_, events) = server.get_text(&format!("/v1/sandboxes/{id}/diagnostics/events?scope=all"));
+    assert!(events.contains("Moved"), "{events}");
+
+    // n1 comes back: what the sandbox left there goes.
+    node.spawn();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, events) =
+            server.get_text(&format!("/v1/sandboxes/{id}/diagnostics/events?scope=all"));
+        if events.contains("Cleaned") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{events}\n{}",
+            node.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(server.delete(&format!("/v1/sandboxes/{id}")), 204);
+    server.wait_state(&id, "Terminated");
+    server.finish();
+    node.stop();
+    fastbox_fastlet::host::purge(&node_prefix, &node.data_dir).unwrap();
+    for prefix in [&node_prefix, &server_prefix] {
+        let (clean, found) = no_leftovers(prefix);
+        assert!(clean, "fastbox leftovers --prefix {prefix}: {found}");
+    }
+}

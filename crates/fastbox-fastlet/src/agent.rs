@@ -165,6 +165,9 @@ pub enum StartMode {
     Clone,
     /// A paused sandbox back at its own address, with its own token.
     Resume,
+    /// A paused sandbox resumed on another node than the one it paused on: its own token, a
+    /// new address (its identity files follow it), its TCP connections closed.
+    Moved,
 }
 
 impl StartMode {
@@ -174,6 +177,7 @@ impl StartMode {
             Self::Claim => "restore",
             Self::Clone => "snapshot",
             Self::Resume => "resume",
+            Self::Moved => "moved",
         }
     }
 }
@@ -678,7 +682,7 @@ impl Fastlet {
             let claimed = match mode {
                 StartMode::Claim => execd.claim(&req.execd_token, &envs, &req.entrypoint),
                 StartMode::Clone => execd.rekey(&req.execd_token),
-                StartMode::Resume => Ok(()),
+                StartMode::Resume | StartMode::Moved => Ok(()),
             }
             .map(|()| c.ms());
             (open.join().expect("egress thread"), claimed)

@@ -387,11 +387,19 @@ fn materialize_restorable<S: ArtifactStore + ?Sized>(
     if !kinds.contains(&m.meta.kind) {
         return Err(not_a_template(format!("its kind is {:?}", m.meta.kind)));
     }
-    let rootfs = m
-        .meta
-        .rootfs
-        .clone()
-        .ok_or_else(|| not_a_template("it has no packed rootfs".into()))?;
+    // A checkpoint or snapshot published over its template's artifact (its parent) packs no
+    // rootfs of its own: it restores over the parent's.
+    let (rootfs, lower_from) = match (&m.meta.rootfs, m.meta.lineage.parent) {
+        (Some(rootfs), _) => (rootfs.clone(), None),
+        (None, Some(parent)) if m.meta.kind != ArtifactKind::Template => {
+            let p = read_manifest(store, &parent)?;
+            let rootfs = p.meta.rootfs.clone().ok_or_else(|| {
+                not_a_template(format!("neither it nor its parent {parent} packs a rootfs"))
+            })?;
+            (rootfs, Some(parent))
+        }
+        (None, _) => return Err(not_a_template("it has no packed rootfs".into())),
+    };
     let blockers = m.meta.host.restore_blockers(&HostFacts::detect(None)?);
     if !blockers.is_empty() {
         return Err(TemplateArtifactError::HostMismatch {
@@ -413,7 +421,16 @@ fn materialize_restorable<S: ArtifactStore + ?Sized>(
         .tempdir_in(parent)
         .map_err(io_error("create a staging directory in", parent))?;
     let tree = staging.path().join("tree");
-    let stats = materialize(store, manifest, &tree)?;
+    let mut stats = materialize(store, manifest, &tree)?;
+    if let Some(parent) = lower_from {
+        // The parent's packed rootfs joins the tree (the rest of the parent is not needed).
+        let parent_tree = staging.path().join("parent");
+        let parent_stats = materialize(store, &parent, &parent_tree)?;
+        stats.blocks_fetched += parent_stats.blocks_fetched;
+        stats.bytes += parent_stats.bytes;
+        let (from, to) = (parent_tree.join(&rootfs.path), tree.join(&rootfs.path));
+        fs::rename(&from, &to).map_err(io_error("move the parent's rootfs into", &to))?;
+    }
     let checkpoint = tree.join(CHECKPOINT_DIR);
     let upper_tar = checkpoint.join(UPPER_TAR);
     unpack_canonical_tar(&upper_tar, &checkpoint.join(UPPER_DIR))?;

@@ -299,7 +299,10 @@ impl NodeAgent for LocalNode {
                 .load_snapshot(&key)
                 .ok_or_else(|| no_checkpoint("checkpoint", &key))?;
             let req = restore_request(&spec, &checkpoint);
-            let resumed = fastlet.resume(&checkpoint, &req, slot);
+            let resumed = match spec.moved {
+                true => fastlet.resume_moved(&checkpoint, &req, slot),
+                false => fastlet.resume(&checkpoint, &req, slot),
+            };
             if resumed.is_err() {
                 // The slot (its address) stays the sandbox's for another resume.
                 let _ = fastlet.release_keeping_address(&spec.id, None, slot);
@@ -652,6 +655,7 @@ mod tests {
     fn restores_start_nothing_and_read_the_checkpoint_rootfs() {
         let spec = RestoreSpec {
             id: "sbx".into(),
+            moved: false,
             env: vec!["A=1".into()],
             common: fastbox_node_api::wire::SandboxSettings {
                 limits: Default::default(),

@@ -467,6 +467,17 @@ impl Fastlet {
         self.restore_as(snapshot, req, slot, StartMode::Resume)
     }
 
+    /// [`Fastlet::resume`] of a sandbox paused on another node (its checkpoint fetched
+    /// here): in slot `slot` at its address, its TCP connections closed.
+    pub fn resume_moved(
+        &self,
+        snapshot: &Template,
+        req: &PlaceRequest,
+        slot: u32,
+    ) -> Result<(Placement, StartReport), FastletError> {
+        self.restore_as(snapshot, req, slot, StartMode::Moved)
+    }
+
     /// A new sandbox `req.id` from `snapshot`: its processes as they were, with its own
     /// hostname, identity files, address and execd token; no entrypoint is started.
     pub fn clone_snapshot(

@@ -1651,6 +1651,7 @@ mod tests {
     fn restore_spec(id: &str) -> RestoreSpec {
         RestoreSpec {
             id: id.into(),
+            moved: false,
             env: vec![],
             common: settings(),
         }

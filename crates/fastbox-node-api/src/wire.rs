@@ -104,6 +104,10 @@ pub struct SandboxSettings {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RestoreSpec {
     pub id: String,
+    /// A resume on another node than the one its checkpoint was taken on: a new address,
+    /// its TCP connections closed (clones are always so).
+    #[serde(default)]
+    pub moved: bool,
     /// `KEY=VALUE` of the sandbox's record (execd's environment for new commands).
     pub env: Vec<String>,
     #[serde(flatten)]

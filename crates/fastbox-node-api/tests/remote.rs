@@ -412,6 +412,7 @@ fn recipe() -> GoldenRecipe {
 fn restore_spec(id: &str, n: u32) -> RestoreSpec {
     RestoreSpec {
         id: id.into(),
+        moved: false,
         env: vec![format!("N={n}")],
         common: settings(n),
     }

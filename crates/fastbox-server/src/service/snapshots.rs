@@ -518,8 +518,17 @@ impl Lifecycle {
                 }
             },
         };
+        // A checkpoint taken on the node it moved off: a new address there.
+        let record = self.record(id).unwrap_or(record);
+        let moved = record
+            .moved_from
+            .as_ref()
+            .is_some_and(|m| m.checkpoint.as_deref() == Some(key.as_str()));
         let resumed = match restore_spec(&record, &self.cfg.resources) {
-            Ok(spec) => node.resume(&key, spec, slot).await,
+            Ok(mut spec) => {
+                spec.moved = moved;
+                node.resume(&key, spec, slot).await
+            }
             Err(e) => Err(e),
         };
         match resumed {
@@ -1013,6 +1022,7 @@ fn restore_spec(record: &SandboxRecord, resources: &ResourcePolicy) -> NodeResul
         .map_err(|e| NodeError::failed(e.to_string()))?;
     Ok(RestoreSpec {
         id: record.id.clone(),
+        moved: false,
         env: record.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
         common: SandboxSettings {
             limits,
