@@ -2,10 +2,11 @@
 //! may run again.
 //!
 //! A node holds a lease at the server. When it cannot renew the lease, it must stop all its
-//! sandboxes before the lease can expire, so that the server may declare the node lost and
-//! resume the sandboxes elsewhere without any of them running twice. Stopping means
-//! freezing: the processes stay, nothing runs, and a later reconciliation thaws the
-//! sandboxes the server confirms are still this node's ([`NodeCgroups::thaw`]). The guard
+//! sandboxes before the lease can expire, so that the server may declare the node lost (and
+//! resume its paused sandboxes elsewhere) without any sandbox running twice. Stopping means
+//! freezing: the processes stay, nothing runs, and the node thaws what it froze
+//! ([`NodeCgroups::thaw`]) only when the server's count of its losses shows it was not
+//! declared lost meanwhile. The guard
 //! process of `fastbox node` (`fastbox-cli`'s `node::fence_guard`) calls
 //! [`NodeCgroups::freeze_all`] when the lease's deadline passes.
 //!

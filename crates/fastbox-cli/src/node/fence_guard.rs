@@ -1,7 +1,8 @@
 //! The self-fencing guard of `fastbox node`: a small process that outlives the node agent
 //! and freezes every sandbox of the node ([`fastbox_fastlet::fence`]) when the agent's lease
 //! deadline passes without a renewal, even when the agent was killed with SIGKILL. The
-//! server may then declare the node lost and resume its sandboxes elsewhere: none runs twice.
+//! server may then declare the node lost (its running sandboxes fail, its paused ones resume
+//! elsewhere): none runs twice.
 //!
 //! # Protocol
 //!
