@@ -384,6 +384,41 @@ fn the_server_runs_its_sandboxes_on_a_node_in_another_process() {
     }
 }
 
+/// A `fastbox up --accept-nodes` (`server`: its prefix and pool) with a lease of `lease_ms`,
+/// and node `n1` (`node`: its prefix and pool) joined to it; `both` go to each.
+fn joined(
+    server: (&str, &str),
+    node: (&str, &str),
+    lease_ms: u64,
+    both: &[&str],
+) -> (UpServer, NodeProcess) {
+    let control = format!("127.0.0.1:{}", fastbox_testkit::server_port());
+    let lease = lease_ms.to_string();
+    let mut server_args = vec![
+        "--accept-nodes",
+        "--control-listen",
+        &control,
+        "--node-lease-ms",
+        &lease,
+    ];
+    server_args.extend(both);
+    let server = UpServer::start_prefixed(server.0, server.1, &server_args)
+        .expect("prerequisites checked by the caller");
+    let token = server.data_dir.join("node-join-token");
+    let join = format!("http://{control}");
+    let mut node_args = vec![
+        "--join",
+        &join,
+        "--join-token-file",
+        token.to_str().unwrap(),
+        "--node-name",
+        "n1",
+    ];
+    node_args.extend(both);
+    let node = NodeProcess::start(node.0, node.1, &node_args);
+    (server, node)
+}
+
 /// `GET /v1/nodes`: node id -> its JSON.
 fn nodes(server: &UpServer) -> std::collections::BTreeMap<String, serde_json::Value> {
     let (status, body) = server.get("/v1/nodes");
@@ -423,32 +458,11 @@ fn a_node_joins_a_server_shares_its_creates_and_is_lost_when_killed() {
         fastbox_testkit::run_prefix_pair("jn"),
         fastbox_testkit::run_prefix_pair("js"),
     );
-    let control = format!("127.0.0.1:{}", fastbox_testkit::server_port());
-    let server = UpServer::start_prefixed(
-        &server_prefix,
-        "10.218.121.0/24",
-        &[
-            "--accept-nodes",
-            "--control-listen",
-            &control,
-            "--node-lease-ms",
-            "3000",
-        ],
-    )
-    .expect("prerequisites checked above");
-    let token = server.data_dir.join("node-join-token");
-    let join = format!("http://{control}");
-    let mut node = NodeProcess::start(
-        &node_prefix,
-        "10.218.122.0/24",
-        &[
-            "--join",
-            &join,
-            "--join-token-file",
-            token.to_str().unwrap(),
-            "--node-name",
-            "n1",
-        ],
+    let (server, mut node) = joined(
+        (&server_prefix, "10.218.121.0/24"),
+        (&node_prefix, "10.218.122.0/24"),
+        5000,
+        &[],
     );
     assert!(
         node.log_text().contains("joined") && node.log_text().contains("as node n1"),
@@ -475,7 +489,7 @@ fn a_node_joins_a_server_shares_its_creates_and_is_lost_when_killed() {
         let endpoint = ep["endpoint"].as_str().unwrap().to_string();
         let run = Execd::of(&server, &id).sh("echo here-$((6 * 7))");
         assert!(run.stdout.contains("here-42"), "{id}: {}", run.stdout);
-        if endpoint.starts_with(&node.proxy) {
+        if endpoint.starts_with(&format!("{}/", node.proxy)) {
             on_n1.push(id);
         } else {
             on_local.push(id);
@@ -494,27 +508,42 @@ fn a_node_joins_a_server_shares_its_creates_and_is_lost_when_killed() {
     ));
     assert_eq!(status, 200, "{signed}");
     let (_, plain) = server.get(&format!("/v1/sandboxes/{}/endpoints/44772", on_n1[0]));
-    let ping = reqwest::blocking::Client::new()
-        .get(format!(
-            "http://{}/ping",
-            signed["endpoint"].as_str().unwrap()
-        ))
-        .header(
-            "X-EXECD-ACCESS-TOKEN",
-            plain["headers"]["X-EXECD-ACCESS-TOKEN"].as_str().unwrap(),
-        )
-        .send()
-        .unwrap();
-    assert_eq!(ping.status(), 200, "a signed route on the joined node");
+    // The node proxy reads its key file again at most once a second.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        let status = reqwest::blocking::Client::new()
+            .get(format!(
+                "http://{}/ping",
+                signed["endpoint"].as_str().unwrap()
+            ))
+            .header(
+                "X-EXECD-ACCESS-TOKEN",
+                plain["headers"]["X-EXECD-ACCESS-TOKEN"].as_str().unwrap(),
+            )
+            .send()
+            .unwrap()
+            .status();
+        if status == 200 || std::time::Instant::now() > deadline {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(
+        status,
+        200,
+        "a signed route on the joined node\n{}\n{}",
+        node.log_text(),
+        server.log_text()
+    );
 
-    // The node is killed: its lease runs out (3 s), half a lease later it is lost and what
+    // The node is killed: its lease runs out (5 s), half a lease later it is lost and what
     // ran there failed (NODE_LOST); the server's own sandboxes run on.
     let killed = std::time::Instant::now();
     if let Some(mut child) = node.child.take() {
         let _ = child.kill();
         let _ = child.wait();
     }
-    wait_node(&server, "n1", "expired", Duration::from_secs(10));
+    wait_node(&server, "n1", "expired", Duration::from_secs(15));
     // Its guard (a process that outlived it) froze every sandbox before the lease ran out.
     let marker: serde_json::Value = serde_json::from_slice(
         &std::fs::read(node.data_dir.join("fenced")).expect("the fence marker"),
@@ -533,10 +562,10 @@ fn a_node_joins_a_server_shares_its_creates_and_is_lost_when_killed() {
             "{group} is not frozen: {marker}"
         );
     }
-    wait_node(&server, "n1", "lost", Duration::from_secs(10));
+    wait_node(&server, "n1", "lost", Duration::from_secs(15));
     let lost_after = killed.elapsed();
     assert!(
-        lost_after >= Duration::from_millis(3000),
+        lost_after >= Duration::from_millis(5000),
         "declared lost after {lost_after:?}, before its lease could run out"
     );
     for id in &on_n1 {
@@ -554,7 +583,10 @@ fn a_node_joins_a_server_shares_its_creates_and_is_lost_when_killed() {
     server.wait_state(&later, "Running");
     let (_, ep) = server.get(&format!("/v1/sandboxes/{later}/endpoints/44772"));
     assert!(
-        !ep["endpoint"].as_str().unwrap().starts_with(&node.proxy),
+        !ep["endpoint"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{}/", node.proxy)),
         "{ep}"
     );
 
@@ -612,45 +644,34 @@ fn a_paused_sandbox_resumes_on_another_node_when_its_node_is_lost() {
         .tempdir()
         .unwrap();
     let store = shared.path().display().to_string();
-    let control = format!("127.0.0.1:{}", fastbox_testkit::server_port());
-    let server = UpServer::start_prefixed(
-        &server_prefix,
-        "10.218.125.0/24",
-        &[
-            "--accept-nodes",
-            "--control-listen",
-            &control,
-            "--node-lease-ms",
-            "2000",
-            "--artifact-store",
-            &store,
-        ],
-    )
-    .expect("prerequisites checked above");
-    let token = server.data_dir.join("node-join-token");
-    let join = format!("http://{control}");
-    let mut node = NodeProcess::start(
-        &node_prefix,
-        "10.218.126.0/24",
-        &[
-            "--join",
-            &join,
-            "--join-token-file",
-            token.to_str().unwrap(),
-            "--node-name",
-            "n1",
-            "--artifact-store",
-            &store,
-        ],
+    let (server, mut node) = joined(
+        (&server_prefix, "10.218.125.0/24"),
+        (&node_prefix, "10.218.126.0/24"),
+        5000,
+        &["--artifact-store", &store],
     );
     wait_node(&server, "n1", "ready", Duration::from_secs(10));
 
     // A sandbox on n1 with a file and a process of its own.
     let id = loop {
         let id = server.create_busybox();
-        server.wait_state(&id, "Running");
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while server.state(&id).0 == "Pending" && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let (_, sandbox) = server.get(&format!("/v1/sandboxes/{id}"));
+        assert_eq!(
+            sandbox["status"]["state"],
+            "Running",
+            "{sandbox}\n{}",
+            node.log_text()
+        );
         let (_, ep) = server.get(&format!("/v1/sandboxes/{id}/endpoints/44772"));
-        if ep["endpoint"].as_str().unwrap().starts_with(&node.proxy) {
+        if ep["endpoint"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{}/", node.proxy))
+        {
             break id;
         }
         assert_eq!(server.delete(&format!("/v1/sandboxes/{id}")), 204);
@@ -668,7 +689,7 @@ fn a_paused_sandbox_resumes_on_another_node_when_its_node_is_lost() {
         let _ = child.kill();
         let _ = child.wait();
     }
-    wait_node(&server, "n1", "lost", Duration::from_secs(15));
+    wait_node(&server, "n1", "lost", Duration::from_secs(20));
     let (status, body) = server.post(&format!("/v1/sandboxes/{id}/resume"), &json!({}));
     assert_eq!(status, 202, "{body}");
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -690,7 +711,7 @@ fn a_paused_sandbox_resumes_on_another_node_when_its_node_is_lost() {
         ep["endpoint"]
             .as_str()
             .unwrap()
-            .starts_with(&server.node_proxy),
+            .starts_with(&format!("{}/", server.node_proxy)),
         "resumed on the server's node: {ep}\n{}",
         server.log_text()
     );

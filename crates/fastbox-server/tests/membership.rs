@@ -92,6 +92,38 @@ impl Cluster {
         (lc, control, join, serving)
     }
 
+    /// The server stops (once every task of its life ended) and starts again on the same
+    /// store, with a new control API.
+    async fn restarted(self, lease_ms: u64) -> Cluster {
+        let Cluster {
+            dir,
+            lc,
+            local,
+            serving,
+            ..
+        } = self;
+        serving.abort();
+        let _ = serving.await;
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while Arc::strong_count(&lc) > 1 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "a task holds the server"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(lc);
+        let (lc, control, join, serving) = Self::life(&dir, local.clone(), lease_ms).await;
+        Cluster {
+            dir,
+            lc,
+            control,
+            join,
+            local,
+            serving,
+        }
+    }
+
     /// Node `id` (a fake behind the real node API) joins; its fake and its control client.
     async fn join(&self, id: &str) -> (Arc<FakeNode>, ControlClient, Registered) {
         let fake = Arc::new(FakeNode::new(4).with_node_id(id).with_image(IMAGE));
@@ -385,28 +417,10 @@ async fn registered_nodes_survive_a_restart_of_the_server() {
     let c = Cluster::start(10_000).await;
     let (n1, _, registered) = c.join("n1").await;
     let on_n1 = running_on(&c.lc, &n1).await;
-    let Cluster {
-        dir,
-        lc,
-        local,
-        serving,
-        ..
-    } = c;
-    serving.abort();
-    let _ = serving.await;
-    // The last holder of the store goes (once the tasks of the first life ended).
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while Arc::strong_count(&lc) > 1 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "a task holds the server"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    drop(lc);
     n1.clear_calls();
     // The next life: the same store, a new control API.
-    let (lc, control, _, _) = Cluster::life(&dir, local, 10_000).await;
+    let c = c.restarted(10_000).await;
+    let (lc, control) = (&c.lc, &c.control);
     let (adopted, lost, _) = lc.recover().await;
     assert_eq!((adopted, lost), (1, 0));
     assert_eq!(lc.node_of_sandbox(&on_n1).unwrap().node_id(), "n1");
@@ -422,11 +436,11 @@ async fn registered_nodes_survive_a_restart_of_the_server() {
         "a fresh lease at start"
     );
     // Its credential still works; another does not.
-    let node = ControlClient::new(&control, registered.node_to_server.parse().unwrap()).unwrap();
+    let node = ControlClient::new(control, registered.node_to_server.parse().unwrap()).unwrap();
     node.heartbeat(&beat(n1.status().await))
         .await
         .expect("heartbeat");
-    let stranger = ControlClient::new(&control, Credential::generate().unwrap()).unwrap();
+    let stranger = ControlClient::new(control, Credential::generate().unwrap()).unwrap();
     let e = refused(
         stranger
             .heartbeat(&beat(n1.status().await))
@@ -673,25 +687,8 @@ async fn losses_are_counted_durably_and_told_with_every_renewal() {
     assert!(renewal.was_lost);
     assert_eq!(renewal.losses, 1);
     // The count outlives a restart of the server (its lease does not).
-    let Cluster {
-        dir,
-        lc,
-        local,
-        serving,
-        ..
-    } = c;
-    serving.abort();
-    let _ = serving.await;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while Arc::strong_count(&lc) > 1 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "a task holds the server"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    drop(lc);
-    let (_lc, control_url, _, _) = Cluster::life(&dir, local, 1_000).await;
+    let c = c.restarted(1_000).await;
+    let control_url = c.control.clone();
     let own: Credential = registered.node_to_server.parse().unwrap();
     let control = ControlClient::new(&control_url, own).unwrap();
     let renewal = control.heartbeat(&beat(n1.status().await)).await.unwrap();

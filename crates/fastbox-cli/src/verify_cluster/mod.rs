@@ -407,7 +407,11 @@ impl Scenario<'_> {
         for _ in 0..(4 * self.args.nodes) {
             let sandbox = api.running(&self.args.image)?;
             let (endpoint, _) = api.execd(&sandbox)?;
-            match (endpoint.starts_with(&proxy), &on_victim, &elsewhere) {
+            match (
+                endpoint.starts_with(&format!("{proxy}/")),
+                &on_victim,
+                &elsewhere,
+            ) {
                 (true, None, _) => on_victim = Some(sandbox),
                 (false, _, None) => elsewhere = Some(sandbox),
                 _ => spare.push(sandbox),
