@@ -63,7 +63,9 @@ pub use manifest::{
     ArtifactKind, FORMAT_VERSION, Lineage, Manifest, ManifestError, ManifestMeta, RootfsImage,
     Runtime, SourceImage,
 };
-pub use materialize::{MaterializeError, MaterializeStats, materialize, read_manifest};
+pub use materialize::{
+    LeftOut, MaterializeError, MaterializeStats, materialize, materialize_except, read_manifest,
+};
 pub use pack::{PackError, PackFormat, PackedRootfs, pack_rootfs};
 pub use publish::{
     IndexOutcome, IndexedPublish, NoProgress, PublishError, PublishProgress, PublishStats,

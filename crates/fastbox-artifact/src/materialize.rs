@@ -80,6 +80,26 @@ pub fn materialize<S: ArtifactStore + ?Sized>(
     manifest: &Digest,
     dest: &Path,
 ) -> Result<MaterializeStats, MaterializeError> {
+    materialize_except(store, manifest, dest, &|_| false).map(|(stats, _)| stats)
+}
+
+/// A regular file of an artifact that [`materialize_except`] did not write: its path in the
+/// tree, its size and its blocks, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeftOut {
+    pub path: String,
+    pub size: u64,
+    pub blocks: Vec<Digest>,
+}
+
+/// [`materialize`] without the regular files whose path `leave_out` accepts: those are not
+/// in the tree, and are returned (in manifest order) for the caller to fetch later.
+pub fn materialize_except<S: ArtifactStore + ?Sized>(
+    store: &S,
+    manifest: &Digest,
+    dest: &Path,
+    leave_out: &dyn Fn(&str) -> bool,
+) -> Result<(MaterializeStats, Vec<LeftOut>), MaterializeError> {
     let manifest = read_manifest(store, manifest)?;
     if dest.symlink_metadata().is_ok() {
         return Err(MaterializeError::DestinationExists(dest.to_path_buf()));
@@ -93,7 +113,7 @@ pub fn materialize<S: ArtifactStore + ?Sized>(
         .prefix(&format!(".{name}.partial-"))
         .tempdir_in(parent)
         .map_err(io_error("create a staging directory in", parent))?;
-    let stats = write_tree(store, &manifest, staging.path())?;
+    let (stats, left_out) = write_tree(store, &manifest, staging.path(), leave_out)?;
     renameat2(
         None,
         staging.path(),
@@ -107,15 +127,17 @@ pub fn materialize<S: ArtifactStore + ?Sized>(
     })?;
     // Renamed away: nothing left for the guard to remove.
     let _ = staging.keep();
-    Ok(stats)
+    Ok((stats, left_out))
 }
 
 fn write_tree<S: ArtifactStore + ?Sized>(
     store: &S,
     manifest: &Manifest,
     root: &Path,
-) -> Result<MaterializeStats, MaterializeError> {
+    leave_out: &dyn Fn(&str) -> bool,
+) -> Result<(MaterializeStats, Vec<LeftOut>), MaterializeError> {
     let mut stats = MaterializeStats::default();
+    let mut left_out = Vec::new();
     let mut dirs = Vec::new();
     for entry in &manifest.files {
         let path = root.join(&entry.path);
@@ -126,6 +148,14 @@ fn write_tree<S: ArtifactStore + ?Sized>(
                     .create(&path)
                     .map_err(io_error("create", &path))?;
                 dirs.push((path, entry.mode));
+            }
+            EntryKind::File { size, blocks } if leave_out(&entry.path) => {
+                left_out.push(LeftOut {
+                    path: entry.path.clone(),
+                    size: *size,
+                    blocks: blocks.clone(),
+                });
+                continue;
             }
             EntryKind::File { size, blocks } => {
                 write_file(store, &entry.path, &path, *size, blocks, &mut stats)?;
@@ -143,7 +173,7 @@ fn write_tree<S: ArtifactStore + ?Sized>(
         set_mode(path, *mode)?;
     }
     set_mode(root, 0o755)?;
-    Ok(stats)
+    Ok((stats, left_out))
 }
 
 fn write_file<S: ArtifactStore + ?Sized>(

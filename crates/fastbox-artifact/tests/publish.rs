@@ -10,8 +10,8 @@ use std::sync::{Arc, Barrier};
 
 use fastbox_artifact::{
     ArtifactStore, BLOCK_SIZE, Digest, EntryKind, IndexKey, IndexOutcome, LocalStore,
-    MaterializeError, NoProgress, PublishError, StoreError, materialize, publish, publish_index,
-    read_manifest,
+    MaterializeError, NoProgress, PublishError, StoreError, materialize, materialize_except,
+    publish, publish_index, read_manifest,
 };
 
 use common::{
@@ -126,6 +126,31 @@ fn materialize_rebuilds_files_dirs_symlinks_modes_and_empty_files() {
         materialize(&store, &published.manifest, &dest),
         Err(MaterializeError::DestinationExists(_))
     ));
+}
+
+#[test]
+fn materialize_except_leaves_chosen_files_out_and_lists_their_blocks() {
+    let (src, dir_store, out) = (temp_dir(), temp_dir(), temp_dir());
+    let store = LocalStore::open(dir_store.path()).unwrap();
+    rich_tree(src.path());
+    let published = publish(&store, src.path(), meta(), &NoProgress).unwrap();
+    let dest = out.path().join("restored");
+    let (stats, left) = materialize_except(&store, &published.manifest, &dest, &|p| {
+        p.starts_with("data/b")
+    })
+    .unwrap();
+    assert_eq!(stats.entries, 11, "every entry but the one left out");
+    assert!(!dest.join("data/big").exists());
+    assert_eq!(fs::read(dest.join("z-last")).unwrap(), b"last");
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].path, "data/big");
+    assert_eq!(left[0].size, (BLOCK_SIZE + 123) as u64);
+    let lens: Vec<usize> = left[0]
+        .blocks
+        .iter()
+        .map(|d| store.get_block(d).unwrap().len())
+        .collect();
+    assert_eq!(lens, block_lens(&store, &published.manifest, "data/big"));
 }
 
 #[test]

@@ -114,6 +114,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         policy: None,
         keep_tcp: false,
         lazy_memory: false,
+        remote_memory: None,
     };
     let started = Instant::now();
     let result = host

@@ -628,6 +628,53 @@ fn a_node_joins_a_server_shares_its_creates_and_is_lost_when_killed() {
         assert!(clean, "fastbox leftovers --prefix {prefix}: {found}");
     }
 }
+/// A busybox awk that fills its heap with 300 000 pseudo-random numbers, records their sum
+/// in `/tmp/sum0`, then writes `<pass> <sum>` to `/tmp/sums` every second.
+const MEMORY_HOLDER: &str = "awk 'BEGIN { srand(7); for (i = 0; i < 300000; i++) { a[i] = int(rand() * 1000000000); s += a[i] }; printf \"%.0f\\n\", s > \"/tmp/sum0\"; close(\"/tmp/sum0\"); while (1) { t = 0; for (i in a) t += a[i]; n++; printf \"%d %.0f\\n\", n, t > \"/tmp/sums.new\"; close(\"/tmp/sums.new\"); system(\"mv /tmp/sums.new /tmp/sums; sleep 1\") } }'";
+
+/// The memory holder's latest `(pass, sum)` once its pass is past `after`; its sum must
+/// be the one it recorded at start.
+fn held_sums(server: &UpServer, id: &str, after: u64) -> (u64, String) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let run = Execd::of(server, id).sh("cat /tmp/sum0 /tmp/sums 2>/dev/null || true");
+        let lines: Vec<&str> = run.stdout.lines().collect();
+        if let [start, latest] = lines[..]
+            && let Some((pass, sum)) = latest.split_once(' ')
+            && let Ok(pass) = pass.parse::<u64>()
+            && pass > after
+        {
+            assert_eq!(
+                sum.trim(),
+                start.trim(),
+                "the holder's sum changed: {}",
+                run.stdout
+            );
+            return (pass, sum.trim().to_string());
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the memory holder did not sum past pass {after}: {}",
+            run.stdout
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// `text` without its terminal color sequences (`ESC [ ... m`).
+fn without_colors(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|c| *c == 'm');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 #[test]
 fn a_paused_sandbox_resumes_on_another_node_when_its_node_is_lost() {
     if let Some(reason) = common::unavailable() {
@@ -676,9 +723,18 @@ fn a_paused_sandbox_resumes_on_another_node_when_its_node_is_lost() {
         }
         assert_eq!(server.delete(&format!("/v1/sandboxes/{id}")), 204);
     };
-    let run = Execd::of(&server, &id)
-        .sh("echo kept-$((6 * 7)) > /tmp/mark; (sleep 100000 &) ; sleep 0.2; pidof sleep | wc -w");
-    let sleepers = run.stdout.trim().to_string();
+    Execd::of(&server, &id).sh("echo kept-$((6 * 7)) > /tmp/mark; (sleep 100000 &)");
+    // Counted by a command line that does not hold what it looks for.
+    const COUNT_SLEEPERS: &str = "ps | grep -c \"[s]leep 10000[0]\"";
+    let sleepers = Execd::of(&server, &id)
+        .sh(COUNT_SLEEPERS)
+        .stdout
+        .trim()
+        .to_string();
+    // A process holding tens of MiB of pseudo-random numbers in its heap, which it sums again
+    // every second: after the resume, its sums say whether its memory came back intact.
+    Execd::of(&server, &id).sh(&format!("({MEMORY_HOLDER} > /dev/null 2>&1 &)"));
+    let before = held_sums(&server, &id, 0);
     let (status, body) = server.post(&format!("/v1/sandboxes/{id}/pause"), &json!({}));
     assert_eq!(status, 202, "{body}");
     server.wait_state(&id, "Paused");
@@ -715,7 +771,7 @@ fn a_paused_sandbox_resumes_on_another_node_when_its_node_is_lost() {
         "resumed on the server's node: {ep}\n{}",
         server.log_text()
     );
-    let run = Execd::of(&server, &id).sh("cat /tmp/mark; pidof sleep | wc -w");
+    let run = Execd::of(&server, &id).sh(&format!("cat /tmp/mark; {COUNT_SLEEPERS}"));
     let lines: Vec<&str> = run.stdout.lines().collect();
     assert_eq!(lines.first(), Some(&"kept-42"), "{}", run.stdout);
     assert_eq!(
@@ -726,6 +782,34 @@ fn a_paused_sandbox_resumes_on_another_node_when_its_node_is_lost() {
     );
     let (_, events) = server.get_text(&format!("/v1/sandboxes/{id}/diagnostics/events?scope=all"));
     assert!(events.contains("Moved"), "{events}");
+    // Its memory came from the store while it ran (fetched on its faults and in the
+    // background), and it is what it was.
+    let now = held_sums(&server, &id, 0);
+    let after = held_sums(&server, &id, now.0);
+    assert_eq!(
+        after.1, before.1,
+        "the held memory sums as before the pause"
+    );
+    let log = without_colors(&server.log_text());
+    let remote_bytes: u64 = log
+        .lines()
+        .filter(|l| l.contains("materialized from an artifact"))
+        .filter_map(|l| l.split("remote_bytes=").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    assert!(
+        remote_bytes > 16 << 20,
+        "the checkpoint's memory ({remote_bytes} bytes) was left in the store:\n{log}"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !server.log_text().contains("memory copied in") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no lazy memory transfer finished on the server's node:\n{}",
+            server.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
     // n1 comes back: what the sandbox left there goes.
     node.spawn();

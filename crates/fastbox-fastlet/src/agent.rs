@@ -6,21 +6,26 @@
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use fastbox_image::{ImageCache, ImageConfig, ImageError, Progress, RegistryAuth, ResolvedImage};
 use fastbox_runtime::cgroup::CgroupLimits;
 use fastbox_runtime::criu::Criu;
 use fastbox_runtime::execd_binary::ExecdBinary;
+use fastbox_runtime::lazy::restore::LazyPages;
 use fastbox_runtime::net::Ipv4Pool;
 use fastbox_runtime::sandbox::{self, SandboxHandle};
 use serde::{Deserialize, Serialize};
 
 use crate::execd_client::ExecdClient;
-use crate::host::{HostError, LocalHost, LocalSandbox, SPARE_ID_PREFIX, SlotSource, StartOptions};
+use crate::host::{
+    HostError, LAZY_RESTORE_TIMEOUT, LAZY_TRANSFER_TIMEOUT, LocalHost, LocalSandbox,
+    SPARE_ID_PREFIX, SlotSource, StartOptions,
+};
 use crate::phases::{LapClock, Phases};
 use crate::pool::{POOL_ID_PREFIX, POOL_SLOT_FILE, Pooled, WarmPools};
 use crate::reaper::{ReapJob, Reaper};
+use crate::remote_pages::{RemotePages, StoreBlocks};
 use crate::slots::SlotTable;
 use crate::spares::SparePool;
 use crate::template::{self, BuildClock, BuildLocks, Template};
@@ -518,6 +523,8 @@ impl Fastlet {
         mode: StartMode,
     ) -> Result<(Placement, StartReport), FastletError> {
         let _start = self.starts.begin();
+        let remote_memory = self.remote_memory(template, &req.id, mode)?;
+        let whole_after = remote_memory.as_ref().map(|_| template.checkpoint.clone());
         let opts = StartOptions {
             id: req.id.clone(),
             limits: req.limits,
@@ -529,6 +536,7 @@ impl Fastlet {
             keep_tcp: mode == StartMode::Resume,
             // Claims restore templates, which are small and restored whole.
             lazy_memory: mode != StartMode::Claim && self.restores_lazily(template),
+            remote_memory,
             ..StartOptions::default()
         };
         let place_err = |source: HostError| FastletError::Place {
@@ -552,8 +560,13 @@ impl Fastlet {
                 place_err(e)
             })?;
         if let Some(transfer) = sb.transfer.take() {
-            self.transfers
-                .track(&req.id, &sb.handle.dir, &template.key, transfer);
+            self.transfers.track(
+                &req.id,
+                &sb.handle.dir,
+                &template.key,
+                transfer,
+                whole_after,
+            );
         }
         let mut phases = sb.phases.clone();
         match self.configure(&sb.handle, &sb.slot, template, req, mode) {
@@ -580,6 +593,41 @@ impl Fastlet {
             },
             report,
         ))
+    }
+
+    /// The pages a restore of `template` as `id` fetches while it runs, when its memory is
+    /// still in the artifact store ([`RemotePages`]): only a resume restores such a
+    /// checkpoint, one at a time, and whatever pages image a cut transfer left goes first.
+    fn remote_memory(
+        &self,
+        template: &Template,
+        id: &str,
+        mode: StartMode,
+    ) -> Result<Option<LazyPages>, FastletError> {
+        let Some(pages) = RemotePages::read(&template.checkpoint) else {
+            return Ok(None);
+        };
+        let refuse = |message: &str| FastletError::Snapshot {
+            key: template.key.clone(),
+            message: format!("sandbox {id}: {message}"),
+        };
+        if !matches!(mode, StartMode::Resume | StartMode::Moved) {
+            return Err(refuse(
+                "its memory is not on this node yet: only a resume restores it",
+            ));
+        }
+        if self.transfers.reads(&template.key) {
+            return Err(refuse("another restore is fetching its memory"));
+        }
+        pages.remove_partial(&fastbox_runtime::checkpoint::images_dir(
+            &template.checkpoint,
+        ));
+        let source = Arc::new(StoreBlocks::new(self.artifact_store().clone()));
+        Ok(Some(pages.lazy_pages(
+            source,
+            LAZY_RESTORE_TIMEOUT,
+            Some(LAZY_TRANSFER_TIMEOUT),
+        )))
     }
 
     /// Whether a clone or a resume of checkpoint `template` starts before its memory is in

@@ -74,13 +74,14 @@ use fastbox_artifact::{
     ArtifactKind, ArtifactStore, Digest, DigestError, HostFacts, HostFactsError, IndexKey,
     IndexKeyError, IndexOutcome, ManifestMeta, MaterializeError, MaterializeStats, PackError,
     PackFormat, PublishError, PublishProgress, PublishStats, RootfsImage, SourceImage, materialize,
-    pack_rootfs, publish_index, read_manifest,
+    materialize_except, pack_rootfs, publish_index, read_manifest,
 };
 use fastbox_runtime::checkpoint::{CheckpointMeta, images_dir};
 use nix::fcntl::{RenameFlags, renameat2};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
+use crate::remote_pages::{RemotePages, is_pages_image};
 use crate::template::Template;
 
 /// The manifest label holding the SHA-256 (hex) of the template's golden token.
@@ -237,6 +238,8 @@ pub struct MaterializedTemplate {
     pub golden_token_sha256: Option<String>,
     /// What the materialization wrote.
     pub stats: MaterializeStats,
+    /// The pages images it left in the store (none unless asked to).
+    pub remote_pages: RemotePages,
     /// Time of the whole materialization.
     pub seconds: f64,
 }
@@ -353,22 +356,25 @@ pub fn materialize_template<S: ArtifactStore + ?Sized>(
     manifest: &Digest,
     dest: &Path,
 ) -> Result<MaterializedTemplate> {
-    materialize_restorable(store, manifest, dest, &[ArtifactKind::Template])
+    materialize_restorable(store, manifest, dest, &[ArtifactKind::Template], false)
 }
 
 /// [`materialize_template`] for the checkpoint of a snapshot or of a paused sandbox (the
 /// same layout: a packed rootfs, the writable layer, CRIU's images), published by another
-/// node.
+/// node. With `leave_pages`, its pages images stay in the store: the checkpoint directory
+/// lists them instead ([`RemotePages`]), for a lazy restore.
 pub fn materialize_checkpoint<S: ArtifactStore + ?Sized>(
     store: &S,
     manifest: &Digest,
     dest: &Path,
+    leave_pages: bool,
 ) -> Result<MaterializedTemplate> {
     materialize_restorable(
         store,
         manifest,
         dest,
         &[ArtifactKind::Snapshot, ArtifactKind::Checkpoint],
+        leave_pages,
     )
 }
 
@@ -377,6 +383,7 @@ fn materialize_restorable<S: ArtifactStore + ?Sized>(
     manifest: &Digest,
     dest: &Path,
     kinds: &[ArtifactKind],
+    leave_pages: bool,
 ) -> Result<MaterializedTemplate> {
     let clock = Instant::now();
     let m = read_manifest(store, manifest)?;
@@ -421,7 +428,8 @@ fn materialize_restorable<S: ArtifactStore + ?Sized>(
         .tempdir_in(parent)
         .map_err(io_error("create a staging directory in", parent))?;
     let tree = staging.path().join("tree");
-    let mut stats = materialize(store, manifest, &tree)?;
+    let leave_out = |path: &str| leave_pages && is_pages_image(path);
+    let (mut stats, left_out) = materialize_except(store, manifest, &tree, &leave_out)?;
     if let Some(parent) = lower_from {
         // The parent's packed rootfs joins the tree (the rest of the parent is not needed).
         let parent_tree = staging.path().join("parent");
@@ -435,6 +443,12 @@ fn materialize_restorable<S: ArtifactStore + ?Sized>(
     let upper_tar = checkpoint.join(UPPER_TAR);
     unpack_canonical_tar(&upper_tar, &checkpoint.join(UPPER_DIR))?;
     fs::remove_file(&upper_tar).map_err(io_error("remove", &upper_tar))?;
+    let remote_pages = RemotePages::from_left_out(&left_out);
+    if !left_out.is_empty() {
+        remote_pages
+            .write(&checkpoint)
+            .map_err(io_error("write the remote pages list of", &checkpoint))?;
+    }
     let info: TemplateInfo = read_json(&tree.join(INFO_FILE))?;
     renameat2(None, &tree, None, dest, RenameFlags::RENAME_NOREPLACE).map_err(|e| match e {
         nix::errno::Errno::EEXIST => TemplateArtifactError::DestinationExists(dest.to_path_buf()),
@@ -451,6 +465,7 @@ fn materialize_restorable<S: ArtifactStore + ?Sized>(
         info,
         golden_token_sha256: m.meta.labels.get(GOLDEN_TOKEN_LABEL).cloned(),
         stats,
+        remote_pages,
         seconds: clock.elapsed().as_secs_f64(),
     };
     tracing::info!(

@@ -20,11 +20,13 @@ use std::path::Path;
 use std::process::Command;
 
 use fastbox_artifact::{ArtifactStore, Digest, PackFormat};
+use fastbox_node_api::wire::CheckpointFetch;
 
 use crate::agent::{Fastlet, FastletError};
 use crate::artifact::{
     MaterializedTemplate, materialize_checkpoint, materialize_template, unpack_canonical_tar,
 };
+use crate::remote_pages::RemotePages;
 use crate::template::{self, Template};
 
 /// The directory the lower layer of a materialized template is mounted or unpacked at.
@@ -63,13 +65,16 @@ impl Fastlet {
     /// another node), materialized on this node as snapshot `key` if it is not here yet: then
     /// clones of it ([`Fastlet::restore_from`]) and resumes of it ([`Fastlet::resume`]) run
     /// here as on the node that took it. `execd_token` is the token of execd inside it (the
-    /// server keeps it; the manifest confirms it).
+    /// server keeps it; the manifest confirms it). With [`CheckpointFetch::MemoryOnFault`]
+    /// its pages images stay in the store ([`crate::remote_pages`]): the resume that follows
+    /// fetches them while the sandbox runs.
     pub fn snapshot_from_artifact(
         &self,
         store: &dyn ArtifactStore,
         manifest: &Digest,
         key: &str,
         execd_token: &str,
+        fetch: CheckpointFetch,
     ) -> Result<Template, FastletError> {
         let dir = crate::snapshot::snapshot_dir(&self.config().data_dir, key);
         self.materialized(
@@ -78,7 +83,7 @@ impl Fastlet {
             execd_token,
             key,
             &dir,
-            Restorable::Checkpoint,
+            Restorable::Checkpoint(fetch),
         )
     }
 
@@ -97,7 +102,9 @@ impl Fastlet {
         };
         let lock = self.builds.for_image(key);
         let _materializing = lock.lock().expect("build lock");
-        if let Some(t) = self.current_template(dir) {
+        if let Some(t) = self.current_template(dir)
+            && self.whole_enough(&t, what)
+        {
             ensure_rootfs(dir).map_err(fail)?;
             return Ok(t);
         }
@@ -109,7 +116,12 @@ impl Fastlet {
         }
         let m = match what {
             Restorable::Template => materialize_template(store, manifest, dir),
-            Restorable::Checkpoint => materialize_checkpoint(store, manifest, dir),
+            Restorable::Checkpoint(fetch) => materialize_checkpoint(
+                store,
+                manifest,
+                dir,
+                fetch == CheckpointFetch::MemoryOnFault,
+            ),
         }
         .map_err(|e| fail(e.to_string()))?;
         let adopted = self.adopt_materialized(&m, key, golden_token);
@@ -118,8 +130,21 @@ impl Fastlet {
             let _ = std::fs::remove_dir_all(dir);
         }
         let t = adopted.map_err(fail)?;
-        tracing::info!(manifest = %manifest, blocks = m.stats.blocks_fetched, bytes = m.stats.bytes, seconds = m.seconds, "template materialized from an artifact");
+        tracing::info!(manifest = %manifest, blocks = m.stats.blocks_fetched, bytes = m.stats.bytes, remote_bytes = m.remote_pages.bytes(), seconds = m.seconds, "template materialized from an artifact");
         Ok(t)
+    }
+
+    /// Whether `t`, here already, serves `what`: a checkpoint whose memory is still in the
+    /// store serves a resume, but clones need it whole. A resume still copying it in is
+    /// waited for; one that did not finish leaves it to be fetched again, whole.
+    fn whole_enough(&self, t: &Template, what: Restorable) -> bool {
+        if what != Restorable::Checkpoint(CheckpointFetch::Whole)
+            || RemotePages::read(&t.checkpoint).is_none()
+        {
+            return true;
+        }
+        self.transfers.wait_for_source(&t.key);
+        RemotePages::read(&t.checkpoint).is_none()
     }
 
     fn adopt_materialized(
@@ -155,12 +180,13 @@ impl Fastlet {
 }
 
 /// What an artifact is materialized as.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Restorable {
     /// A template (golden checkpoint) of the templates directory.
     Template,
-    /// A node snapshot (a snapshot's or a pause's checkpoint) of the snapshots directory.
-    Checkpoint,
+    /// A node snapshot (a snapshot's or a pause's checkpoint) of the snapshots directory,
+    /// whole or without its memory.
+    Checkpoint(CheckpointFetch),
 }
 
 /// The template key of a materialized manifest (also its directory name).

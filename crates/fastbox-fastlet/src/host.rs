@@ -145,12 +145,15 @@ pub struct StartOptions {
     /// A restore returns before the checkpoint's memory is in place; the memory is copied in
     /// from the checkpoint's pages images while the sandbox runs ([`crate::transfers`]).
     pub lazy_memory: bool,
+    /// A restore of a checkpoint whose pages images are not here ([`crate::remote_pages`]):
+    /// lazy, its memory fetched from these while the sandbox runs.
+    pub remote_memory: Option<LazyPages>,
 }
 
 /// How long a lazy restore's `criu restore` may run.
-const LAZY_RESTORE_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const LAZY_RESTORE_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a lazy restore's memory may take to be copied in before the sandbox is killed.
-const LAZY_TRANSFER_TIMEOUT: Duration = Duration::from_secs(600);
+pub(crate) const LAZY_TRANSFER_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// A started sandbox and its slot.
 pub struct LocalSandbox {
@@ -159,7 +162,8 @@ pub struct LocalSandbox {
     pub execd: ExecdClient,
     /// How the start went: `slot`, then the start's own phases, then `ready` (execd).
     pub phases: Phases,
-    /// The memory still being copied in (a restore with [`StartOptions::lazy_memory`]).
+    /// The memory still being copied in (a restore with [`StartOptions::lazy_memory`] or
+    /// [`StartOptions::remote_memory`]).
     pub transfer: Option<fastbox_runtime::lazy::restore::LazyTransfer>,
 }
 
@@ -320,16 +324,20 @@ impl LocalHost {
                 layer_ready: extras.layer_ready,
             };
             let mut phases = Phases::default();
-            let (handle, took) = if opts.lazy_memory {
+            let (handle, took) = if opts.lazy_memory || opts.remote_memory.is_some() {
                 let images = fastbox_runtime::checkpoint::images_dir(checkpoint);
-                let pages =
-                    LazyPages::local(&images, LAZY_RESTORE_TIMEOUT, Some(LAZY_TRANSFER_TIMEOUT))
-                        .map_err(|source| CheckpointError::Io {
-                            id: opts.id.clone(),
-                            what: "list the pages images of",
-                            path: images.clone(),
-                            source,
-                        })?;
+                let pages = match &opts.remote_memory {
+                    Some(remote) => remote.clone(),
+                    None => {
+                        LazyPages::local(&images, LAZY_RESTORE_TIMEOUT, Some(LAZY_TRANSFER_TIMEOUT))
+                            .map_err(|source| CheckpointError::Io {
+                                id: opts.id.clone(),
+                                what: "list the pages images of",
+                                path: images.clone(),
+                                source,
+                            })?
+                    }
+                };
                 let lazy = fastbox_runtime::checkpoint::restore_lazy(
                     criu,
                     &self.cgroups,

@@ -18,6 +18,7 @@ pub mod node_store;
 pub mod phases;
 pub mod pool;
 pub mod reaper;
+pub mod remote_pages;
 pub mod slots;
 pub mod snapshot;
 pub mod spares;

@@ -20,9 +20,9 @@ use fastbox_egress::EgressPolicy;
 use fastbox_image::{NoProgress, RegistryAuth, ResolvedImage};
 use fastbox_node_api::recipe::GoldenRecipe;
 use fastbox_node_api::wire::{
-    Adoption, ImageInfo, NodePlacement, NodeStatus, PlaceSpec, Placed, ProxyRefusal,
-    RegistryCredentials, RemoveReport, RestoreSpec, SandboxTokens, SnapshotReport, SnapshotSource,
-    TemplateBuilt, Unsigned,
+    Adoption, CheckpointFetch, ImageInfo, NodePlacement, NodeStatus, PlaceSpec, Placed,
+    ProxyRefusal, RegistryCredentials, RemoveReport, RestoreSpec, SandboxTokens, SnapshotReport,
+    SnapshotSource, TemplateBuilt, Unsigned,
 };
 use fastbox_node_api::{NodeAgent, NodeError, NodeErrorKind, NodeResult};
 use http::{HeaderName, Request};
@@ -463,6 +463,7 @@ impl NodeAgent for LocalNode {
         key: &str,
         manifest: &str,
         execd_token: &str,
+        fetch: CheckpointFetch,
     ) -> NodeResult<()> {
         let digest = fastbox_artifact::Digest::from_hex(manifest)
             .map_err(|e| NodeError::failed(format!("manifest {manifest:?}: {e}")))?;
@@ -470,7 +471,7 @@ impl NodeAgent for LocalNode {
         let (k, token) = (key.to_string(), execd_token.to_string());
         blocking::run("fastbox-fetch", move || {
             let store = fastlet.artifact_store().clone();
-            fastlet.snapshot_from_artifact(store.as_ref(), &digest, &k, &token)
+            fastlet.snapshot_from_artifact(store.as_ref(), &digest, &k, &token, fetch)
         })
         .await
         .map(drop)

@@ -23,11 +23,13 @@
 //! [`LazyPages::local`]: fastbox_runtime::lazy::restore::LazyPages::local
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 
 use fastbox_runtime::lazy::daemon::DaemonProcess;
 use fastbox_runtime::lazy::restore::LazyTransfer;
+
+use crate::remote_pages::RemotePages;
 
 /// The file a sandbox's directory holds while its memory is copied in.
 pub const MARKER: &str = "lazy-transfer";
@@ -89,8 +91,17 @@ impl Running {
 
 impl Transfers {
     /// Marks sandbox `id` (directory `dir`), restored from checkpoint `source`, and watches
-    /// its `transfer` until it ends, then removes the mark.
-    pub fn track(self: &Arc<Self>, id: &str, dir: &Path, source: &str, transfer: LazyTransfer) {
+    /// its `transfer` until it ends, then removes the mark. `whole_after` is the checkpoint
+    /// directory of a source whose memory was fetched from the artifact store: when the
+    /// transfer put every page in place, the checkpoint is whole ([`RemotePages::clear`]).
+    pub fn track(
+        self: &Arc<Self>,
+        id: &str,
+        dir: &Path,
+        source: &str,
+        transfer: LazyTransfer,
+        whole_after: Option<PathBuf>,
+    ) {
         let mark = Mark {
             source: source.to_string(),
             daemon: transfer.daemon(),
@@ -110,8 +121,11 @@ impl Transfers {
         let spawned = std::thread::Builder::new()
             .name("fastbox-transfer".into())
             .spawn(move || {
-                let outcome = transfer.wait().map(|_| {
-                    tracing::info!(sandbox = %sandbox, ms = clock.elapsed().as_millis() as u64, "memory copied in");
+                let outcome = transfer.wait().map(|report| {
+                    if let Some(checkpoint) = &whole_after {
+                        RemotePages::clear(checkpoint);
+                    }
+                    tracing::info!(sandbox = %sandbox, ms = clock.elapsed().as_millis() as u64, fetched_blocks = report.fetched.blocks, "memory copied in");
                 });
                 let outcome = outcome.map_err(|e| {
                     tracing::warn!(sandbox = %sandbox, error = %e, "the memory transfer failed: the sandbox was killed");

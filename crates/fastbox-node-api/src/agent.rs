@@ -20,9 +20,9 @@ use http::{HeaderName, Request};
 use crate::error::NodeResult;
 use crate::recipe::GoldenRecipe;
 use crate::wire::{
-    Adoption, ImageInfo, NodePlacement, NodeStatus, PlaceSpec, Placed, ProxyRefusal,
-    RegistryCredentials, RemoveReport, RestoreSpec, SandboxTokens, SnapshotReport, SnapshotSource,
-    TemplateBuilt, Unsigned,
+    Adoption, CheckpointFetch, ImageInfo, NodePlacement, NodeStatus, PlaceSpec, Placed,
+    ProxyRefusal, RegistryCredentials, RemoveReport, RestoreSpec, SandboxTokens, SnapshotReport,
+    SnapshotSource, TemplateBuilt, Unsigned,
 };
 
 #[async_trait]
@@ -130,12 +130,14 @@ pub trait NodeAgent: Send + Sync {
     /// as `manifest`, `blake3` hex) committed on this node too, materialized from the
     /// artifact store; nothing to do when it is here. `execd_token` is the token of execd in
     /// it (the manifest confirms it). Then [`NodeAgent::clone_snapshot`] and
-    /// [`NodeAgent::resume`] of `key` run here.
+    /// [`NodeAgent::resume`] of `key` run here; with [`CheckpointFetch::MemoryOnFault`] its
+    /// memory stays in the store until the resume that follows fetches it.
     async fn fetch_checkpoint(
         &self,
         key: &str,
         manifest: &str,
         execd_token: &str,
+        fetch: CheckpointFetch,
     ) -> NodeResult<()>;
 
     /// Removes checkpoint `key` (committed or not), once no restore reads it. Idempotent.

@@ -81,9 +81,10 @@ use http::{HeaderName, Request};
 
 use crate::recipe::GoldenRecipe;
 use crate::wire::{
-    Adoption, ImageInfo, NodeHandle, NodePlacement, NodeStatus, PhaseTiming, PlaceSpec, Placed,
-    ProxyRefusal, RegistryCredentials, RemoveReport, RestoreSpec, SandboxSettings, SandboxTokens,
-    SnapshotReport, SnapshotSource, StartReport, TemplateBuilt, Unsigned,
+    Adoption, CheckpointFetch, ImageInfo, NodeHandle, NodePlacement, NodeStatus, PhaseTiming,
+    PlaceSpec, Placed, ProxyRefusal, RegistryCredentials, RemoveReport, RestoreSpec,
+    SandboxSettings, SandboxTokens, SnapshotReport, SnapshotSource, StartReport, TemplateBuilt,
+    Unsigned,
 };
 use crate::{NodeAgent, NodeError, NodeErrorKind, NodeResult};
 
@@ -324,6 +325,8 @@ struct State {
     slots: Vec<Slot>,
     images: BTreeMap<String, ImageInfo>,
     checkpoints: BTreeMap<String, FakeCheckpoint>,
+    /// Every checkpoint fetched from the store, and how, in order.
+    fetches: Vec<(String, CheckpointFetch)>,
     templates: BTreeSet<String>,
     calls: Vec<Call>,
     violations: Vec<String>,
@@ -666,6 +669,11 @@ impl FakeNode {
     /// Every checkpoint, by key.
     pub fn checkpoints(&self) -> Vec<FakeCheckpoint> {
         self.lock().checkpoints.values().cloned().collect()
+    }
+
+    /// Every checkpoint fetched from the store ([`NodeAgent::fetch_checkpoint`]), and how.
+    pub fn fetches(&self) -> Vec<(String, CheckpointFetch)> {
+        self.lock().fetches.clone()
     }
 
     /// The keys of the templates built.
@@ -1453,12 +1461,14 @@ impl NodeAgent for FakeNode {
         key: &str,
         manifest: &str,
         _execd_token: &str,
+        fetch: CheckpointFetch,
     ) -> NodeResult<()> {
         let manifest = manifest.to_string();
         self.fallible(Call::new(Verb::FetchCheckpoint).key(key), move |s| {
             if manifest.is_empty() {
                 return Err(NodeError::failed("no manifest"));
             }
+            s.fetches.push((key.to_string(), fetch));
             s.checkpoints
                 .entry(key.to_string())
                 .or_insert_with(|| FakeCheckpoint {

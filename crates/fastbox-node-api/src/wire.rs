@@ -125,6 +125,19 @@ pub struct SnapshotSource {
     pub image_reference: String,
 }
 
+/// What a node fetches of a checkpoint published by another node
+/// ([`crate::NodeAgent::fetch_checkpoint`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointFetch {
+    /// All of it: any number of restores (clones) may read it at once.
+    #[default]
+    Whole,
+    /// All but its memory, which the one restore that follows (a resume) fetches on its
+    /// page faults and in the background: the sandbox runs before its memory is local.
+    MemoryOnFault,
+}
+
 /// How a start went.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StartReport {

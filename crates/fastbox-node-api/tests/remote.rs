@@ -278,9 +278,12 @@ impl NodeAgent for Spy {
         key: &str,
         manifest: &str,
         execd_token: &str,
+        fetch: CheckpointFetch,
     ) -> NodeResult<()> {
-        self.note(format!("fetch_checkpoint {key} {manifest}"));
-        self.node.fetch_checkpoint(key, manifest, execd_token).await
+        self.note(format!("fetch_checkpoint {key} {manifest} {fetch:?}"));
+        self.node
+            .fetch_checkpoint(key, manifest, execd_token, fetch)
+            .await
     }
 
     async fn discard_interrupted_snapshot(&self, key: &str) {
@@ -494,8 +497,13 @@ async fn script(node: &dyn NodeAgent) -> Vec<String> {
     note!(node.discard_interrupted_snapshot("snap-1").await);
     note!(node.remove_snapshot("pause-2").await).unwrap();
     note!(
-        node.fetch_checkpoint("pause-9", "fake-manifest-pause-9", "t")
-            .await
+        node.fetch_checkpoint(
+            "pause-9",
+            "fake-manifest-pause-9",
+            "t",
+            CheckpointFetch::MemoryOnFault
+        )
+        .await
     )
     .unwrap();
     note!(node.has_snapshot("pause-9").await);

@@ -17,6 +17,7 @@ use fastbox_node_api::remote::{
     ControlClient, Credential, MembershipCallError, control_router, node_router,
 };
 use fastbox_node_api::testkit::{FakeNode, Verb};
+use fastbox_node_api::wire::CheckpointFetch;
 use fastbox_server::config::{ServerConfig, Settings};
 use fastbox_server::nodes::{NodeState, Nodes};
 use fastbox_server::service::{Lifecycle, NODE_LOST};
@@ -571,6 +572,13 @@ async fn a_paused_sandbox_of_a_lost_node_resumes_on_another_and_its_leftovers_go
         "{:?}",
         c.local.calls()
     );
+    assert!(
+        c.local
+            .fetches()
+            .contains(&(key.clone(), CheckpointFetch::MemoryOnFault)),
+        "a resume fetches the memory while the sandbox runs: {:?}",
+        c.local.fetches()
+    );
     assert_eq!(c.lc.node_of_sandbox(&paused).unwrap().node_id(), "local");
     let events =
         c.lc.diagnostics_events(&paused, "all")
@@ -594,6 +602,13 @@ async fn a_paused_sandbox_of_a_lost_node_resumes_on_another_and_its_leftovers_go
             .calls_of(Verb::FetchCheckpoint)
             .iter()
             .any(|call| call.key.as_deref() == Some(snap.as_str()))
+    );
+    assert!(
+        c.local
+            .fetches()
+            .contains(&(snap.clone(), CheckpointFetch::Whole)),
+        "clones read a whole checkpoint: {:?}",
+        c.local.fetches()
     );
 
     // n1 comes back: what the moved sandbox left there (its kept slot, its checkpoint) goes.

@@ -48,7 +48,7 @@ use crate::paths::{HostArgs, require_root};
 use report::{CheckpointFacts, Report, Settings};
 use restores::{Mode, Plan, Sample, is_pages_image, restore_once};
 use rootfs::HolderRootfs;
-use source::DelayedSource;
+use source::StoreBlocks;
 
 /// The longest the holder may take to fill its memory and answer.
 const HOLDER_START_TIMEOUT: Duration = Duration::from_secs(600);
@@ -206,7 +206,7 @@ fn with_host(
         .map_err(anyhow::Error::from)
         .and_then(|manifest| {
             count_files(&manifest, &mut facts);
-            let source = Arc::new(DelayedSource::new(
+            let source = Arc::new(StoreBlocks::delayed(
                 store.clone(),
                 Duration::from_millis(run.args.block_delay_ms),
             ));

@@ -75,12 +75,11 @@ pub fn pull(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench_lazy::source::DelayedSource;
+    use crate::bench_lazy::source::StoreBlocks;
     use fastbox_artifact::{
         ArtifactKind, ArtifactStore, HostFacts, LocalStore, ManifestMeta, NoProgress, publish,
         read_manifest,
     };
-    use std::time::Duration;
 
     #[test]
     fn a_pull_rebuilds_the_tree_but_what_it_leaves_out() {
@@ -106,7 +105,7 @@ mod tests {
         );
         let published = publish(store.as_ref(), &tree, meta, &NoProgress).unwrap();
         let manifest = read_manifest(store.as_ref(), &published.manifest).unwrap();
-        let counted = Arc::new(DelayedSource::new(store, Duration::ZERO));
+        let counted = Arc::new(StoreBlocks::new(store));
         let source: Arc<dyn BlockSource> = counted.clone();
 
         let full = dir.path().join("full");

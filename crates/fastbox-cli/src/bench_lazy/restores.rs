@@ -32,7 +32,7 @@ use fastbox_runtime::spec::{DEFAULT_DISK_BYTES, EXECD_PORT};
 
 use super::holder;
 use super::pull::pull;
-use super::source::{DelayedSource, since};
+use super::source::{StoreBlocks, since};
 
 /// The slot every timed restore goes into (one at a time; the source sandbox used 0).
 const SLOT: u32 = 1;
@@ -65,7 +65,7 @@ pub struct Plan<'a> {
     pub host: &'a LocalHost,
     pub criu: &'a Criu,
     pub manifest: &'a Manifest,
-    pub source: &'a Arc<DelayedSource>,
+    pub source: &'a Arc<StoreBlocks>,
     /// The rootfs with the holder (the overlay's lower layer).
     pub rootfs: &'a Path,
     /// Where the execd of the checkpoint is (`ExecdBinary::import`).

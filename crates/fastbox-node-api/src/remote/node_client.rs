@@ -23,9 +23,9 @@ use super::verbs::*;
 use super::{CLIENT_HEADER, CREDENTIAL_HEADER, MAX_BODY, REFUSAL_HEADER, UNSIGNED_HEADER};
 use crate::recipe::GoldenRecipe;
 use crate::wire::{
-    Adoption, ImageInfo, NodePlacement, NodeStatus, PlaceSpec, Placed, ProxyRefusal,
-    RegistryCredentials, RemoveReport, RestoreSpec, SandboxTokens, SnapshotReport, SnapshotSource,
-    TemplateBuilt, Unsigned,
+    Adoption, CheckpointFetch, ImageInfo, NodePlacement, NodeStatus, PlaceSpec, Placed,
+    ProxyRefusal, RegistryCredentials, RemoveReport, RestoreSpec, SandboxTokens, SnapshotReport,
+    SnapshotSource, TemplateBuilt, Unsigned,
 };
 use crate::{NodeAgent, NodeError, NodeErrorKind, NodeResult};
 
@@ -416,11 +416,13 @@ impl NodeAgent for NodeClient {
         key: &str,
         manifest: &str,
         execd_token: &str,
+        fetch: CheckpointFetch,
     ) -> NodeResult<()> {
         let args = FetchArgs {
             key: key.to_string(),
             manifest: manifest.to_string(),
             execd_token: execd_token.to_string(),
+            fetch,
         };
         self.call(Verb::FetchCheckpoint, &args).await
     }

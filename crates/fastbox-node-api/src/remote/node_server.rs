@@ -191,7 +191,7 @@ async fn serve(agent: &dyn NodeAgent, verb: Verb, body: &[u8]) -> Result<Vec<u8>
             let a: FetchArgs = args(body)?;
             answer(
                 agent
-                    .fetch_checkpoint(&a.key, &a.manifest, &a.execd_token)
+                    .fetch_checkpoint(&a.key, &a.manifest, &a.execd_token, a.fetch)
                     .await,
             )
         }

@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::recipe::GoldenRecipe;
 use crate::wire::{
-    NodePlacement, PlaceSpec, RegistryCredentials, RestoreSpec, SandboxTokens, SnapshotSource,
+    CheckpointFetch, NodePlacement, PlaceSpec, RegistryCredentials, RestoreSpec, SandboxTokens,
+    SnapshotSource,
 };
 
 /// How long a verb may take (see [`super::Timeouts`]).
@@ -174,6 +175,8 @@ pub(super) struct FetchArgs {
     pub key: String,
     pub manifest: String,
     pub execd_token: String,
+    #[serde(default)]
+    pub fetch: CheckpointFetch,
 }
 
 #[derive(Serialize, Deserialize)]

@@ -13,7 +13,8 @@ use fastbox_api::snapshots::{
     ForkRequest, ForkResponse, ListSnapshotsResponse, Snapshot, SnapshotState, SnapshotStatus,
 };
 use fastbox_node_api::wire::{
-    NodePlacement, Placed, RestoreSpec, SandboxSettings, SnapshotReport, SnapshotSource,
+    CheckpointFetch, NodePlacement, Placed, RestoreSpec, SandboxSettings, SnapshotReport,
+    SnapshotSource,
 };
 use fastbox_node_api::{NodeAgent, NodeError, NodeErrorKind, NodeResult};
 
@@ -609,7 +610,12 @@ impl Lifecycle {
             };
             self.nodes.admitted(node.node_id());
             if let Err(e) = node
-                .fetch_checkpoint(key, &manifest, &record.execd_token)
+                .fetch_checkpoint(
+                    key,
+                    &manifest,
+                    &record.execd_token,
+                    CheckpointFetch::MemoryOnFault,
+                )
                 .await
             {
                 node.release_slot(slot).await;
@@ -747,7 +753,7 @@ impl Lifecycle {
         let manifest = snapshot.manifest.as_deref().ok_or_else(|| {
             format!("snapshot {id} is not published: it restores only where it was taken")
         })?;
-        node.fetch_checkpoint(id, manifest, &snapshot.execd_token)
+        node.fetch_checkpoint(id, manifest, &snapshot.execd_token, CheckpointFetch::Whole)
             .await
             .map_err(|e| e.to_string())
     }
