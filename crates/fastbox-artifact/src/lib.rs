@@ -72,7 +72,7 @@ pub use publish::{
     Published, publish, publish_index,
 };
 pub use store::{
-    ArtifactStore, IndexCreate, IndexKey, IndexKeyError, LocalStore, MAX_KEY_LEN, ObjectKind,
-    StoreError, Stored, StoredObject, verify_block_put, verify_read,
+    ArtifactStore, DelayedStore, IndexCreate, IndexKey, IndexKeyError, LocalStore, MAX_KEY_LEN,
+    ObjectKind, StoreError, Stored, StoredObject, verify_block_put, verify_read,
 };
 pub use tree::TreeError;

@@ -1,7 +1,8 @@
 //! `fastbox verify cluster --nodes 3` end to end, small: a server with its own node and two
 //! joined `fastbox node` agents share creates; one agent is killed (SIGKILL), its guard
 //! freezes its sandboxes before the server declares it lost, its sandbox fails
-//! (`NODE_LOST`), and it comes back; nothing is left afterwards.
+//! (`NODE_LOST`), a sandbox paused there resumes on another node with its memory fetched
+//! from the shared store while it runs, and the node comes back; nothing is left afterwards.
 //!
 //! Root and CRIU (skipped with the reason otherwise). Prefix: the run prefix's first six
 //! characters and `v` (see `fastbox_testkit::run_prefix_pair`).
@@ -32,6 +33,8 @@ fn three_nodes_share_creates_and_a_killed_node_is_fenced_then_lost() {
             "5000",
             "--net-octet",
             "223",
+            "--move-mib",
+            "24",
             "--json",
             "--prefix",
             &prefix,
@@ -71,6 +74,18 @@ fn three_nodes_share_creates_and_a_killed_node_is_fenced_then_lost() {
     assert_eq!(loss["lost_sandbox"][0], "Failed", "{loss:#}");
     assert_eq!(loss["lost_sandbox"][1], "NODE_LOST", "{loss:#}");
     assert_eq!(loss["survivor_answers"], true, "{loss:#}");
+    // The cross-node resume: on another node, memory intact, ready before its memory was.
+    let moved = &report["moved"];
+    assert_eq!(moved["from"], "n2", "{moved:#}");
+    assert_ne!(moved["to"], "n2", "{moved:#}");
+    assert_eq!(moved["memory_intact"], true, "{moved:#}");
+    for resume in ["local", "moved"] {
+        let (ready, local) = (
+            moved[resume]["ready_ms"].as_u64().unwrap(),
+            moved[resume]["memory_local_ms"].as_u64().unwrap(),
+        );
+        assert!(ready > 0 && local > 0, "{resume}: {moved:#}");
+    }
     for instance in ["s", "1", "2"] {
         let left = fastbox_cli::local_sandbox::leftovers(&format!("{prefix}{instance}"));
         assert!(left.is_empty(), "{prefix}{instance} left {left:?}");

@@ -22,12 +22,14 @@
 //! - **Listings for garbage collection** return every stored block and manifest with its size
 //!   and modification time, and every index entry.
 
+mod delayed;
 mod key;
 mod local;
 
 use std::fmt;
 use std::time::SystemTime;
 
+pub use delayed::DelayedStore;
 pub use key::{IndexKey, IndexKeyError, MAX_KEY_LEN};
 pub use local::LocalStore;
 

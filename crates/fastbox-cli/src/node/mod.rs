@@ -78,6 +78,11 @@ pub struct NodeArgs {
     /// lost [default: DATA_DIR/artifacts, this node's alone].
     #[arg(long, env = "FASTBOX_ARTIFACT_STORE")]
     pub artifact_store: Option<String>,
+    /// Clones and resumes whose memory is at least this many MiB answer before their memory
+    /// is copied in; `off` restores every one whole [default: 64]. A resume of a sandbox
+    /// paused on another node always fetches its memory this way.
+    #[arg(long, env = "FASTBOX_LAZY_RESTORE_MIN_MIB", value_name = "MIB|off")]
+    pub lazy_restore_min_mib: Option<String>,
     /// Print the node's two credentials (made when missing) as the server reads them
     /// (`--remote-node-credentials FILE`), and exit.
     #[arg(long)]
@@ -99,6 +104,7 @@ impl NodeArgs {
             execd: self.instance.execd.clone(),
             default_images: Some(Vec::new()),
             artifact_store: self.artifact_store.clone(),
+            lazy_restore_min_mib: self.lazy_restore_min_mib.clone(),
             ..Settings::default()
         }
     }

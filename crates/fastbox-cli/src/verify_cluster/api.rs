@@ -72,11 +72,16 @@ impl Api {
 
     /// A new sandbox of `image` (sleeping), once `Running`; its id.
     pub fn running(&self, image: &str) -> anyhow::Result<String> {
+        self.running_with(image, 256)
+    }
+
+    /// [`Api::running`] with a memory limit of `memory_mib`.
+    pub fn running_with(&self, image: &str, memory_mib: u64) -> anyhow::Result<String> {
         let body = serde_json::json!({
             "image": {"uri": image},
             "entrypoint": ["sleep", "100000"],
             "timeout": 3600,
-            "resourceLimits": {"cpu": "250m", "memory": "256Mi"},
+            "resourceLimits": {"cpu": "250m", "memory": format!("{memory_mib}Mi")},
         });
         let (status, created) = self.send(
             self.http
@@ -146,6 +151,47 @@ impl Api {
             .timeout(Duration::from_secs(5))
             .send()
             .is_ok_and(|r| r.status().is_success())
+    }
+
+    /// `POST {path}` with an empty JSON object: the status and the body.
+    pub fn post(&self, path: &str) -> anyhow::Result<(u16, Value)> {
+        self.send(
+            self.http
+                .post(format!("{}{path}", self.base))
+                .json(&serde_json::json!({})),
+        )
+    }
+
+    /// Runs `script` in sandbox `id` through execd (`POST /command`): its standard output.
+    pub fn sh(&self, id: &str, script: &str) -> anyhow::Result<String> {
+        let (endpoint, token) = self.execd(id)?;
+        let response = self
+            .http
+            .post(format!("http://{endpoint}/command"))
+            .header("X-EXECD-ACCESS-TOKEN", token)
+            .json(&serde_json::json!({ "command": script }))
+            .send()?;
+        let status = response.status();
+        let body = response.text()?;
+        if !status.is_success() {
+            bail!("{id}: POST /command: {status} {body}");
+        }
+        let mut stdout = String::new();
+        for line in body.lines() {
+            let json = line.trim().trim_start_matches("data:").trim();
+            let Ok(event) = serde_json::from_str::<Value>(json) else {
+                continue;
+            };
+            match event["type"].as_str().unwrap_or_default() {
+                "stdout" => {
+                    stdout.push_str(event["text"].as_str().unwrap_or_default());
+                    stdout.push('\n');
+                }
+                "error" => bail!("{id}: {script:?} failed: {event}"),
+                _ => {}
+            }
+        }
+        Ok(stdout)
     }
 
     /// The lifecycle events of sandbox `id`, as text.

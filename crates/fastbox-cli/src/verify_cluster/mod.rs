@@ -12,14 +12,20 @@
 //!    sooner than the lease after the kill; its fencing guard froze its sandboxes before
 //!    that (the marker and the cgroups say so); its sandbox is `Failed` (`NODE_LOST`) while
 //!    the other still answers.
-//! 4. **Return**: the agent starts again and joins; the server removes what it ran while lost,
-//!    and the node thaws nothing.
-//! 5. Everything stops and every prefix is purged; nothing carrying one is left.
+//! 4. **Cross-node resume** ([`moves`]): before the kill, a third sandbox on that node fills
+//!    `--move-mib` of memory, is paused and resumed there (timed), and paused again; once the
+//!    node is lost it resumes on another node from the checkpoint in the shared store (a
+//!    directory every instance reads with `--origin-block-delay-ms` per block), timed until
+//!    execd answers and until its memory is local, and its memory must sum as before.
+//! 5. **Return**: the agent starts again and joins; the server removes what it ran while lost,
+//!    and what the moved sandbox left there, and the node thaws nothing.
+//! 6. Everything stops and every prefix is purged; nothing carrying one is left.
 //!
 //! The nodes share the machine's loopback (not a network namespace each) and its CPU: the
 //! figures are the cluster's overhead on one host, not more capacity.
 
 mod api;
+mod moves;
 mod procs;
 
 use std::path::{Path, PathBuf};
@@ -35,6 +41,7 @@ use crate::bench_create::run::{self, Pace, Plan};
 use crate::bench_create::stats::{Latency, Tally};
 use crate::paths::{HostArgs, require_root, run_prefix};
 use api::Api;
+use moves::MoveReport;
 use procs::Instance;
 
 /// How long the server may take to prepare its image, and a node to join.
@@ -67,6 +74,13 @@ pub struct ClusterArgs {
     /// 10.B.i.0/24.
     #[arg(long, default_value_t = 219, value_name = "B")]
     pub net_octet: u8,
+    /// Memory the moved sandbox holds, MiB (pseudo-random, in a busybox shell).
+    #[arg(long, default_value_t = 256, value_name = "MIB")]
+    pub move_mib: u64,
+    /// Delay of every block read from the shared artifact store (the origin), milliseconds:
+    /// the latency of a remote origin.
+    #[arg(long, default_value_t = 5, value_name = "MS")]
+    pub origin_block_delay_ms: u64,
     /// Print one JSON object instead of a summary.
     #[arg(long)]
     pub json: bool,
@@ -84,6 +98,8 @@ pub struct ClusterReport {
     /// The same creates with every node joined.
     pub cluster: CreateRun,
     pub loss: LossReport,
+    /// A paused sandbox of the lost node resumed on another.
+    pub moved: MoveReport,
     /// Whether every check held.
     pub passed: bool,
     /// The checks that did not hold.
@@ -193,6 +209,8 @@ impl Scenario<'_> {
 
     fn common_args(&self, data_dir: &Path, prefix: &str, pool: &str) -> Vec<String> {
         [
+            "--artifact-store",
+            &self.dir.join("store").display().to_string(),
             "--data-dir",
             &data_dir.display().to_string(),
             "--cache-dir",
@@ -208,6 +226,17 @@ impl Scenario<'_> {
         ]
         .map(String::from)
         .to_vec()
+    }
+
+    /// Instance `name` of the run: every one reads the shared store with the origin's delay,
+    /// and restores clones and resumes lazily whatever their size.
+    fn instance(&self, name: &str, prefix: &str, data_dir: PathBuf, args: Vec<String>) -> Instance {
+        Instance::new(&self.dir, name, prefix, data_dir, args)
+            .with_env(
+                fastbox_fastlet::node_store::ORIGIN_BLOCK_DELAY_ENV,
+                &self.args.origin_block_delay_ms.to_string(),
+            )
+            .with_env("FASTBOX_LAZY_RESTORE_MIN_MIB", "1")
     }
 
     fn run(&mut self) -> anyhow::Result<ClusterReport> {
@@ -237,15 +266,10 @@ impl Scenario<'_> {
             &server_prefix,
             &format!("10.{}.0.0/24", args.net_octet),
         ));
-        let mut server = Instance::new(
-            &self.dir,
-            "server",
-            &server_prefix,
-            server_data.clone(),
-            server_args,
-        )
-        // Not on the command line, where any local user reads it.
-        .with_env("FASTBOX_API_KEY", &key);
+        let mut server = self
+            .instance("server", &server_prefix, server_data.clone(), server_args)
+            // Not on the command line, where any local user reads it.
+            .with_env("FASTBOX_API_KEY", &key);
         let api = Api::new(format!("http://127.0.0.1:{api_port}"), key.clone())?;
         progress(format!(
             "starting the server ({server_prefix}); it prepares {}",
@@ -300,8 +324,16 @@ impl Scenario<'_> {
             format!("not every node took creates: {:?}", cluster.share),
         );
 
+        let mut logs = vec![("local".to_string(), server.log.clone())];
+        logs.extend(
+            nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (format!("n{}", i + 1), n.log.clone())),
+        );
         let victim_index = nodes.len() - 1;
-        let loss = self.lose_and_return(&api, &mut nodes[victim_index], victim_index + 1)?;
+        let (loss, moved) =
+            self.lose_and_return(&api, &mut nodes[victim_index], victim_index + 1, &logs)?;
 
         for node in &mut nodes {
             node.stop();
@@ -317,6 +349,7 @@ impl Scenario<'_> {
             one_node,
             cluster,
             loss,
+            moved,
             passed: false,
             failures: std::mem::take(&mut self.failures),
         })
@@ -352,7 +385,7 @@ impl Scenario<'_> {
             &prefix,
             &format!("10.{}.{i}.0/24", self.args.net_octet),
         ));
-        let mut node = Instance::new(&self.dir, &format!("n{i}"), &prefix, data_dir, node_args);
+        let mut node = self.instance(&format!("n{i}"), &prefix, data_dir, node_args);
         progress(format!("node n{i} ({prefix}) joins"));
         node.spawn()?;
         Ok(node)
@@ -389,18 +422,26 @@ impl Scenario<'_> {
         })
     }
 
-    /// Kills node `number`'s agent with SIGKILL and follows the loss, then its return.
+    /// Kills node `number`'s agent with SIGKILL and follows the loss, then its return; a
+    /// sandbox paused there resumes elsewhere meanwhile. `logs`: each node's log, by id.
     fn lose_and_return(
         &mut self,
         api: &Api,
         node: &mut Instance,
         number: usize,
-    ) -> anyhow::Result<LossReport> {
+        logs: &[(String, PathBuf)],
+    ) -> anyhow::Result<(LossReport, MoveReport)> {
         let id = format!("n{number}");
         let proxy = api
             .node(&id)?
             .and_then(|n| n["proxy"].as_str().map(str::to_string))
             .context("the node's proxy")?;
+        let log_of = |node: &str| {
+            logs.iter()
+                .find(|(id, _)| id == node)
+                .map(|(_, log)| log.clone())
+        };
+        let (mover, local) = self.paused_mover(api, &id, &proxy, &log_of)?;
         // A sandbox on it and one elsewhere (creates go by the ranking: a few tries).
         let (mut on_victim, mut elsewhere) = (None, None);
         let mut spare = Vec::new();
@@ -458,7 +499,15 @@ impl Scenario<'_> {
             .filter_map(|g| g.as_str().map(str::to_string))
             .collect();
         let all_frozen = !groups.is_empty() && groups.iter().all(|g| frozen(&node.prefix, g));
-        let lost_sandbox = api.state(&on_victim)?;
+        // The server marks the node's sandboxes right after it declared the node lost.
+        let settled = Instant::now() + Duration::from_secs(10);
+        let lost_sandbox = loop {
+            let state = api.state(&on_victim)?;
+            if state.0 != "Running" || Instant::now() >= settled {
+                break state;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
         let survivor_answers = api.pings(&elsewhere);
         self.check(
             marker.is_some(),
@@ -481,6 +530,18 @@ impl Scenario<'_> {
             "the sandbox on another node stopped answering",
         );
 
+        progress(format!(
+            "resuming {mover} ({} MiB, paused on the lost node {id}) elsewhere",
+            self.args.move_mib
+        ));
+        let (moved, to) = moves::timed_resume(api, &mover, &log_of)?;
+        let moved_intact = moves::memory_intact(api, &mover)?;
+        self.check(to != id, format!("{mover} resumed on its lost node {id}"));
+        self.check(
+            moved_intact,
+            format!("{mover}'s memory differs after its resume on {to}"),
+        );
+
         progress(format!("node {id} starts again"));
         let returned = Instant::now();
         let marker_path = node.data_dir.join("fenced");
@@ -492,10 +553,24 @@ impl Scenario<'_> {
         node.wait_until("rid of its fence marker", Duration::from_secs(30), || {
             !marker_path.exists()
         })?;
-        for sandbox in [&on_victim, &elsewhere] {
+        node.wait_until(
+            "cleaning what the moved sandbox left there",
+            READY_TIMEOUT,
+            || api.events(&mover).is_ok_and(|e| e.contains("Cleaned")),
+        )?;
+        for sandbox in [&on_victim, &elsewhere, &mover] {
             api.delete(&format!("/v1/sandboxes/{sandbox}"))?;
         }
-        Ok(LossReport {
+        let moved = MoveReport {
+            memory_mib: self.args.move_mib,
+            origin_block_delay_ms: self.args.origin_block_delay_ms,
+            from: id.clone(),
+            to,
+            local: local.0,
+            moved,
+            memory_intact: local.1 && moved_intact,
+        };
+        let loss = LossReport {
             node: id,
             lease_ms: self.args.lease_ms,
             expired_after_ms: expired.as_millis() as u64,
@@ -505,7 +580,47 @@ impl Scenario<'_> {
             lost_sandbox,
             survivor_answers,
             removed_after_return_ms: removed.as_millis() as u64,
-        })
+        };
+        Ok((loss, moved))
+    }
+
+    /// A sandbox on node `id` (its proxy `proxy`) holding `--move-mib` of memory, paused and
+    /// resumed there (timed, its memory checked), then paused again.
+    fn paused_mover(
+        &mut self,
+        api: &Api,
+        id: &str,
+        proxy: &str,
+        log_of: &dyn Fn(&str) -> Option<PathBuf>,
+    ) -> anyhow::Result<(String, (moves::ResumeTiming, bool))> {
+        let mib = self.args.move_mib;
+        let mut mover = None;
+        for _ in 0..(4 * self.args.nodes) {
+            let sandbox = api.running_with(&self.args.image, 2 * mib + 128)?;
+            let (endpoint, _) = api.execd(&sandbox)?;
+            if endpoint.starts_with(&format!("{proxy}/")) {
+                mover = Some(sandbox);
+                break;
+            }
+            api.delete(&format!("/v1/sandboxes/{sandbox}"))?;
+        }
+        let mover = mover.with_context(|| format!("no sandbox landed on node {id}"))?;
+        progress(format!("{mover} on node {id} fills {mib} MiB of memory"));
+        moves::start_holder(api, &mover, mib)?;
+        progress(format!("{mover} pauses and resumes on node {id}"));
+        moves::pause(api, &mover)?;
+        let (local, at) = moves::timed_resume(api, &mover, log_of)?;
+        let intact = moves::memory_intact(api, &mover)?;
+        self.check(
+            at == id,
+            format!("{mover} resumed on {at}, not on its node {id}"),
+        );
+        self.check(
+            intact,
+            format!("{mover}'s memory differs after its resume on {id}"),
+        );
+        moves::pause(api, &mover)?;
+        Ok((mover, (local, intact)))
     }
 }
 
@@ -572,6 +687,20 @@ pub fn human(r: &ClusterReport) -> String {
     out.push_str(&format!(
         "node loss: {} killed (lease {} ms): expired after {} ms, lost after {} ms; fence froze {} group(s) (all frozen: {}); its sandbox {:?}; the other answers: {}; removed {} ms after it came back\n",
         l.node, l.lease_ms, l.expired_after_ms, l.lost_after_ms, l.fenced, l.all_frozen, l.lost_sandbox, l.survivor_answers, l.removed_after_return_ms
+    ));
+    let m = &r.moved;
+    out.push_str(&format!(
+        "resume of {} MiB, origin block delay {} ms (request -> execd /ping; -> every page local):\n  on its node {:<6} {:>6} ms; {:>6} ms\n  moved to {:<9} {:>6} ms; {:>6} ms (its node {} lost, nothing cached there); memory intact: {}\n",
+        m.memory_mib,
+        m.origin_block_delay_ms,
+        m.from,
+        m.local.ready_ms,
+        m.local.memory_local_ms,
+        m.to,
+        m.moved.ready_ms,
+        m.moved.memory_local_ms,
+        m.from,
+        m.memory_intact
     ));
     match r.passed {
         true => out.push_str("passed\n"),

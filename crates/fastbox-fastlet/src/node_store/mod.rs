@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use fastbox_artifact::{
-    ArtifactStore, BlockCache, CacheError, CacheStats, CachedStore, CachedStoreStats,
+    ArtifactStore, BlockCache, CacheError, CacheStats, CachedStore, CachedStoreStats, DelayedStore,
 };
 use fastbox_dart::{CounterSnapshot, DartConfig, Delivery, PeerServer, StartError};
 
@@ -98,6 +98,31 @@ enum Reads {
     Dart(Arc<Delivery>),
 }
 
+/// The environment variable that delays every block read from the origin by this many
+/// milliseconds: the latency of a remote origin, for benchmarks and verification runs on one
+/// machine (`fastbox verify cluster --origin-block-delay-ms`). Not for production use.
+pub const ORIGIN_BLOCK_DELAY_ENV: &str = "FASTBOX_ORIGIN_BLOCK_DELAY_MS";
+
+/// `origin`, delayed as [`ORIGIN_BLOCK_DELAY_ENV`] says.
+fn delayed_origin(
+    origin: Arc<dyn ArtifactStore>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Arc<dyn ArtifactStore> {
+    match env(ORIGIN_BLOCK_DELAY_ENV).and_then(|ms| ms.trim().parse::<u64>().ok()) {
+        Some(ms) if ms > 0 => {
+            tracing::warn!(
+                ms,
+                "every block read from the artifact origin is delayed ({ORIGIN_BLOCK_DELAY_ENV})"
+            );
+            Arc::new(DelayedStore::new(
+                origin,
+                std::time::Duration::from_millis(ms),
+            ))
+        }
+        _ => origin,
+    }
+}
+
 /// A node's open artifact store. See the module docs.
 pub struct NodeStore {
     location: StoreLocation,
@@ -120,7 +145,7 @@ impl NodeStore {
         if let (StoreLocation::Local(path), Some(_)) = (&config.location, &config.dart) {
             return Err(NodeStoreError::DartNeedsRemoteOrigin(path.clone()));
         }
-        let origin = config.location.open(env)?;
+        let origin = delayed_origin(config.location.open(env)?, env);
         let mut store = NodeStore {
             location: config.location.clone(),
             origin: origin.clone(),
