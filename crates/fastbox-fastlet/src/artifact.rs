@@ -81,7 +81,7 @@ use nix::fcntl::{RenameFlags, renameat2};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use crate::remote_pages::{RemotePages, is_pages_image};
+use crate::remote_pages::{RemotePages, is_list_path, is_pages_image};
 use crate::template::Template;
 
 /// The manifest label holding the SHA-256 (hex) of the template's golden token.
@@ -413,6 +413,10 @@ fn materialize_restorable<S: ArtifactStore + ?Sized>(
             manifest: *manifest,
             blockers,
         });
+    }
+    if let Some(list) = m.files.iter().find(|f| is_list_path(&f.path)) {
+        // It is this node's own record of what is not local yet: never taken from a store.
+        return Err(not_a_template(format!("it carries {}", list.path)));
     }
     if dest.symlink_metadata().is_ok() {
         return Err(TemplateArtifactError::DestinationExists(dest.to_path_buf()));

@@ -30,7 +30,8 @@ use serde::{Deserialize, Serialize};
 
 /// The file in a checkpoint directory that lists the pages images not yet local.
 pub const FILE: &str = "remote-pages.json";
-/// Where a pages image is in a published checkpoint's tree.
+/// Where the checkpoint directory, and a pages image in it, are in a published tree.
+const CHECKPOINT_PREFIX: &str = "checkpoint/";
 const IMAGES_PREFIX: &str = "checkpoint/criu/";
 /// Threads fetching a lazy resume's blocks.
 const FETCH_WORKERS: usize = 4;
@@ -41,8 +42,18 @@ pub fn is_pages_image(path: &str) -> bool {
         .is_some_and(|name| !name.contains('/') && is_pages_name(name))
 }
 
+/// `pages-N.img`, N decimal: nothing else names a pages image (and nothing that could leave
+/// the images directory).
 fn is_pages_name(name: &str) -> bool {
-    name.starts_with("pages-") && name.ends_with(".img")
+    name.strip_prefix("pages-")
+        .and_then(|rest| rest.strip_suffix(".img"))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Whether `path` (in a published checkpoint's tree) is where this node keeps its list of
+/// remote pages images: no published checkpoint may carry one.
+pub fn is_list_path(path: &str) -> bool {
+    path == format!("{CHECKPOINT_PREFIX}{FILE}")
 }
 
 /// The pages images of a checkpoint that are in the artifact store, not in its images
@@ -86,7 +97,13 @@ impl RemotePages {
     /// What checkpoint directory `checkpoint` still lacks, if anything.
     pub fn read(checkpoint: &Path) -> Option<Self> {
         let text = std::fs::read(checkpoint.join(FILE)).ok()?;
-        match serde_json::from_slice(&text) {
+        let parsed = serde_json::from_slice::<Self>(&text).map_err(|e| e.to_string());
+        match parsed.and_then(
+            |pages| match pages.files.keys().find(|n| !is_pages_name(n)) {
+                Some(bad) => Err(format!("{bad:?} does not name a pages image")),
+                None => Ok(pages),
+            },
+        ) {
             Ok(pages) => Some(pages),
             Err(e) => {
                 // Unreadable: the pages are not known to be local, so nothing may restore it
@@ -111,6 +128,7 @@ impl RemotePages {
     /// Removes the pages images of the list from `images`: a transfer cut short (a crash)
     /// leaves them with holes, and a lazy restore needs none there.
     pub fn remove_partial(&self, images: &Path) {
+        // `read` lets no other name through.
         for name in self.files.keys().filter(|n| is_pages_name(n)) {
             let _ = std::fs::remove_file(images.join(name));
         }
@@ -212,6 +230,29 @@ mod tests {
         assert!(!is_pages_image("checkpoint/upper/pages-1.img"));
         assert!(!is_pages_image("checkpoint/criu/x/pages-1.img"));
         assert!(!is_pages_image("rootfs.erofs"));
+        assert!(!is_pages_image("checkpoint/criu/pages-.img"));
+        assert!(!is_pages_image("checkpoint/criu/pages-1a.img"));
+        assert!(is_list_path("checkpoint/remote-pages.json"));
+        assert!(!is_list_path("checkpoint/upper/remote-pages.json"));
+    }
+
+    #[test]
+    fn a_list_naming_anything_but_pages_images_is_not_trusted() {
+        let dir = tempfile::tempdir().unwrap();
+        for bad in [
+            "../../etc/pages-1.img",
+            "pages-/../x.img",
+            "core-1.img",
+            "pages-1.img/x",
+        ] {
+            let text = format!(r#"{{"files":{{"{bad}":{{"size":1,"blocks":[]}}}}}}"#);
+            std::fs::write(dir.path().join(FILE), text).unwrap();
+            assert_eq!(
+                RemotePages::read(dir.path()),
+                Some(RemotePages::default()),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

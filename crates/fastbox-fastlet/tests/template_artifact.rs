@@ -16,8 +16,9 @@ use fastbox_artifact::{
 };
 use fastbox_fastlet::artifact::{
     GOLDEN_TOKEN_LABEL, PublishOptions, TemplateArtifactError, golden_token_sha256,
-    materialize_template, publish_template, unpack_canonical_tar,
+    materialize_checkpoint, materialize_template, publish_template, unpack_canonical_tar,
 };
+use fastbox_fastlet::remote_pages::RemotePages;
 use fastbox_fastlet::template::{self, Template};
 use tempfile::TempDir;
 
@@ -416,6 +417,104 @@ fn a_template_made_on_a_host_with_other_cpu_features_is_refused() {
         matches!(err, TemplateArtifactError::NotATemplate { .. }),
         "{err}"
     );
+}
+
+/// A pause checkpoint's tree as a node publishes it (kind `checkpoint`): a tar rootfs, an
+/// empty writable layer, CRIU images with a pages image of two blocks; and `extra` files.
+fn published_checkpoint(root: &Path, store: &LocalStore, extra: &[&str]) -> Digest {
+    let tree = root.join("tree");
+    let empty = root.join("empty");
+    fs::create_dir_all(&empty).unwrap();
+    fs::create_dir_all(tree.join("checkpoint")).unwrap();
+    for tar in ["rootfs.tar", "checkpoint/upper.tar"] {
+        let made = Command::new("tar")
+            .arg("-cf")
+            .arg(tree.join(tar))
+            .arg("-C")
+            .arg(&empty)
+            .arg(".")
+            .status()
+            .unwrap();
+        assert!(made.success());
+    }
+    let info = serde_json::json!({
+        "image_digest": IMAGE_DIGEST, "image_reference": IMAGE_REFERENCE, "build_ms": 1,
+    });
+    write(
+        &tree.join("template.json"),
+        info.to_string().as_bytes(),
+        0o644,
+    );
+    write(
+        &tree.join("checkpoint/criu/core-1.img"),
+        &noise(2_561),
+        0o644,
+    );
+    write(
+        &tree.join("checkpoint/criu/pagemap-1.img"),
+        b"pagemap",
+        0o644,
+    );
+    write(
+        &tree.join("checkpoint/criu/pages-1.img"),
+        &noise(PAGES_BYTES),
+        0o644,
+    );
+    for path in extra {
+        write(&tree.join(path), b"{}", 0o644);
+    }
+    let execd = EXECD_DIGEST.parse().unwrap();
+    let host = HostFacts::detect(None).unwrap();
+    let mut meta = ManifestMeta::new(ArtifactKind::Checkpoint, execd, host);
+    meta.rootfs = Some(RootfsImage {
+        path: "rootfs.tar".into(),
+        format: PackFormat::Tar,
+    });
+    publish(store, &tree, meta, &NoProgress).unwrap().manifest
+}
+
+#[test]
+fn a_checkpoint_for_a_resume_leaves_its_pages_images_in_the_store() {
+    let root = temp_root();
+    let store = LocalStore::open(root.path().join("store")).unwrap();
+    let manifest = published_checkpoint(root.path(), &store, &[]);
+
+    let whole =
+        materialize_checkpoint(&store, &manifest, &root.path().join("whole"), false).unwrap();
+    assert_eq!(
+        fs::read(whole.checkpoint.join("criu/pages-1.img"))
+            .unwrap()
+            .len(),
+        PAGES_BYTES
+    );
+    assert_eq!(RemotePages::read(&whole.checkpoint), None);
+
+    let lazy = materialize_checkpoint(&store, &manifest, &root.path().join("lazy"), true).unwrap();
+    assert!(!lazy.checkpoint.join("criu/pages-1.img").exists());
+    assert!(lazy.checkpoint.join("criu/pagemap-1.img").exists());
+    let remote = RemotePages::read(&lazy.checkpoint).expect("the list of remote pages images");
+    assert_eq!(remote, lazy.remote_pages);
+    assert_eq!(remote.files.len(), 1);
+    assert_eq!(remote.files["pages-1.img"].size, PAGES_BYTES as u64);
+    assert_eq!(remote.files["pages-1.img"].blocks.len(), 2);
+    assert!(lazy.stats.bytes < whole.stats.bytes - PAGES_BYTES as u64 + 1);
+}
+
+#[test]
+fn a_published_checkpoint_carrying_a_remote_pages_list_is_refused() {
+    // The list is the node's own record of what is not local; one from the store would name
+    // the files a restore creates.
+    let root = temp_root();
+    let store = LocalStore::open(root.path().join("store")).unwrap();
+    let manifest = published_checkpoint(root.path(), &store, &["checkpoint/remote-pages.json"]);
+    let dest = root.path().join("m");
+    let err = materialize_checkpoint(&store, &manifest, &dest, true).unwrap_err();
+    assert!(
+        matches!(err, TemplateArtifactError::NotATemplate { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("remote-pages.json"), "{err}");
+    assert!(!dest.exists());
 }
 
 /// Publishes a template directory built by a real `fastbox up` (read-only: its checkpoint is
