@@ -661,20 +661,6 @@ fn held_sums(server: &UpServer, id: &str, after: u64) -> (u64, String) {
     }
 }
 
-/// `text` without its terminal color sequences (`ESC [ ... m`).
-fn without_colors(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            chars.by_ref().find(|c| *c == 'm');
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 #[test]
 fn a_paused_sandbox_resumes_on_another_node_when_its_node_is_lost() {
     if let Some(reason) = common::unavailable() {
@@ -790,7 +776,7 @@ fn a_paused_sandbox_resumes_on_another_node_when_its_node_is_lost() {
         after.1, before.1,
         "the held memory sums as before the pause"
     );
-    let log = without_colors(&server.log_text());
+    let log = fastbox_cli::verify_cluster::moves::without_colors(&server.log_text());
     let remote_bytes: u64 = log
         .lines()
         .filter(|l| l.contains("materialized from an artifact"))

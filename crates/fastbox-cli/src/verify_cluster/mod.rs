@@ -25,7 +25,7 @@
 //! figures are the cluster's overhead on one host, not more capacity.
 
 mod api;
-mod moves;
+pub mod moves;
 mod procs;
 
 use std::path::{Path, PathBuf};

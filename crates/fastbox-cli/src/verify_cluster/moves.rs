@@ -59,14 +59,14 @@ fn holder(mib: u64) -> String {
 }
 
 /// Starts the memory holder in sandbox `id` and waits until its memory is filled.
-pub fn start_holder(api: &Api, id: &str, mib: u64) -> anyhow::Result<()> {
+pub(super) fn start_holder(api: &Api, id: &str, mib: u64) -> anyhow::Result<()> {
     api.sh(id, &holder(mib))?;
     wait_for(api, id, "cat /tmp/vh.sum0 2>/dev/null || true")?;
     Ok(())
 }
 
 /// Whether the holder's memory sums as when it was filled (every page read).
-pub fn memory_intact(api: &Api, id: &str) -> anyhow::Result<bool> {
+pub(super) fn memory_intact(api: &Api, id: &str) -> anyhow::Result<bool> {
     api.sh(id, "rm -f /tmp/vh.sum; touch /tmp/vh.ask")?;
     let now = wait_for(api, id, "cat /tmp/vh.sum 2>/dev/null || true")?;
     let start = api.sh(id, "cat /tmp/vh.sum0")?;
@@ -89,7 +89,7 @@ fn wait_for(api: &Api, id: &str, script: &str) -> anyhow::Result<String> {
 }
 
 /// Pauses sandbox `id` and waits until it is `Paused`.
-pub fn pause(api: &Api, id: &str) -> anyhow::Result<()> {
+pub(super) fn pause(api: &Api, id: &str) -> anyhow::Result<()> {
     let (status, body) = api.post(&format!("/v1/sandboxes/{id}/pause"))?;
     if status != 202 {
         bail!("pause {id}: {status} {body}");
@@ -99,7 +99,7 @@ pub fn pause(api: &Api, id: &str) -> anyhow::Result<()> {
 
 /// Resumes sandbox `id`, timed until execd answers and until the node whose log
 /// `log_of(node id)` names logged its memory in place.
-pub fn timed_resume(
+pub(super) fn timed_resume(
     api: &Api,
     id: &str,
     log_of: &dyn Fn(&str) -> Option<std::path::PathBuf>,
@@ -143,7 +143,7 @@ pub fn timed_resume(
 }
 
 /// The node sandbox `id` runs on, by its proxy in the sandbox's endpoint.
-pub fn node_of(api: &Api, id: &str) -> anyhow::Result<String> {
+pub(super) fn node_of(api: &Api, id: &str) -> anyhow::Result<String> {
     let (endpoint, _) = api.execd(id)?;
     api.nodes()?
         .into_iter()
@@ -173,8 +173,8 @@ fn memory_local_at(log: &Path, id: &str, after: SystemTime) -> Option<SystemTime
         .find(|at| *at >= after)
 }
 
-/// `line` without terminal color sequences (`ESC [ ... m`).
-fn without_colors(line: &str) -> String {
+/// `line` without terminal color sequences (`ESC [ ... m`), as a log file holds them.
+pub fn without_colors(line: &str) -> String {
     let mut out = String::with_capacity(line.len());
     let mut chars = line.chars();
     while let Some(c) = chars.next() {
