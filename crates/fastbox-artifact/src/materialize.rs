@@ -2,17 +2,19 @@
 //!
 //! [`materialize`] writes the tree into a hidden staging directory next to the destination
 //! and renames it into place (without replacing anything), so the destination appears
-//! complete or not at all. Every block is verified by the store's read; every file's blocks
-//! must have the lengths its size implies. Full zero blocks are not fetched: they are left as
+//! complete or not at all. Blocks are fetched by several threads at once, each written at its
+//! offset; every block is verified by the store's read; every file's blocks must have the
+//! lengths its size implies. Full zero blocks are not fetched: they are left as
 //! holes, so a sparse writable layer stays sparse. Files get their recorded permission bits
 //! (setuid included); directories get theirs after their contents are written; ownership
 //! is the calling process's and modification times are the time of writing (neither is part
 //! of the format). The destination's own mode is 0755.
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
-use std::io::{Seek, SeekFrom, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use nix::fcntl::{RenameFlags, renameat2};
 
@@ -139,6 +141,7 @@ fn write_tree<S: ArtifactStore + ?Sized>(
     let mut stats = MaterializeStats::default();
     let mut left_out = Vec::new();
     let mut dirs = Vec::new();
+    let mut files = Vec::new();
     for entry in &manifest.files {
         let path = root.join(&entry.path);
         match &entry.kind {
@@ -158,8 +161,14 @@ fn write_tree<S: ArtifactStore + ?Sized>(
                 continue;
             }
             EntryKind::File { size, blocks } => {
-                write_file(store, &entry.path, &path, *size, blocks, &mut stats)?;
-                set_mode(&path, entry.mode)?;
+                create_file(&path, *size)?;
+                files.push(FileJob {
+                    name: &entry.path,
+                    path,
+                    mode: entry.mode,
+                    size: *size,
+                    blocks,
+                });
                 stats.bytes += size;
             }
             EntryKind::Symlink { target } => {
@@ -167,6 +176,12 @@ fn write_tree<S: ArtifactStore + ?Sized>(
             }
         }
         stats.entries += 1;
+    }
+    let (fetched, zero) = fill_files(store, &files)?;
+    stats.blocks_fetched = fetched;
+    stats.zero_blocks = zero;
+    for job in &files {
+        set_mode(&job.path, job.mode)?;
     }
     // Deepest first, so a read-only directory is filled before it becomes read-only.
     for (path, mode) in dirs.iter().rev() {
@@ -176,46 +191,103 @@ fn write_tree<S: ArtifactStore + ?Sized>(
     Ok((stats, left_out))
 }
 
-fn write_file<S: ArtifactStore + ?Sized>(
-    store: &S,
-    name: &str,
-    path: &Path,
+/// Threads fetching and writing a tree's blocks.
+const FETCH_WORKERS: usize = 8;
+
+/// A regular file of the tree, created at its size, to be filled block by block (opened
+/// again for each block: a tree may hold more files than a process may keep open).
+struct FileJob<'a> {
+    name: &'a str,
+    path: PathBuf,
+    mode: u32,
     size: u64,
-    blocks: &[Digest],
-    stats: &mut MaterializeStats,
-) -> Result<(), MaterializeError> {
-    let mut file: File = OpenOptions::new()
+    blocks: &'a [Digest],
+}
+
+fn create_file(path: &Path, size: u64) -> Result<(), MaterializeError> {
+    let file = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .custom_flags(nix::libc::O_NOFOLLOW)
         .open(path)
         .map_err(io_error("create", path))?;
+    // Holes where nothing is written: full zero blocks stay sparse.
+    file.set_len(size).map_err(io_error("truncate", path))
+}
+
+/// Fetches every block of `files` but full zero blocks (left as holes) with
+/// [`FETCH_WORKERS`] threads, each block written at its offset: (blocks fetched, zero blocks).
+/// The first error stops the others.
+fn fill_files<S: ArtifactStore + ?Sized>(
+    store: &S,
+    files: &[FileJob<'_>],
+) -> Result<(u64, u64), MaterializeError> {
     let zero = zero_block_digest();
-    for (index, digest) in blocks.iter().enumerate() {
-        let expected = block_len(size, index as u64);
-        if *digest == zero && expected == BLOCK_SIZE {
-            file.seek(SeekFrom::Current(BLOCK_SIZE as i64))
-                .map_err(io_error("seek", path))?;
-            stats.zero_blocks += 1;
-            continue;
+    let mut jobs = Vec::new();
+    let mut zero_blocks = 0;
+    for (f, job) in files.iter().enumerate() {
+        for (index, digest) in job.blocks.iter().enumerate() {
+            if *digest == zero && block_len(job.size, index as u64) == BLOCK_SIZE {
+                zero_blocks += 1;
+            } else {
+                jobs.push((f, index));
+            }
         }
-        let bytes = store.get_block(digest)?;
-        if bytes.len() != expected {
-            return Err(MaterializeError::BlockLength {
-                path: name.to_string(),
-                index: index as u64,
-                digest: *digest,
-                expected,
-                actual: bytes.len(),
+    }
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let first_error = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..FETCH_WORKERS.min(jobs.len()) {
+            scope.spawn(|| {
+                while !failed.load(Ordering::Relaxed) {
+                    let Some(&(f, index)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                        return;
+                    };
+                    if let Err(e) = write_block(store, &files[f], index) {
+                        failed.store(true, Ordering::Relaxed);
+                        first_error
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .get_or_insert(e);
+                        return;
+                    }
+                }
             });
         }
-        file.write_all(&bytes).map_err(io_error("write", path))?;
-        stats.blocks_fetched += 1;
+    });
+    match first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok((jobs.len() as u64, zero_blocks)),
     }
-    // Trailing holes need the length set explicitly.
-    file.set_len(size).map_err(io_error("truncate", path))?;
-    Ok(())
+}
+
+/// Block `index` of `job`'s file, fetched (verified by the store) and written at its offset.
+fn write_block<S: ArtifactStore + ?Sized>(
+    store: &S,
+    job: &FileJob<'_>,
+    index: usize,
+) -> Result<(), MaterializeError> {
+    let digest = &job.blocks[index];
+    let expected = block_len(job.size, index as u64);
+    let bytes = store.get_block(digest)?;
+    if bytes.len() != expected {
+        return Err(MaterializeError::BlockLength {
+            path: job.name.to_string(),
+            index: index as u64,
+            digest: *digest,
+            expected,
+            actual: bytes.len(),
+        });
+    }
+    let file: File = OpenOptions::new()
+        .write(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&job.path)
+        .map_err(io_error("open", &job.path))?;
+    file.write_all_at(&bytes, index as u64 * BLOCK_SIZE as u64)
+        .map_err(io_error("write", &job.path))
 }
 
 fn set_mode(path: &Path, mode: u32) -> Result<(), MaterializeError> {

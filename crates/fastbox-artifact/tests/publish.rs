@@ -154,6 +154,28 @@ fn materialize_except_leaves_chosen_files_out_and_lists_their_blocks() {
 }
 
 #[test]
+fn many_files_of_many_blocks_come_back_byte_for_byte() {
+    // More blocks than fetching threads, in files of every shape, written concurrently.
+    let (src, dir_store, out) = (temp_dir(), temp_dir(), temp_dir());
+    let store = LocalStore::open(dir_store.path()).unwrap();
+    dir(src.path(), "d", 0o755);
+    for i in 0..12 {
+        let len = (i % 4) * BLOCK_SIZE + i * 977;
+        file(
+            src.path(),
+            &format!("d/f{i:02}"),
+            &bytes(&format!("f{i}"), len),
+            0o640,
+        );
+    }
+    let published = publish(&store, src.path(), meta(), &NoProgress).unwrap();
+    let dest = out.path().join("many");
+    let stats = materialize(&store, &published.manifest, &dest).unwrap();
+    assert_eq!(snapshot(&dest), snapshot(src.path()));
+    assert_eq!(stats.blocks_fetched, published.stats.blocks);
+}
+
+#[test]
 fn sparse_files_stay_sparse_and_zero_blocks_are_not_fetched() {
     let (src, dir_store, out) = (temp_dir(), temp_dir(), temp_dir());
     let store = LocalStore::open(dir_store.path()).unwrap();
