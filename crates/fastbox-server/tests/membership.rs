@@ -636,6 +636,61 @@ async fn a_paused_sandbox_of_a_lost_node_resumes_on_another_and_its_leftovers_go
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_sandbox_of_a_lost_node_expires_and_goes_when_the_node_is_back() {
+    let c = Cluster::start(1_000).await;
+    let (n1, n1_control, _) = c.join("n1").await;
+    let paused = running_on(&c.lc, &n1).await;
+    c.lc.pause(&paused).unwrap();
+    until(&c.lc, &paused, SandboxState::Paused).await;
+    let key = n1
+        .checkpoints()
+        .into_iter()
+        .find(|k| k.key.starts_with(&format!("pause-{paused}-")))
+        .expect("the pause checkpoint on n1")
+        .key;
+
+    // n1 is lost, then the sandbox's time runs out: it expires all the same, so it can no
+    // longer be resumed anywhere; nothing is asked of n1 meanwhile.
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    c.lc.reconcile().await;
+    assert_eq!(c.lc.list_nodes()[1].state, NodeState::Lost);
+    c.lc.renew(
+        &paused,
+        chrono::Utc::now() + chrono::Duration::milliseconds(100),
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let calls = n1.calls().len();
+    c.lc.reconcile().await;
+    let record = c.lc.get(&paused).unwrap();
+    assert_eq!(record.status.state, SandboxState::Stopping, "{record:?}");
+    assert_eq!(record.status.reason.as_deref(), Some("EXPIRED"));
+    assert!(
+        c.lc.resume(&paused).is_err(),
+        "an expired sandbox does not resume"
+    );
+    assert_eq!(
+        n1.calls().len(),
+        calls,
+        "nothing was asked of the lost node"
+    );
+
+    // n1 is back: the sandbox and its checkpoint there go.
+    n1_control
+        .heartbeat(&beat(n1.status().await))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while c.lc.get(&paused).unwrap().status.state != SandboxState::Terminated
+        || n1.checkpoint(&key).is_some()
+    {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", n1.calls());
+        c.lc.reconcile().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_join_token_never_takes_over_a_name_and_revoked_names_stay_out() {
     let c = Cluster::start(10_000).await;
     let (n1, _, n1_registered) = c.join("n1").await;

@@ -323,11 +323,10 @@ impl Lifecycle {
             if self.busy.lock().expect("busy lock").contains(&record.id) {
                 continue;
             }
-            // Nothing is asked of a lost node until it renews its lease.
-            if self.node_is_lost(record.node.as_deref()) {
-                continue;
-            }
-            if record.moved_from.is_some() {
+            // Nothing is asked of a lost node until it renews its lease; what the server
+            // decides alone (expiry, forgetting what holds nothing there) goes on.
+            let lost = self.node_is_lost(record.node.as_deref());
+            if record.moved_from.is_some() && !lost {
                 self.clean_moved(&record).await;
             }
             let id = record.id.as_str();
@@ -339,8 +338,16 @@ impl Lifecycle {
                         r.transition(SandboxState::Stopping, Some(EXPIRED), "the sandbox expired");
                         Ok(())
                     });
-                    self.start_removal(id);
+                    if !lost {
+                        self.start_removal(id);
+                    }
                 }
+                // On a lost node only a final record that holds nothing there may go.
+                state
+                    if lost
+                        && !(state.is_final()
+                            && record.placement.is_none()
+                            && record.slot.is_none()) => {}
                 SandboxState::Running
                     if record.placement.is_some() && !self.runs(&record).await =>
                 {
