@@ -74,6 +74,13 @@ fn three_nodes_share_creates_and_a_killed_node_is_fenced_then_lost() {
     assert_eq!(loss["lost_sandbox"][0], "Failed", "{loss:#}");
     assert_eq!(loss["lost_sandbox"][1], "NODE_LOST", "{loss:#}");
     assert_eq!(loss["survivor_answers"], true, "{loss:#}");
+    // A create from a snapshot taken on another node, with the snapshot's file.
+    let snapshot = &report["snapshot"];
+    assert_ne!(
+        snapshot["taken_on"], snapshot["restored_on"],
+        "{snapshot:#}"
+    );
+    assert_eq!(snapshot["kept_file"], true, "{snapshot:#}");
     // The cross-node resume: on another node, memory intact, ready before its memory was.
     let moved = &report["moved"];
     assert_eq!(moved["from"], "n2", "{moved:#}");

@@ -77,16 +77,20 @@ impl Api {
 
     /// [`Api::running`] with a memory limit of `memory_mib`.
     pub fn running_with(&self, image: &str, memory_mib: u64) -> anyhow::Result<String> {
-        let body = serde_json::json!({
+        self.create(&serde_json::json!({
             "image": {"uri": image},
             "entrypoint": ["sleep", "100000"],
             "timeout": 3600,
             "resourceLimits": {"cpu": "250m", "memory": format!("{memory_mib}Mi")},
-        });
+        }))
+    }
+
+    /// `POST /v1/sandboxes` with `body`; the new sandbox's id once it is `Running`.
+    pub fn create(&self, body: &Value) -> anyhow::Result<String> {
         let (status, created) = self.send(
             self.http
                 .post(format!("{}/v1/sandboxes", self.base))
-                .json(&body),
+                .json(body),
         )?;
         if status != 202 {
             bail!("create: {status} {created}");

@@ -12,14 +12,17 @@
 //!    sooner than the lease after the kill; its fencing guard froze its sandboxes before
 //!    that (the marker and the cgroups say so); its sandbox is `Failed` (`NODE_LOST`) while
 //!    the other still answers.
-//! 4. **Cross-node resume** ([`moves`]): before the kill, a third sandbox on that node fills
+//! 4. **Snapshots elsewhere** ([`snapshot_elsewhere`]): before the kill, a snapshot of the
+//!    sandbox on that node; once it is lost, a create from the snapshot runs on another node
+//!    and holds the file written before the snapshot.
+//! 5. **Cross-node resume** ([`moves`]): before the kill, a third sandbox on that node fills
 //!    `--move-mib` of memory, is paused and resumed there (timed), and paused again; once the
 //!    node is lost it resumes on another node from the checkpoint in the shared store (a
 //!    directory every instance reads with `--origin-block-delay-ms` per block), timed until
 //!    execd answers and until its memory is local, and its memory must sum as before.
-//! 5. **Return**: the agent starts again and joins; the server removes what it ran while lost,
+//! 6. **Return**: the agent starts again and joins; the server removes what it ran while lost,
 //!    and what the moved sandbox left there, and the node thaws nothing.
-//! 6. Everything stops and every prefix is purged; nothing carrying one is left.
+//! 7. Everything stops and every prefix is purged; nothing carrying one is left.
 //!
 //! The nodes share the machine's loopback (not a network namespace each) and its CPU: the
 //! figures are the cluster's overhead on one host, not more capacity.
@@ -27,6 +30,7 @@
 mod api;
 pub mod moves;
 mod procs;
+mod snapshot_elsewhere;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -43,6 +47,7 @@ use crate::paths::{HostArgs, require_root, run_prefix};
 use api::Api;
 use moves::MoveReport;
 use procs::Instance;
+use snapshot_elsewhere::SnapshotReport;
 
 /// How long the server may take to prepare its image, and a node to join.
 const READY_TIMEOUT: Duration = Duration::from_secs(300);
@@ -98,6 +103,8 @@ pub struct ClusterReport {
     /// The same creates with every node joined.
     pub cluster: CreateRun,
     pub loss: LossReport,
+    /// A create from a snapshot taken on another node.
+    pub snapshot: SnapshotReport,
     /// A paused sandbox of the lost node resumed on another.
     pub moved: MoveReport,
     /// Whether every check held.
@@ -332,7 +339,7 @@ impl Scenario<'_> {
                 .map(|(i, n)| (format!("n{}", i + 1), n.log.clone())),
         );
         let victim_index = nodes.len() - 1;
-        let (loss, moved) =
+        let (loss, snapshot, moved) =
             self.lose_and_return(&api, &mut nodes[victim_index], victim_index + 1, &logs)?;
 
         for node in &mut nodes {
@@ -349,6 +356,7 @@ impl Scenario<'_> {
             one_node,
             cluster,
             loss,
+            snapshot,
             moved,
             passed: false,
             failures: std::mem::take(&mut self.failures),
@@ -430,7 +438,7 @@ impl Scenario<'_> {
         node: &mut Instance,
         number: usize,
         logs: &[(String, PathBuf)],
-    ) -> anyhow::Result<(LossReport, MoveReport)> {
+    ) -> anyhow::Result<(LossReport, SnapshotReport, MoveReport)> {
         let id = format!("n{number}");
         let proxy = api
             .node(&id)?
@@ -467,6 +475,8 @@ impl Scenario<'_> {
         let (Some(on_victim), Some(elsewhere)) = (on_victim, elsewhere) else {
             bail!("no sandbox landed on node {id} (or none elsewhere)");
         };
+        progress(format!("a snapshot of {on_victim} on node {id}"));
+        let snapshot = snapshot_elsewhere::take(api, &on_victim)?;
 
         progress(format!(
             "killing node {id}'s agent (SIGKILL); lease {} ms",
@@ -531,6 +541,17 @@ impl Scenario<'_> {
         );
 
         progress(format!(
+            "a create from snapshot {snapshot}, taken on the lost node {id}"
+        ));
+        let snapshot = snapshot_elsewhere::restore_elsewhere(api, &snapshot, &id)?;
+        self.check(
+            snapshot.restored_on != id && snapshot.kept_file,
+            format!(
+                "the create from a snapshot taken on {id} ran on {} (its file kept: {})",
+                snapshot.restored_on, snapshot.kept_file
+            ),
+        );
+        progress(format!(
             "resuming {mover} ({} MiB, paused on the lost node {id}) elsewhere",
             self.args.move_mib
         ));
@@ -581,7 +602,7 @@ impl Scenario<'_> {
             survivor_answers,
             removed_after_return_ms: removed.as_millis() as u64,
         };
-        Ok((loss, moved))
+        Ok((loss, snapshot, moved))
     }
 
     /// A sandbox on node `id` (its proxy `proxy`) holding `--move-mib` of memory, paused and
@@ -687,6 +708,11 @@ pub fn human(r: &ClusterReport) -> String {
     out.push_str(&format!(
         "node loss: {} killed (lease {} ms): expired after {} ms, lost after {} ms; fence froze {} group(s) (all frozen: {}); its sandbox {:?}; the other answers: {}; removed {} ms after it came back\n",
         l.node, l.lease_ms, l.expired_after_ms, l.lost_after_ms, l.fenced, l.all_frozen, l.lost_sandbox, l.survivor_answers, l.removed_after_return_ms
+    ));
+    let s = &r.snapshot;
+    out.push_str(&format!(
+        "snapshot taken on {}, a create from it on {}: Running after {} ms, its file kept: {}\n",
+        s.taken_on, s.restored_on, s.create_ms, s.kept_file
     ));
     let m = &r.moved;
     out.push_str(&format!(
