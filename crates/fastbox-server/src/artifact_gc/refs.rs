@@ -3,6 +3,7 @@
 //! | record | in use |
 //! |---|---|
 //! | a sandbox whose record names a pause checkpoint (`Pausing`, `Paused`, `Resuming`, ...) | the checkpoint's key |
+//! | a sandbox resumed from a checkpoint that is not removed yet (a lazy resume still fetching its memory from it) | that checkpoint's key |
 //! | a sandbox that is not final (not `Terminated`, `Failed`) | its image's template key (the image reference), its template id |
 //! | a snapshot `Creating` or `Ready` (or in a state this build does not know) | its id |
 //! | a template of the templates API, unless `Failed` | its id, and the manifest its record names (`blake3:<hex>`) |
@@ -43,6 +44,8 @@ impl ArtifactRefs {
         let mut refs = ArtifactRefs::default();
         for sandbox in sandboxes {
             refs.keys.extend(sandbox.paused_checkpoint.iter().cloned());
+            // A resume on another node fetches the memory from it while the sandbox runs.
+            refs.keys.extend(sandbox.resumed_from.iter().cloned());
             if !matches!(
                 sandbox.state(),
                 SandboxState::Terminated | SandboxState::Failed
@@ -149,6 +152,7 @@ mod tests {
         paused.paused_checkpoint = Some("pause-paused-1a2b3c4d".into());
         let mut running = in_state("running", SandboxState::Running);
         running.template_id = Some("tpl_a".into());
+        running.resumed_from = Some("pause-running-99887766".into());
         let mut gone = in_state("gone", SandboxState::Terminated);
         gone.image.uri = "debian:12".into();
         let mut failed_pause = in_state("failed", SandboxState::Failed);
@@ -190,6 +194,7 @@ mod tests {
                 "fastbox/busybox",
                 "pause-failed-00000000",
                 "pause-paused-1a2b3c4d",
+                "pause-running-99887766",
                 "python:3.12",
                 "snap_creating",
                 "snap_ready",
