@@ -485,6 +485,47 @@ async fn a_node_that_registers_again_is_given_its_sandboxes_back() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_in_flight_when_its_node_registers_again_is_not_run_twice() {
+    let c = Cluster::start(10_000).await;
+    let (n1, _, registered) = c.join("n1").await;
+    let id = running_on(&c.lc, &n1).await;
+    n1.hold(Verb::Pause);
+    c.lc.pause(&id).unwrap();
+    tokio::time::timeout(PATIENCE, n1.wait_held(Verb::Pause))
+        .await
+        .expect("the pause reaches n1");
+
+    // n1 restarts and registers again while the pause waits there: the recovery of its
+    // sandboxes leaves the pause to finish by itself.
+    n1.restart(fastbox_node_api::testkit::Restart::KeepSandboxes);
+    let own: Credential = registered.node_to_server.parse().unwrap();
+    let (_, control, _) = c.join_as(n1.clone(), &own).await;
+    control.heartbeat(&beat(n1.status().await)).await.unwrap();
+    c.lc.reconcile().await;
+    // What a recovery starts runs in a task of its own: give it time to call n1.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(c.lc.get(&id).unwrap().status.state, SandboxState::Pausing);
+    for verb in [
+        Verb::FinishInterruptedPause,
+        Verb::HasSnapshot,
+        Verb::ReleaseKeepingAddress,
+    ] {
+        assert!(
+            n1.calls_of(verb).is_empty(),
+            "{verb:?}: the recovery acted on a pause in flight: {:?}",
+            n1.calls()
+        );
+    }
+
+    n1.release_all();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while c.lc.get(&id).unwrap().status.state == SandboxState::Pausing {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_get_the_route_signing_keys_and_their_rotations() {
     let c = Cluster::start(10_000).await;
     let (n1, control, registered) = c.join("n1").await;

@@ -415,7 +415,14 @@ impl Lifecycle {
 
     /// [`Lifecycle::recover`] for the sandboxes of node `node_id` (it restarted).
     pub async fn recover_node(self: &Arc<Self>, node_id: &str) -> (usize, usize, usize) {
-        self.recover_records(|r| self.node_name(r.node.as_deref()) == node_id)
+        // A start, pause or resume still running ends by itself (its call to the node answers
+        // or fails): recovering it too would run it twice. Running sandboxes are adopted
+        // whatever else happens to them (an adoption changes nothing of theirs).
+        let in_flight = |r: &SandboxRecord| {
+            r.state() != SandboxState::Running
+                && self.busy.lock().expect("busy lock").contains(&r.id)
+        };
+        self.recover_records(|r| self.node_name(r.node.as_deref()) == node_id && !in_flight(r))
             .await
     }
 
