@@ -192,6 +192,20 @@ async fn running_on(lc: &Arc<Lifecycle>, on: &FakeNode) -> String {
     panic!("no create landed on node {}", on.node_id());
 }
 
+/// A sandbox paused on node `on`, and the key of its pause checkpoint there.
+async fn paused_on(lc: &Arc<Lifecycle>, on: &FakeNode) -> (String, String) {
+    let id = running_on(lc, on).await;
+    lc.pause(&id).unwrap();
+    until(lc, &id, SandboxState::Paused).await;
+    let key = on
+        .checkpoints()
+        .into_iter()
+        .find(|k| k.key.starts_with(&format!("pause-{id}-")))
+        .expect("the pause checkpoint on the node")
+        .key;
+    (id, key)
+}
+
 async fn until(lc: &Lifecycle, id: &str, state: SandboxState) {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while lc.get(id).unwrap().status.state != state {
@@ -575,15 +589,7 @@ async fn nodes_get_the_route_signing_keys_and_their_rotations() {
 async fn a_paused_sandbox_of_a_lost_node_resumes_on_another_and_its_leftovers_go_later() {
     let c = Cluster::start(1_000).await;
     let (n1, n1_control, _) = c.join("n1").await;
-    let paused = running_on(&c.lc, &n1).await;
-    c.lc.pause(&paused).unwrap();
-    until(&c.lc, &paused, SandboxState::Paused).await;
-    let key = n1
-        .checkpoints()
-        .into_iter()
-        .find(|k| k.key.starts_with(&format!("pause-{paused}-")))
-        .expect("the pause checkpoint on n1")
-        .key;
+    let (paused, key) = paused_on(&c.lc, &n1).await;
     // A snapshot taken on n1 too.
     let source = running_on(&c.lc, &n1).await;
     let snap = c.lc.create_snapshot(&source, None).unwrap().id;
@@ -680,15 +686,7 @@ async fn a_paused_sandbox_of_a_lost_node_resumes_on_another_and_its_leftovers_go
 async fn a_paused_sandbox_of_a_lost_node_expires_and_goes_when_the_node_is_back() {
     let c = Cluster::start(1_000).await;
     let (n1, n1_control, _) = c.join("n1").await;
-    let paused = running_on(&c.lc, &n1).await;
-    c.lc.pause(&paused).unwrap();
-    until(&c.lc, &paused, SandboxState::Paused).await;
-    let key = n1
-        .checkpoints()
-        .into_iter()
-        .find(|k| k.key.starts_with(&format!("pause-{paused}-")))
-        .expect("the pause checkpoint on n1")
-        .key;
+    let (paused, key) = paused_on(&c.lc, &n1).await;
 
     // n1 is lost, then the sandbox's time runs out: it expires all the same, so it can no
     // longer be resumed anywhere; nothing is asked of n1 meanwhile.
