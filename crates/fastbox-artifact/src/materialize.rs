@@ -2,14 +2,15 @@
 //!
 //! [`materialize`] writes the tree into a hidden staging directory next to the destination
 //! and renames it into place (without replacing anything), so the destination appears
-//! complete or not at all. Blocks are fetched by several threads at once, each written at its
-//! offset; every block is verified by the store's read; every file's blocks must have the
-//! lengths its size implies. Full zero blocks are not fetched: they are left as
+//! complete or not at all. Blocks are fetched by several threads at once, each distinct block
+//! once and written at every offset that holds it; every block is verified by the store's
+//! read; every file's blocks must have the lengths its size implies. Full zero blocks are not fetched: they are left as
 //! holes, so a sparse writable layer stays sparse. Files get their recorded permission bits
 //! (setuid included); directories get theirs after their contents are written; ownership
 //! is the calling process's and modification times are the time of writing (neither is part
 //! of the format). The destination's own mode is 0755.
 
+use std::collections::HashMap;
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -59,7 +60,7 @@ pub enum MaterializeError {
 pub struct MaterializeStats {
     /// Entries created (files, directories, symlinks).
     pub entries: u64,
-    /// Blocks read from the store.
+    /// Blocks read from the store (a block a tree holds several times is read once).
     pub blocks_fetched: u64,
     /// Full zero blocks left as holes without a fetch.
     pub zero_blocks: u64,
@@ -216,23 +217,29 @@ fn create_file(path: &Path, size: u64) -> Result<(), MaterializeError> {
     file.set_len(size).map_err(io_error("truncate", path))
 }
 
-/// Fetches every block of `files` but full zero blocks (left as holes) with
-/// [`FETCH_WORKERS`] threads, each block written at its offset: (blocks fetched, zero blocks).
-/// The first error stops the others.
+/// Fetches every distinct block of `files` once, but full zero blocks (left as holes), with
+/// [`FETCH_WORKERS`] threads, and writes it at each offset that holds it: (blocks fetched,
+/// zero blocks). The first error stops the others.
 fn fill_files<S: ArtifactStore + ?Sized>(
     store: &S,
     files: &[FileJob<'_>],
 ) -> Result<(u64, u64), MaterializeError> {
     let zero = zero_block_digest();
-    let mut jobs = Vec::new();
+    // Each distinct block with every (file, index) it fills, in manifest order.
+    let mut jobs: Vec<(Digest, Vec<(usize, usize)>)> = Vec::new();
+    let mut by_digest: HashMap<Digest, usize> = HashMap::new();
     let mut zero_blocks = 0;
     for (f, job) in files.iter().enumerate() {
         for (index, digest) in job.blocks.iter().enumerate() {
             if *digest == zero && block_len(job.size, index as u64) == BLOCK_SIZE {
                 zero_blocks += 1;
-            } else {
-                jobs.push((f, index));
+                continue;
             }
+            let at = *by_digest.entry(*digest).or_insert_with(|| {
+                jobs.push((*digest, Vec::new()));
+                jobs.len() - 1
+            });
+            jobs[at].1.push((f, index));
         }
     }
     let next = AtomicUsize::new(0);
@@ -242,10 +249,11 @@ fn fill_files<S: ArtifactStore + ?Sized>(
         for _ in 0..FETCH_WORKERS.min(jobs.len()) {
             scope.spawn(|| {
                 while !failed.load(Ordering::Relaxed) {
-                    let Some(&(f, index)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                    let Some((digest, targets)) = jobs.get(next.fetch_add(1, Ordering::Relaxed))
+                    else {
                         return;
                     };
-                    if let Err(e) = write_block(store, &files[f], index) {
+                    if let Err(e) = write_block(store, files, digest, targets) {
                         failed.store(true, Ordering::Relaxed);
                         first_error
                             .lock()
@@ -263,31 +271,36 @@ fn fill_files<S: ArtifactStore + ?Sized>(
     }
 }
 
-/// Block `index` of `job`'s file, fetched (verified by the store) and written at its offset.
+/// Block `digest`, fetched (verified by the store) and written at each of `targets`
+/// (file, block index).
 fn write_block<S: ArtifactStore + ?Sized>(
     store: &S,
-    job: &FileJob<'_>,
-    index: usize,
+    files: &[FileJob<'_>],
+    digest: &Digest,
+    targets: &[(usize, usize)],
 ) -> Result<(), MaterializeError> {
-    let digest = &job.blocks[index];
-    let expected = block_len(job.size, index as u64);
     let bytes = store.get_block(digest)?;
-    if bytes.len() != expected {
-        return Err(MaterializeError::BlockLength {
-            path: job.name.to_string(),
-            index: index as u64,
-            digest: *digest,
-            expected,
-            actual: bytes.len(),
-        });
+    for &(f, index) in targets {
+        let job = &files[f];
+        let expected = block_len(job.size, index as u64);
+        if bytes.len() != expected {
+            return Err(MaterializeError::BlockLength {
+                path: job.name.to_string(),
+                index: index as u64,
+                digest: *digest,
+                expected,
+                actual: bytes.len(),
+            });
+        }
+        let file: File = OpenOptions::new()
+            .write(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&job.path)
+            .map_err(io_error("open", &job.path))?;
+        file.write_all_at(&bytes, index as u64 * BLOCK_SIZE as u64)
+            .map_err(io_error("write", &job.path))?;
     }
-    let file: File = OpenOptions::new()
-        .write(true)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(&job.path)
-        .map_err(io_error("open", &job.path))?;
-    file.write_all_at(&bytes, index as u64 * BLOCK_SIZE as u64)
-        .map_err(io_error("write", &job.path))
+    Ok(())
 }
 
 fn set_mode(path: &Path, mode: u32) -> Result<(), MaterializeError> {
