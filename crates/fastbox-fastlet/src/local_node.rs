@@ -12,6 +12,7 @@ mod convert;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use axum::body::Body;
@@ -22,7 +23,7 @@ use fastbox_node_api::recipe::GoldenRecipe;
 use fastbox_node_api::wire::{
     Adoption, CheckpointFetch, ImageInfo, NodePlacement, NodeStatus, PlaceSpec, Placed,
     ProxyRefusal, RegistryCredentials, RemoveReport, RestoreSpec, SandboxTokens, SnapshotReport,
-    SnapshotSource, TemplateBuilt, Unsigned,
+    SnapshotSource, TemplateBuilt, Unsigned, UnusedAdmission,
 };
 use fastbox_node_api::{NodeAgent, NodeError, NodeErrorKind, NodeResult};
 use http::{HeaderName, Request};
@@ -56,6 +57,8 @@ pub struct LocalNode {
     images: Mutex<ResolvedImages>,
     /// Live snapshots staged and not yet committed, by key.
     staged: Mutex<HashMap<String, StagedSnapshot>>,
+    /// Slots admitted that no call named since, and when (`NodeStatus::unused_admissions`).
+    admitted: Mutex<BTreeMap<u32, Instant>>,
 }
 
 impl LocalNode {
@@ -67,7 +70,21 @@ impl LocalNode {
             proxy: OnceLock::new(),
             images: Mutex::new(ResolvedImages::default()),
             staged: Mutex::new(HashMap::new()),
+            admitted: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Slot `slot` was admitted now.
+    fn admitted(&self, slot: u32) {
+        self.admitted
+            .lock()
+            .expect("admitted lock")
+            .insert(slot, Instant::now());
+    }
+
+    /// A call named slot `slot`: its admission, if any, is used.
+    fn used(&self, slot: u32) {
+        self.admitted.lock().expect("admitted lock").remove(&slot);
     }
 
     /// The fastlet behind this node (its background threads, recovery and shutdown are
@@ -194,7 +211,10 @@ impl NodeAgent for LocalNode {
         let deadline = tokio::time::Instant::now() + ADMISSION_WAIT;
         loop {
             match self.fastlet.reserve_slot() {
-                Ok(slot) => return Ok(slot),
+                Ok(slot) => {
+                    self.admitted(slot);
+                    return Ok(slot);
+                }
                 Err(e)
                     if self.fastlet.teardowns_pending() == 0
                         || tokio::time::Instant::now() >= deadline =>
@@ -207,10 +227,12 @@ impl NodeAgent for LocalNode {
     }
 
     async fn release_slot(&self, slot: u32) {
+        self.used(slot);
         self.fastlet.release_slot(slot);
     }
 
     async fn claim_slot(&self, slot: u32) {
+        self.used(slot);
         self.fastlet.claim_slot(slot);
     }
 
@@ -241,6 +263,7 @@ impl NodeAgent for LocalNode {
     }
 
     async fn place(&self, spec: PlaceSpec, slot: u32) -> NodeResult<Placed> {
+        self.used(slot);
         let image = self.image_of(&spec).await?;
         let req = PlaceRequest {
             id: spec.id.clone(),
@@ -271,6 +294,7 @@ impl NodeAgent for LocalNode {
     }
 
     async fn clone_snapshot(&self, key: &str, spec: RestoreSpec, slot: u32) -> NodeResult<Placed> {
+        self.used(slot);
         // A fork's clones restore from the staged dump, before it is on disk.
         let staged = self
             .staged
@@ -292,6 +316,7 @@ impl NodeAgent for LocalNode {
     }
 
     async fn resume(&self, key: &str, spec: RestoreSpec, slot: u32) -> NodeResult<Placed> {
+        self.used(slot);
         let fastlet = self.fastlet.clone();
         let key = key.to_string();
         let started = blocking::run("fastbox-resume", move || {
@@ -324,6 +349,7 @@ impl NodeAgent for LocalNode {
         tokens: &SandboxTokens,
         policy: &EgressPolicy,
     ) -> Adoption {
+        self.used(placement.slot);
         let placement = match to_placement(placement) {
             Ok(p) => p,
             Err(e) => {
@@ -348,6 +374,9 @@ impl NodeAgent for LocalNode {
         placement: Option<&NodePlacement>,
         slot: Option<u32>,
     ) -> NodeResult<RemoveReport> {
+        if let Some(slot) = slot.or(placement.map(|p| p.slot)) {
+            self.used(slot);
+        }
         let placement = placement.map(to_placement).transpose()?;
         let fastlet = self.fastlet.clone();
         let id = id.to_string();
@@ -364,6 +393,7 @@ impl NodeAgent for LocalNode {
         placement: Option<&NodePlacement>,
         slot: u32,
     ) -> NodeResult<()> {
+        self.used(slot);
         let placement = placement.map(to_placement).transpose()?;
         let fastlet = self.fastlet.clone();
         let id = id.to_string();
@@ -573,6 +603,16 @@ impl NodeAgent for LocalNode {
                 .collect::<BTreeMap<_, _>>(),
             memory_available_bytes: fastbox_runtime::image_stream::available_memory(),
             sandboxes: u32::try_from(self.fastlet.running_count()).ok(),
+            unused_admissions: self
+                .admitted
+                .lock()
+                .expect("admitted lock")
+                .iter()
+                .map(|(slot, at)| UnusedAdmission {
+                    slot: *slot,
+                    age_ms: at.elapsed().as_millis() as u64,
+                })
+                .collect(),
         }
     }
 }

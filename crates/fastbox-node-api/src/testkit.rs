@@ -84,7 +84,7 @@ use crate::wire::{
     Adoption, CheckpointFetch, ImageInfo, NodeHandle, NodePlacement, NodeStatus, PhaseTiming,
     PlaceSpec, Placed, ProxyRefusal, RegistryCredentials, RemoveReport, RestoreSpec,
     SandboxSettings, SandboxTokens, SnapshotReport, SnapshotSource, StartReport, TemplateBuilt,
-    Unsigned,
+    Unsigned, UnusedAdmission,
 };
 use crate::{NodeAgent, NodeError, NodeErrorKind, NodeResult};
 
@@ -325,6 +325,8 @@ struct State {
     slots: Vec<Slot>,
     images: BTreeMap<String, ImageInfo>,
     checkpoints: BTreeMap<String, FakeCheckpoint>,
+    /// Slots admitted and not named by a call since, and when.
+    admitted: BTreeMap<u32, std::time::Instant>,
     /// Every checkpoint fetched from the store, and how, in order.
     fetches: Vec<(String, CheckpointFetch)>,
     templates: BTreeSet<String>,
@@ -690,7 +692,7 @@ impl FakeNode {
     /// Records `call`, waits at its verb's gate, then answers an injected failure.
     async fn enter(&self, call: Call) -> NodeResult<()> {
         let verb = call.verb;
-        self.lock().calls.push(call);
+        self.lock().record(call);
         Gate::new(self, verb, At::Before).await;
         self.injected(verb, At::Before).map_or(Ok(()), Err)
     }
@@ -709,7 +711,7 @@ impl FakeNode {
     /// fail.
     async fn infallible<T>(&self, call: Call, act: impl FnOnce(&mut State) -> T) -> T {
         let verb = call.verb;
-        self.lock().calls.push(call);
+        self.lock().record(call);
         Gate::new(self, verb, At::Before).await;
         let answer = act(&mut self.lock());
         Gate::new(self, verb, At::After).await;
@@ -737,6 +739,14 @@ impl FakeNode {
 }
 
 impl State {
+    /// Records `call`; a call that names a slot uses the slot's admission, if any.
+    fn record(&mut self, call: Call) {
+        if let Some(slot) = call.slot {
+            self.admitted.remove(&slot);
+        }
+        self.calls.push(call);
+    }
+
     fn free_slots(&self) -> u32 {
         self.slots
             .iter()
@@ -1074,6 +1084,7 @@ impl NodeAgent for FakeNode {
             match free {
                 Some(index) => {
                     s.slots[index].content = Content::Reserved;
+                    s.admitted.insert(index as u32, std::time::Instant::now());
                     Ok(index as u32)
                 }
                 None => Err(NodeError::new(
@@ -1606,6 +1617,14 @@ impl NodeAgent for FakeNode {
                         .filter(|x| matches!(x.content, Content::Sandbox(..)))
                         .count() as u32,
                 ),
+                unused_admissions: s
+                    .admitted
+                    .iter()
+                    .map(|(slot, at)| UnusedAdmission {
+                        slot: *slot,
+                        age_ms: at.elapsed().as_millis() as u64,
+                    })
+                    .collect(),
             }
         })
         .await

@@ -225,6 +225,17 @@ pub struct NodeStatus {
     /// pooled sandboxes and spares, capacity made ahead: this is the node's load.
     #[serde(default)]
     pub sandboxes: Option<u32>,
+    /// Slots admitted ([`crate::NodeAgent::admit`]) that no start, claim or release used
+    /// since: the server gives back those it holds no record of (an answer it never got).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unused_admissions: Vec<UnusedAdmission>,
+}
+
+/// A slot admitted and not used since, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnusedAdmission {
+    pub slot: u32,
+    pub age_ms: u64,
 }
 
 /// Whether a request without a route signature may pass the node proxy.

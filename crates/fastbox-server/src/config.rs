@@ -627,7 +627,13 @@ pub struct ServerConfig {
     pub access_failures: fastbox_proxy::FailureLimits,
     /// Leases of registered nodes.
     pub leases: LeaseConfig,
+    /// A slot a node reports admitted and unused for this long, that no record and no start
+    /// in flight holds, is given back (an admission whose answer never arrived).
+    pub admission_grace: Duration,
 }
+
+/// [`ServerConfig::admission_grace`] by default.
+pub const DEFAULT_ADMISSION_GRACE: Duration = Duration::from_secs(60);
 
 /// How registered nodes hold their lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -780,6 +786,7 @@ impl ServerConfig {
             route_max_lifetime,
             access_failures,
             leases: LeaseConfig::of(settings.node_lease_ms.unwrap_or(DEFAULT_NODE_LEASE_MS)),
+            admission_grace: DEFAULT_ADMISSION_GRACE,
         })
     }
 }

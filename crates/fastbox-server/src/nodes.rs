@@ -363,6 +363,7 @@ impl Nodes {
         status.sandboxes = status.sandboxes.map(|n| n.min(status.slots));
         let slots = status.slots as usize;
         status.pools.values_mut().for_each(|n| *n = (*n).min(slots));
+        status.unused_admissions.truncate(slots);
         if let Some(e) = self.entry(&status.node_id) {
             e.report(status);
         }
@@ -459,6 +460,7 @@ mod tests {
                 .collect::<BTreeMap<_, _>>(),
             memory_available_bytes: None,
             sandboxes: None,
+            unused_admissions: Vec::new(),
         }
     }
 

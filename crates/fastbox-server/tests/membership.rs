@@ -82,6 +82,7 @@ impl Cluster {
         })
         .unwrap();
         cfg.create_wait = Duration::from_secs(5);
+        cfg.admission_grace = ADMISSION_GRACE;
         let store = Store::open(&dir.path().join("state.redb")).unwrap();
         let keys = fastbox_proxy::RouteKeys::load_or_create(&dir.path().join("route-key")).unwrap();
         let nodes = Nodes::new(vec![local as Arc<dyn NodeAgent>]).unwrap();
@@ -191,6 +192,9 @@ async fn running_on(lc: &Arc<Lifecycle>, on: &FakeNode) -> String {
     }
     panic!("no create landed on node {}", on.node_id());
 }
+
+/// How long the server leaves a slot a node reports admitted and unused.
+const ADMISSION_GRACE: Duration = Duration::from_millis(500);
 
 /// A sandbox paused on node `on`, and the key of its pause checkpoint there.
 async fn paused_on(lc: &Arc<Lifecycle>, on: &FakeNode) -> (String, String) {
@@ -537,6 +541,37 @@ async fn a_pause_in_flight_when_its_node_registers_again_is_not_run_twice() {
         assert!(tokio::time::Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_admitted_whose_answer_was_lost_is_given_back_after_the_grace() {
+    let c = Cluster::start(10_000).await;
+    let (n1, control, _) = c.join("n1").await;
+    let running = running_on(&c.lc, &n1).await;
+    // The server asked n1 for a slot and never got the answer: n1 holds it, unused.
+    let lost = n1.admit().await.unwrap();
+    control.heartbeat(&beat(n1.status().await)).await.unwrap();
+    c.lc.reconcile().await;
+    assert!(
+        n1.calls_of(Verb::ReleaseSlot).is_empty(),
+        "not within the grace: {:?}",
+        n1.calls()
+    );
+
+    tokio::time::sleep(ADMISSION_GRACE + Duration::from_millis(100)).await;
+    control.heartbeat(&beat(n1.status().await)).await.unwrap();
+    c.lc.reconcile().await;
+    let released: Vec<u32> = n1
+        .calls_of(Verb::ReleaseSlot)
+        .into_iter()
+        .filter_map(|call| call.slot)
+        .collect();
+    assert_eq!(released, vec![lost], "only the forgotten admission goes");
+    assert_eq!(
+        c.lc.get(&running).unwrap().status.state,
+        SandboxState::Running
+    );
+    assert!(n1.status().await.unused_admissions.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

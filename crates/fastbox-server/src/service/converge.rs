@@ -313,6 +313,7 @@ impl Lifecycle {
         let now = Utc::now();
         let retention = chrono::Duration::from_std(self.cfg.retention).unwrap_or_default();
         self.declare_lost_nodes();
+        self.release_forgotten_admissions().await;
         for node in self.nodes.take_rejoined() {
             // A node that registered again (it restarted) holds its sandboxes' slots until
             // it is told which are still its own.

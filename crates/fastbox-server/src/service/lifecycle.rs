@@ -41,6 +41,9 @@ pub struct Lifecycle {
     pub(super) records: Mutex<HashMap<String, SandboxRecord>>,
     /// Sandboxes with a create or removal task running; the reconciler leaves them alone.
     pub(super) busy: Mutex<HashSet<String>>,
+    /// Slots admitted on a node (node, slot) whose holder is not recorded yet: never given
+    /// back as forgotten ([`Lifecycle::admitting`]).
+    pub(super) admitting: Mutex<HashSet<(String, u32)>>,
     /// The nodes sandboxes run on.
     pub(super) nodes: Nodes,
     /// How image references are read (a local one is refused outside
@@ -126,6 +129,7 @@ impl Lifecycle {
             store,
             records: Mutex::new(records),
             busy: Mutex::new(HashSet::new()),
+            admitting: Mutex::new(HashSet::new()),
             policy_changes: tokio::sync::Mutex::new(()),
             start_metrics: Default::default(),
             nodes,

@@ -7,6 +7,7 @@
 //! its sandboxes before its lease ran out (its guard), so a sandbox never runs on two nodes;
 //! paused sandboxes keep their checkpoint and stay `Paused`.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -149,6 +150,69 @@ impl Lifecycle {
         self.end_sandboxes_of(id, &format!("node {id} was revoked"));
         tracing::warn!(node = %id, "node revoked");
         Ok(())
+    }
+
+    /// Marks slot `slot` of node `node` admitted for a holder not recorded yet, until the
+    /// guard is dropped (the record names it by then, or it was released).
+    pub(super) fn admitting(&self, node: &str, slot: u32) -> Admitting<'_> {
+        let key = (node.to_string(), slot);
+        self.admitting
+            .lock()
+            .expect("admitting lock")
+            .insert(key.clone());
+        Admitting { lc: self, key }
+    }
+
+    /// Gives back the slots nodes report admitted and unused for longer than
+    /// [`crate::config::ServerConfig::admission_grace`] that no record and no start in flight
+    /// holds: admissions whose answer never arrived (a timeout, a crash before the record).
+    /// Nothing is asked of a lost node.
+    pub(super) async fn release_forgotten_admissions(&self) {
+        let grace = self.cfg.admission_grace.as_millis() as u64;
+        for (node_id, status) in self.nodes.statuses() {
+            let Some(status) = status else { continue };
+            let old: Vec<u32> = status
+                .unused_admissions
+                .iter()
+                .filter(|a| a.age_ms >= grace)
+                .map(|a| a.slot)
+                .collect();
+            if old.is_empty() {
+                continue;
+            }
+            let Ok(node) = self.node(Some(&node_id)) else {
+                continue;
+            };
+            let held = self.slots_held_on(&node_id);
+            for slot in old.into_iter().filter(|s| !held.contains(s)) {
+                tracing::warn!(node = %node_id, slot, "giving back a slot admitted and never used (its admission's answer was lost)");
+                node.release_slot(slot).await;
+            }
+        }
+    }
+
+    /// The slots of node `node_id` that records or starts in flight hold.
+    fn slots_held_on(&self, node_id: &str) -> HashSet<u32> {
+        let mut held: HashSet<u32> = self
+            .admitting
+            .lock()
+            .expect("admitting lock")
+            .iter()
+            .filter(|(node, _)| node == node_id)
+            .map(|(_, slot)| *slot)
+            .collect();
+        for record in self.snapshot() {
+            if self.node_name(record.node.as_deref()) == node_id {
+                held.extend(record.slot);
+                held.extend(record.placement.as_ref().map(|p| p.slot));
+            }
+            if let Some(moved) = &record.moved_from
+                && self.node_name(moved.node.as_deref()) == node_id
+            {
+                held.extend(moved.slot);
+            }
+        }
+        held
     }
 
     /// Declares lost the nodes whose lease ran out longer ago than the margin (one pass of
@@ -409,5 +473,21 @@ impl NodeView {
             NodeState::Expired => "expired",
             NodeState::Lost => "lost",
         }
+    }
+}
+
+/// A slot admitted for a holder not recorded yet ([`Lifecycle::admitting`]).
+pub(super) struct Admitting<'a> {
+    lc: &'a Lifecycle,
+    key: (String, u32),
+}
+
+impl Drop for Admitting<'_> {
+    fn drop(&mut self) {
+        self.lc
+            .admitting
+            .lock()
+            .expect("admitting lock")
+            .remove(&self.key);
     }
 }

@@ -609,6 +609,8 @@ impl Lifecycle {
                 }
             };
             self.nodes.admitted(node.node_id());
+            // The checkpoint may take a while to fetch: the slot is not recorded until then.
+            let _admitting = self.admitting(node.node_id(), slot);
             if let Err(e) = node
                 .fetch_checkpoint(
                     key,
