@@ -142,17 +142,19 @@ pub(super) fn timed_resume(
     ))
 }
 
-/// The node sandbox `id` runs on, by its proxy in the sandbox's endpoint.
+/// The node sandbox `id` runs on, by its proxy in the sandbox's endpoint: a joined node's
+/// (`/v1/nodes` lists it), else the server's own node (listed without one).
 pub(super) fn node_of(api: &Api, id: &str) -> anyhow::Result<String> {
     let (endpoint, _) = api.execd(id)?;
-    api.nodes()?
-        .into_iter()
-        .find(|(_, n)| {
-            n["proxy"]
-                .as_str()
-                .is_some_and(|p| endpoint.starts_with(&format!("{p}/")))
-        })
-        .map(|(node, _)| node)
+    let nodes = api.nodes()?;
+    let by_proxy = nodes.iter().find(|(_, n)| {
+        n["proxy"]
+            .as_str()
+            .is_some_and(|p| endpoint.starts_with(&format!("{p}/")))
+    });
+    by_proxy
+        .or_else(|| nodes.iter().find(|(_, n)| n["proxy"].is_null()))
+        .map(|(node, _)| node.clone())
         .with_context(|| format!("no node serves endpoint {endpoint}"))
 }
 
