@@ -34,7 +34,7 @@ pub const FILE: &str = "remote-pages.json";
 const CHECKPOINT_PREFIX: &str = "checkpoint/";
 const IMAGES_PREFIX: &str = "checkpoint/criu/";
 /// Threads fetching a lazy resume's blocks.
-const FETCH_WORKERS: usize = 4;
+const FETCH_WORKERS: usize = 8;
 
 /// Whether `path` (in a published checkpoint's tree) is a pages image of its CRIU images.
 pub fn is_pages_image(path: &str) -> bool {
