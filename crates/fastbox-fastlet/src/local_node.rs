@@ -236,6 +236,19 @@ impl NodeAgent for LocalNode {
         self.fastlet.claim_slot(slot);
     }
 
+    async fn release_unused_admission(&self, slot: u32, min_age_ms: u64) -> bool {
+        let mut admitted = self.admitted.lock().expect("admitted lock");
+        let old_enough = admitted
+            .get(&slot)
+            .is_some_and(|at| at.elapsed().as_millis() as u64 >= min_age_ms);
+        if old_enough {
+            admitted.remove(&slot);
+            // Under the lock: no call can use the admission meanwhile.
+            self.fastlet.release_slot(slot);
+        }
+        old_enough
+    }
+
     fn check_image(&self, reference: &str) -> NodeResult<()> {
         Ok(self.fastlet.check_image(reference)?)
     }

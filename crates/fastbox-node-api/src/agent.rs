@@ -43,6 +43,11 @@ pub trait NodeAgent: Send + Sync {
     /// Takes slot `slot` again after a restart (a record holds it). Idempotent.
     async fn claim_slot(&self, slot: u32);
 
+    /// Gives back slot `slot` only if it is still an admission that no call used since and
+    /// that is at least `min_age_ms` old (one [`crate::wire::NodeStatus::unused_admissions`]
+    /// reported): a report that is stale by now frees nothing. True if it gave it back.
+    async fn release_unused_admission(&self, slot: u32, min_age_ms: u64) -> bool;
+
     // Images.
 
     /// Whether `reference` is a well-formed image reference (no I/O).

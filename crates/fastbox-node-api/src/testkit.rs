@@ -100,6 +100,7 @@ pub enum Verb {
     Admit,
     ReleaseSlot,
     ClaimSlot,
+    ReleaseUnusedAdmission,
     CheckImage,
     ResolveImage,
     Place,
@@ -1110,6 +1111,25 @@ impl NodeAgent for FakeNode {
             if let Some(held) = held {
                 s.violation(format!("ReleaseSlot of slot {slot}, which held {held}"));
             }
+        })
+        .await
+    }
+
+    async fn release_unused_admission(&self, slot: u32, min_age_ms: u64) -> bool {
+        // Named by the call's slot, the admission would count as used: not recorded with it.
+        let call = Call::new(Verb::ReleaseUnusedAdmission).key(&slot.to_string());
+        self.infallible(call, |s| {
+            let old_enough = s
+                .admitted
+                .get(&slot)
+                .is_some_and(|at| at.elapsed().as_millis() as u64 >= min_age_ms);
+            if old_enough {
+                s.admitted.remove(&slot);
+                if let Some(entry) = s.slots.get_mut(slot as usize) {
+                    entry.content = Content::Free;
+                }
+            }
+            old_enough
         })
         .await
     }

@@ -169,6 +169,11 @@ impl NodeAgent for Spy {
         self.node.release_slot(slot).await
     }
 
+    async fn release_unused_admission(&self, slot: u32, min_age_ms: u64) -> bool {
+        self.note(format!("release_unused_admission {slot} {min_age_ms}"));
+        self.node.release_unused_admission(slot, min_age_ms).await
+    }
+
     async fn claim_slot(&self, slot: u32) {
         self.note(format!("claim_slot {slot}"));
         self.node.claim_slot(slot).await
@@ -514,6 +519,9 @@ async fn script(node: &dyn NodeAgent) -> Vec<String> {
     note!(node.remove("sbx-2", None, Some(resumed.slot)).await).unwrap();
     let slot = note!(node.admit().await).unwrap();
     note!(node.release_slot(slot).await);
+    let unused = node.admit().await.unwrap();
+    note!(node.release_unused_admission(unused, 3_600_000).await);
+    note!(node.release_unused_admission(unused, 0).await);
     note!(node.claim_slot(slot).await);
     note!(node.is_alive(&first).await);
     note!(node.status().await);
@@ -549,6 +557,7 @@ async fn every_verb_round_trips() {
         Verb::Admit,
         Verb::ReleaseSlot,
         Verb::ClaimSlot,
+        Verb::ReleaseUnusedAdmission,
         Verb::ResolveImage,
         Verb::Place,
         Verb::CloneSnapshot,

@@ -267,6 +267,12 @@ impl NodeAgent for NodeClient {
         self.or_fallback(Verb::ClaimSlot, result, ());
     }
 
+    async fn release_unused_admission(&self, slot: u32, min_age_ms: u64) -> bool {
+        let args = UnusedAdmissionArgs { slot, min_age_ms };
+        let result = self.call(Verb::ReleaseUnusedAdmission, &args).await;
+        self.or_fallback(Verb::ReleaseUnusedAdmission, result, false)
+    }
+
     fn check_image(&self, reference: &str) -> NodeResult<()> {
         ImageSource::parse(reference, &self.images)
             .map(drop)

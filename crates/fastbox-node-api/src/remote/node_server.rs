@@ -125,6 +125,12 @@ async fn serve(agent: &dyn NodeAgent, verb: Verb, body: &[u8]) -> Result<Vec<u8>
             agent.claim_slot(a.slot).await;
             answer(Ok(()))
         }
+        Verb::ReleaseUnusedAdmission => {
+            let a: UnusedAdmissionArgs = args(body)?;
+            answer(Ok(agent
+                .release_unused_admission(a.slot, a.min_age_ms)
+                .await))
+        }
         Verb::ResolveImage => {
             let a: ResolveImageArgs = args(body)?;
             answer(agent.resolve_image(&a.reference, a.auth).await)

@@ -59,6 +59,7 @@ verbs! {
     Admit = "admit", Quick;
     ReleaseSlot = "release_slot", Quick;
     ClaimSlot = "claim_slot", Quick;
+    ReleaseUnusedAdmission = "release_unused_admission", Quick;
     ResolveImage = "resolve_image", Long;
     Place = "place", Long;
     CloneSnapshot = "clone_snapshot", Long;
@@ -92,6 +93,13 @@ pub(super) struct NoArgs {}
 #[derive(Serialize, Deserialize)]
 pub(super) struct SlotArgs {
     pub slot: u32,
+}
+
+/// `release_unused_admission`.
+#[derive(Serialize, Deserialize)]
+pub(super) struct UnusedAdmissionArgs {
+    pub slot: u32,
+    pub min_age_ms: u64,
 }
 
 #[derive(Serialize, Deserialize)]

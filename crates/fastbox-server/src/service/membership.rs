@@ -185,8 +185,10 @@ impl Lifecycle {
             };
             let held = self.slots_held_on(&node_id);
             for slot in old.into_iter().filter(|s| !held.contains(s)) {
-                tracing::warn!(node = %node_id, slot, "giving back a slot admitted and never used (its admission's answer was lost)");
-                node.release_slot(slot).await;
+                // The node checks the admission is still the unused one the report named.
+                if node.release_unused_admission(slot, grace).await {
+                    tracing::warn!(node = %node_id, slot, "gave back a slot admitted and never used (its admission's answer was lost)");
+                }
             }
         }
     }
