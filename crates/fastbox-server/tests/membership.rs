@@ -523,6 +523,14 @@ async fn a_pause_in_flight_when_its_node_registers_again_is_not_run_twice() {
     // What a recovery starts runs in a task of its own: give it time to call n1.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(c.lc.get(&id).unwrap().status.state, SandboxState::Pausing);
+    let slot = n1.calls_of(Verb::Pause)[0].slot;
+    assert!(
+        n1.calls_of(Verb::ClaimSlot)
+            .iter()
+            .any(|call| call.slot == slot),
+        "its slot is claimed at once: {:?}",
+        n1.calls()
+    );
     for verb in [
         Verb::FinishInterruptedPause,
         Verb::HasSnapshot,
@@ -535,12 +543,21 @@ async fn a_pause_in_flight_when_its_node_registers_again_is_not_run_twice() {
         );
     }
 
+    // Once the pause ended, the next pass recovers it.
     n1.release_all();
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while c.lc.get(&id).unwrap().status.state == SandboxState::Pausing {
         assert!(tokio::time::Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let calls = n1.calls().len();
+    c.lc.reconcile().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        n1.calls().len() > calls,
+        "the deferred recovery ran: {:?}",
+        n1.calls()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -565,7 +582,11 @@ async fn a_slot_admitted_whose_answer_was_lost_is_given_back_after_the_grace() {
         n1.status().await.unused_admissions.is_empty(),
         "the forgotten admission went"
     );
-    assert!(n1.calls_of(Verb::ReleaseSlot).is_empty(), "{:?}", n1.calls());
+    assert!(
+        n1.calls_of(Verb::ReleaseSlot).is_empty(),
+        "{:?}",
+        n1.calls()
+    );
     assert_eq!(
         c.lc.get(&running).unwrap().status.state,
         SandboxState::Running

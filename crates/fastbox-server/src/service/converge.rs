@@ -2,6 +2,7 @@
 //! (image, then start), removal, the periodic reconciler (expiry, lost processes, retries,
 //! garbage collection) and recovery after a restart of the server.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use chrono::Utc;
@@ -320,6 +321,7 @@ impl Lifecycle {
             let (adopted, lost, restarted) = self.recover_node(&node).await;
             tracing::info!(node = %node, adopted, lost, restarted, "took back the sandboxes of a node that registered again");
         }
+        self.recover_deferred().await;
         for record in self.snapshot() {
             if self.busy.lock().expect("busy lock").contains(&record.id) {
                 continue;
@@ -417,14 +419,47 @@ impl Lifecycle {
     /// [`Lifecycle::recover`] for the sandboxes of node `node_id` (it restarted).
     pub async fn recover_node(self: &Arc<Self>, node_id: &str) -> (usize, usize, usize) {
         // A start, pause or resume still running ends by itself (its call to the node answers
-        // or fails): recovering it too would run it twice. Running sandboxes are adopted
-        // whatever else happens to them (an adoption changes nothing of theirs).
+        // or fails): recovering it now would run it twice. Its slot is claimed at once (the
+        // restarted node must not hand it out), and it is recovered once the operation ended
+        // ([`Lifecycle::recover_deferred`]). Running sandboxes are adopted whatever else
+        // happens to them (an adoption changes nothing of theirs).
         let in_flight = |r: &SandboxRecord| {
             r.state() != SandboxState::Running
                 && self.busy.lock().expect("busy lock").contains(&r.id)
         };
-        self.recover_records(|r| self.node_name(r.node.as_deref()) == node_id && !in_flight(r))
-            .await
+        let on_node = |r: &SandboxRecord| self.node_name(r.node.as_deref()) == node_id;
+        for record in self
+            .snapshot()
+            .into_iter()
+            .filter(|r| on_node(r) && in_flight(r))
+        {
+            if let (Ok(node), Some(slot)) = (self.node(record.node.as_deref()), record.slot) {
+                node.claim_slot(slot).await;
+            }
+            self.deferred_recovery
+                .lock()
+                .expect("deferred lock")
+                .insert(record.id);
+        }
+        self.recover_records(|r| on_node(r) && !in_flight(r)).await
+    }
+
+    /// Recovers the sandboxes [`Lifecycle::recover_node`] deferred whose operation ended.
+    async fn recover_deferred(self: &Arc<Self>) {
+        let ready: HashSet<String> = {
+            let busy = self.busy.lock().expect("busy lock");
+            let mut deferred = self.deferred_recovery.lock().expect("deferred lock");
+            let ready = deferred
+                .iter()
+                .filter(|id| !busy.contains(*id))
+                .cloned()
+                .collect::<HashSet<_>>();
+            deferred.retain(|id| !ready.contains(id));
+            ready
+        };
+        if !ready.is_empty() {
+            self.recover_records(|r| ready.contains(&r.id)).await;
+        }
     }
 
     async fn recover_records(

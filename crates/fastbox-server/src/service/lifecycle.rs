@@ -44,6 +44,9 @@ pub struct Lifecycle {
     /// Slots admitted on a node (node, slot) whose holder is not recorded yet: never given
     /// back as forgotten ([`Lifecycle::admitting`]).
     pub(super) admitting: Mutex<HashSet<(String, u32)>>,
+    /// Sandboxes of a node that registered again whose recovery waits for the operation
+    /// they had in flight ([`Lifecycle::recover_node`]).
+    pub(super) deferred_recovery: Mutex<HashSet<String>>,
     /// The nodes sandboxes run on.
     pub(super) nodes: Nodes,
     /// How image references are read (a local one is refused outside
@@ -130,6 +133,7 @@ impl Lifecycle {
             records: Mutex::new(records),
             busy: Mutex::new(HashSet::new()),
             admitting: Mutex::new(HashSet::new()),
+            deferred_recovery: Mutex::new(HashSet::new()),
             policy_changes: tokio::sync::Mutex::new(()),
             start_metrics: Default::default(),
             nodes,
