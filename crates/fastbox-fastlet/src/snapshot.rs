@@ -441,6 +441,12 @@ impl Fastlet {
         // Clones still copying their memory in read it from the snapshot's files.
         self.transfers.wait_for_source(key);
         self.transfers.wait_for_source(&staged_key(key));
+        if self.transfers.take_failure(key) {
+            // The sandbox resumed from it was killed: it resumes from here again.
+            return Err(std::io::Error::other(
+                "the memory transfer of the sandbox resumed from it failed: kept to resume from again",
+            ));
+        }
         let _ = std::fs::remove_dir_all(self.staging.dir(key));
         let dir = snapshot_dir(&self.config().data_dir, key);
         // One materialized from another node's artifact has its lower layer mounted in it.

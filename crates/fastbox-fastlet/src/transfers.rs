@@ -11,7 +11,8 @@
 //! - a dump of the sandbox (snapshot, pause, fork) waits for its transfer
 //!   ([`Transfers::wait_for_sandbox`]): a dump before then would miss the pages not copied yet;
 //! - removing the checkpoint waits for the transfers that read it
-//!   ([`Transfers::wait_for_source`]);
+//!   ([`Transfers::wait_for_source`]); the first removal after a transfer from it failed
+//!   keeps it ([`Transfers::take_failure`]), so the sandbox can be resumed from it again;
 //! - a failed transfer has killed the sandbox (its missing pages would read as zeros);
 //! - while a transfer runs, the sandbox's directory holds [`MARKER`], which names the
 //!   daemon's process. A daemon reading a local checkpoint finishes its transfer when this
@@ -68,6 +69,8 @@ impl Mark {
 #[derive(Default)]
 pub struct Transfers {
     running: Mutex<HashMap<String, Arc<Running>>>,
+    /// Snapshots whose last transfer failed (a later success from them clears it).
+    failed: Mutex<std::collections::HashSet<String>>,
 }
 
 /// One transfer: the snapshot it reads and, once it ended, how.
@@ -131,6 +134,13 @@ impl Transfers {
                     tracing::warn!(sandbox = %sandbox, error = %e, "the memory transfer failed: the sandbox was killed");
                     format!("its memory transfer failed and it was killed: {e}")
                 });
+                {
+                    let mut failed = this.failed.lock().unwrap_or_else(|e| e.into_inner());
+                    match &outcome {
+                        Ok(()) => failed.remove(&watched.source),
+                        Err(_) => failed.insert(watched.source.clone()),
+                    };
+                }
                 end(&marked, &watched, outcome);
                 this.lock().remove(&sandbox);
             });
@@ -162,6 +172,15 @@ impl Transfers {
     /// Whether a transfer that reads snapshot `source` runs.
     pub fn reads(&self, source: &str) -> bool {
         self.lock().values().any(|r| r.source == source)
+    }
+
+    /// Whether the last transfer from snapshot `source` failed; the answer is given once
+    /// (the first removal after a failure keeps the snapshot, a later one removes it).
+    pub fn take_failure(&self, source: &str) -> bool {
+        self.failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(source)
     }
 
     /// Waits until every transfer that reads snapshot `source` has ended.

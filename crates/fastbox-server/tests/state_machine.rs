@@ -1577,6 +1577,38 @@ fn a_resume_failing_in_recovery_leaves_it_paused() {
 }
 
 #[test]
+fn a_resumed_sandbox_whose_memory_never_came_is_paused_again_on_the_kept_checkpoint() {
+    let h = Harness::new(2);
+    h.life(async |lc| {
+        let id = paused(&lc).await;
+        let key = pause_key(&h.fake, &id).unwrap();
+        // The node keeps the checkpoint after the resume (its memory transfer failed), and
+        // the transfer's failure killed the sandbox.
+        h.fake.fail_next(
+            Verb::RemoveSnapshot,
+            NodeError::failed("the memory transfer failed: kept to resume from again"),
+        );
+        lc.resume(&id).unwrap();
+        becomes(&lc, &id, Running).await;
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while h.fake.calls_of(Verb::RemoveSnapshot).is_empty() {
+            assert!(tokio::time::Instant::now() < deadline);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(h.fake.kill(&id));
+        lc.reconcile().await;
+        let back = lc.get(&id).unwrap();
+        assert_eq!(back.status.state, Paused, "{:?}", back.status);
+        assert_eq!(back.status.reason.as_deref(), Some("RESUME_FAILED"));
+        assert!(h.fake.checkpoint(&key).is_some());
+        // Resumed again from it, it runs.
+        lc.resume(&id).unwrap();
+        becomes(&lc, &id, Running).await;
+    });
+    h.assert_clean();
+}
+
+#[test]
 fn recovery_claims_the_slots_of_paused_sandboxes() {
     let h = Harness::new(2);
     let id = h.life(async |lc| paused(&lc).await);

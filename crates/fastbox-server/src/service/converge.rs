@@ -18,6 +18,7 @@ use crate::record::SandboxRecord;
 
 use super::lifecycle::Lifecycle;
 use super::plan::{CreatePlan, recorded_limits};
+use super::snapshots::RESUME_FAILED;
 
 /// `extensions` key of a create: `"off"` restores on demand instead of taking a pooled
 /// sandbox (benchmarks measure the restore path with it).
@@ -354,6 +355,11 @@ impl Lifecycle {
                 SandboxState::Running
                     if record.placement.is_some() && !self.runs(&record).await =>
                 {
+                    // Killed because its memory never came (a lazy resume's transfer failed):
+                    // paused again on the checkpoint it was resumed from, when that is kept.
+                    if self.pause_again(&record).await {
+                        continue;
+                    }
                     let _ = self.update(id, |r| {
                         r.transition(
                             SandboxState::Failed,
@@ -563,6 +569,41 @@ impl Lifecycle {
             Ok(())
         })
         .ok()
+    }
+
+    /// Sandbox `record`, whose processes are gone, `Paused` again on the checkpoint it was
+    /// resumed from if its node still has it (its memory transfer failed, so the node kept
+    /// it): what it left on the node goes, its slot (its address) stays. False otherwise.
+    async fn pause_again(self: &Arc<Self>, record: &SandboxRecord) -> bool {
+        let (Some(key), Some(placement)) = (&record.resumed_from, &record.placement) else {
+            return false;
+        };
+        let Ok(node) = self.node(record.node.as_deref()) else {
+            return false;
+        };
+        if !node.has_snapshot(key).await || !self.claim(&record.id) {
+            return false;
+        }
+        let released = node
+            .release_keeping_address(&record.id, Some(placement), placement.slot)
+            .await;
+        let paused = released.is_ok()
+            && self
+                .update(&record.id, |r| {
+                    r.transition(
+                        SandboxState::Paused,
+                        Some(RESUME_FAILED),
+                        "its memory could not be fetched: paused again; resume it to retry",
+                    );
+                    r.paused_checkpoint = Some(key.clone());
+                    r.resumed_from = None;
+                    r.placement = None;
+                    r.slot = Some(placement.slot);
+                    Ok(())
+                })
+                .is_ok();
+        self.release(&record.id);
+        paused
     }
 
     /// A create interrupted by a crash: whatever it left is removed, then it runs again.
