@@ -351,7 +351,10 @@ impl Lifecycle {
                     if lost
                         && !(state.is_final()
                             && record.placement.is_none()
-                            && record.slot.is_none()) => {}
+                            && record.slot.is_none()
+                            && record.moved_from.is_none()
+                            && record.paused_checkpoint.is_none()
+                            && record.resumed_from.is_none()) => {}
                 SandboxState::Running
                     if record.placement.is_some() && !self.runs(&record).await =>
                 {
