@@ -102,9 +102,13 @@ impl Fastlet {
         };
         let lock = self.builds.for_image(key);
         let _materializing = lock.lock().expect("build lock");
-        if let Some(t) = self.current_template(dir)
-            && self.whole_enough(&t, what)
-        {
+        if let Some(t) = self.current_template(dir) {
+            if !self.whole_enough(&t, what) {
+                // A resume restored from it (or may still): never removed from under it.
+                return Err(fail(format!(
+                    "checkpoint {key} is here without its memory, for a resume: it is not fetched again whole"
+                )));
+            }
             ensure_rootfs(dir).map_err(fail)?;
             return Ok(t);
         }
@@ -136,7 +140,7 @@ impl Fastlet {
 
     /// Whether `t`, here already, serves `what`: a checkpoint whose memory is still in the
     /// store serves a resume, but clones need it whole. A resume still copying it in is
-    /// waited for; one that did not finish leaves it to be fetched again, whole.
+    /// waited for.
     fn whole_enough(&self, t: &Template, what: Restorable) -> bool {
         if what != Restorable::Checkpoint(CheckpointFetch::Whole)
             || RemotePages::read(&t.checkpoint).is_none()
