@@ -71,10 +71,10 @@ use std::time::Instant;
 
 use chrono::{DateTime, SubsecRound, Utc};
 use fastbox_artifact::{
-    ArtifactKind, ArtifactStore, Digest, DigestError, HostFacts, HostFactsError, IndexKey,
-    IndexKeyError, IndexOutcome, ManifestMeta, MaterializeError, MaterializeStats, PackError,
-    PackFormat, PublishError, PublishProgress, PublishStats, RootfsImage, SourceImage, materialize,
-    materialize_except, pack_rootfs, publish_index, read_manifest,
+    ArtifactKind, ArtifactStore, Digest, DigestError, EntryKind, HostFacts, HostFactsError,
+    IndexKey, IndexKeyError, IndexOutcome, ManifestMeta, MaterializeError, MaterializeStats,
+    PackError, PackFormat, PublishError, PublishProgress, PublishStats, RootfsImage, SourceImage,
+    materialize, materialize_except, pack_rootfs, publish_index, read_manifest,
 };
 use fastbox_runtime::checkpoint::{CheckpointMeta, images_dir};
 use nix::fcntl::{RenameFlags, renameat2};
@@ -89,6 +89,8 @@ pub const GOLDEN_TOKEN_LABEL: &str = "fastbox.io/golden-token-sha256";
 
 const INFO_FILE: &str = "template.json";
 const CHECKPOINT_DIR: &str = "checkpoint";
+/// Where the CRIU images are in a published tree.
+const CRIU_IMAGES_PREFIX: &str = "checkpoint/criu/";
 const CHECKPOINT_META: &str = "checkpoint.json";
 const UPPER_DIR: &str = "upper";
 const UPPER_TAR: &str = "upper.tar";
@@ -417,6 +419,16 @@ fn materialize_restorable<S: ArtifactStore + ?Sized>(
     if let Some(list) = m.files.iter().find(|f| is_list_path(&f.path)) {
         // It is this node's own record of what is not local yet: never taken from a store.
         return Err(not_a_template(format!("it carries {}", list.path)));
+    }
+    // CRIU opens what the images directory holds by name, as root: a symlink there would
+    // make a restore read a file of this host.
+    if let Some(link) = m.files.iter().find(|f| {
+        f.path.starts_with(CRIU_IMAGES_PREFIX) && matches!(f.kind, EntryKind::Symlink { .. })
+    }) {
+        return Err(not_a_template(format!(
+            "{} is a symlink among the CRIU images",
+            link.path
+        )));
     }
     if dest.symlink_metadata().is_ok() {
         return Err(TemplateArtifactError::DestinationExists(dest.to_path_buf()));

@@ -517,6 +517,27 @@ fn a_published_checkpoint_carrying_a_remote_pages_list_is_refused() {
     assert!(!dest.exists());
 }
 
+#[test]
+fn a_published_checkpoint_with_a_symlink_among_its_criu_images_is_refused() {
+    // CRIU would read the host file it names, as root.
+    let root = temp_root();
+    let store = LocalStore::open(root.path().join("store")).unwrap();
+    let tree = root.path().join("tree");
+    fs::create_dir_all(tree.join("checkpoint/criu")).unwrap();
+    symlink("/etc/shadow", tree.join("checkpoint/criu/pages-2.img")).unwrap();
+    let manifest = published_checkpoint(root.path(), &store, &[]);
+    for leave_pages in [false, true] {
+        let dest = root.path().join(format!("m-{leave_pages}"));
+        let err = materialize_checkpoint(&store, &manifest, &dest, leave_pages).unwrap_err();
+        assert!(
+            matches!(err, TemplateArtifactError::NotATemplate { .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("symlink"), "{err}");
+        assert!(!dest.exists());
+    }
+}
+
 /// Publishes a template directory built by a real `fastbox up` (read-only: its checkpoint is
 /// copied first), prints the figures, and reports where the golden token occurs in the store.
 #[test]
