@@ -73,7 +73,8 @@ pub struct UpArgs {
     pub spare_slots: Option<usize>,
     /// Clones of a snapshot (creates from it, forks) and resumes whose memory is at least
     /// this many MiB answer before their memory is copied in, which then happens in the
-    /// background; `off` restores every one whole [default: 64].
+    /// background; `off` restores every one whole [default: 64]. A resume of a sandbox
+    /// paused on another node is always restored this way.
     #[arg(long, env = "FASTBOX_LAZY_RESTORE_MIN_MIB", value_name = "MIB|off")]
     pub lazy_restore_min_mib: Option<String>,
     /// DNS server (`address:port`, repeatable) that sandboxes' allowed names are resolved
