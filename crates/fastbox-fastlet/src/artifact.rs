@@ -90,6 +90,7 @@ pub const GOLDEN_TOKEN_LABEL: &str = "fastbox.io/golden-token-sha256";
 const INFO_FILE: &str = "template.json";
 const CHECKPOINT_DIR: &str = "checkpoint";
 /// Where the CRIU images are in a published tree.
+const CRIU_IMAGES_DIR: &str = "checkpoint/criu";
 const CRIU_IMAGES_PREFIX: &str = "checkpoint/criu/";
 const CHECKPOINT_META: &str = "checkpoint.json";
 const UPPER_DIR: &str = "upper";
@@ -420,14 +421,18 @@ fn materialize_restorable<S: ArtifactStore + ?Sized>(
         // It is this node's own record of what is not local yet: never taken from a store.
         return Err(not_a_template(format!("it carries {}", list.path)));
     }
-    // CRIU opens what the images directory holds by name, as root: a symlink there would
-    // make a restore read a file of this host.
-    if let Some(link) = m.files.iter().find(|f| {
-        f.path.starts_with(CRIU_IMAGES_PREFIX) && matches!(f.kind, EntryKind::Symlink { .. })
+    // CRIU opens what the images directory holds by name, as root, and a lazy restore
+    // creates the pages images there: a symlink there, or the directory (or the checkpoint
+    // directory) being anything but a directory, would reach files of this host.
+    if let Some(bad) = m.files.iter().find(|f| {
+        let is_dir = matches!(f.kind, EntryKind::Dir);
+        let is_link = matches!(f.kind, EntryKind::Symlink { .. });
+        (f.path.starts_with(CRIU_IMAGES_PREFIX) && is_link)
+            || ([CHECKPOINT_DIR, CRIU_IMAGES_DIR].contains(&f.path.as_str()) && !is_dir)
     }) {
         return Err(not_a_template(format!(
-            "{} is a symlink among the CRIU images",
-            link.path
+            "{} is a symlink or not a directory where CRIU images go",
+            bad.path
         )));
     }
     if dest.symlink_metadata().is_ok() {

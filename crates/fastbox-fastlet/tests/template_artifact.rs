@@ -526,9 +526,37 @@ fn a_published_checkpoint_with_a_symlink_among_its_criu_images_is_refused() {
     fs::create_dir_all(tree.join("checkpoint/criu")).unwrap();
     symlink("/etc/shadow", tree.join("checkpoint/criu/pages-2.img")).unwrap();
     let manifest = published_checkpoint(root.path(), &store, &[]);
+    refused_with_and_without_pages(&store, &manifest, root.path());
+}
+
+#[test]
+fn a_published_checkpoint_whose_criu_directory_is_a_symlink_is_refused() {
+    // A lazy restore would create the pages images wherever it points.
+    let root = temp_root();
+    let store = LocalStore::open(root.path().join("store")).unwrap();
+    let tree = root.path().join("tree");
+    fs::create_dir_all(tree.join("checkpoint")).unwrap();
+    symlink("/etc", tree.join("checkpoint/criu")).unwrap();
+    let execd = EXECD_DIGEST.parse().unwrap();
+    let mut meta = ManifestMeta::new(
+        ArtifactKind::Checkpoint,
+        execd,
+        HostFacts::detect(None).unwrap(),
+    );
+    write(&tree.join("rootfs.tar"), b"not really a tar", 0o644);
+    meta.rootfs = Some(RootfsImage {
+        path: "rootfs.tar".into(),
+        format: PackFormat::Tar,
+    });
+    let manifest = publish(&store, &tree, meta, &NoProgress).unwrap().manifest;
+    refused_with_and_without_pages(&store, &manifest, root.path());
+}
+
+/// `manifest` is refused, pages left out or not, and nothing is materialized.
+fn refused_with_and_without_pages(store: &LocalStore, manifest: &Digest, root: &Path) {
     for leave_pages in [false, true] {
-        let dest = root.path().join(format!("m-{leave_pages}"));
-        let err = materialize_checkpoint(&store, &manifest, &dest, leave_pages).unwrap_err();
+        let dest = root.join(format!("m-{leave_pages}"));
+        let err = materialize_checkpoint(store, manifest, &dest, leave_pages).unwrap_err();
         assert!(
             matches!(err, TemplateArtifactError::NotATemplate { .. }),
             "{err}"
