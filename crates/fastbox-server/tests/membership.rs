@@ -52,6 +52,11 @@ impl Cluster {
     async fn start(lease_ms: u64) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let local = Arc::new(FakeNode::new(4).with_node_id("local").with_image(IMAGE));
+        Self::living(dir, local, lease_ms).await
+    }
+
+    /// The server's next life over the data in `dir`, with node `local` in process.
+    async fn living(dir: tempfile::TempDir, local: Arc<FakeNode>, lease_ms: u64) -> Self {
         let (lc, control, join, serving) = Self::life(&dir, local.clone(), lease_ms).await;
         Self {
             dir,
@@ -115,15 +120,7 @@ impl Cluster {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         drop(lc);
-        let (lc, control, join, serving) = Self::life(&dir, local.clone(), lease_ms).await;
-        Cluster {
-            dir,
-            lc,
-            control,
-            join,
-            local,
-            serving,
-        }
+        Self::living(dir, local, lease_ms).await
     }
 
     /// Node `id` (a fake behind the real node API) joins; its fake and its control client.
