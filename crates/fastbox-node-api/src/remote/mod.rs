@@ -56,8 +56,8 @@
 //!
 //! The trait's infallible verbs cannot say that a node did not answer; the client logs a
 //! warning and answers what destroys nothing: `is_alive` true and `adopt` `Adopted` (the
-//! sandbox is kept, the reconciler asks again), `has_snapshot` and `finish_interrupted_pause`
-//! false, `snapshot_keys` empty, `status` a node without free slots; `release_slot`,
+//! sandbox is kept, the reconciler asks again), `has_snapshot`, `finish_interrupted_pause`
+//! and `release_unused_admission` false, `snapshot_keys` empty, `status` a node without free slots; `release_slot`,
 //! `claim_slot` and `discard_interrupted_snapshot` are lost.
 //!
 //! # The proxy route
