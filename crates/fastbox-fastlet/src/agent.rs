@@ -604,6 +604,10 @@ impl Fastlet {
         id: &str,
         mode: StartMode,
     ) -> Result<Option<LazyPages>, FastletError> {
+        // Templates are materialized whole: a claim (every create) reads no list.
+        if mode == StartMode::Claim {
+            return Ok(None);
+        }
         let Some(pages) = RemotePages::read(&template.checkpoint) else {
             return Ok(None);
         };
