@@ -101,35 +101,26 @@ impl NetSys for RealNetSys {
     }
 
     fn link_exists(&self, name: &str) -> bool {
-        Path::new("/sys/class/net")
-            .join(name)
-            .symlink_metadata()
-            .is_ok()
+        // Asked of the calling thread's network namespace (an ioctl on a socket there), not
+        // of /sys/class/net, which shows the namespace sysfs was mounted in: a node agent run
+        // in a namespace of its own would see the host's links there.
+        nix::net::if_::if_nametoindex(name).is_ok()
+    }
+
+    fn list_links(&self) -> Result<Vec<String>, NetError> {
+        // The calling thread's network namespace, as for `link_exists`.
+        let path = "/proc/thread-self/net/dev";
+        let text = std::fs::read_to_string(path).map_err(|source| NetError::Io {
+            path: path.into(),
+            source,
+        })?;
+        let mut names = links_of_net_dev(&text);
+        names.sort();
+        Ok(names)
     }
 
     fn list_netns(&self) -> Result<Vec<String>, NetError> {
         netns::list()
-    }
-
-    fn list_links(&self) -> Result<Vec<String>, NetError> {
-        // /sys/class/net shows the namespace sysfs was mounted in: the host's.
-        let dir = "/sys/class/net";
-        let io_err = |source| NetError::Io {
-            path: dir.into(),
-            source,
-        };
-        let mut names = Vec::new();
-        for entry in std::fs::read_dir(dir).map_err(io_err)? {
-            names.push(
-                entry
-                    .map_err(io_err)?
-                    .file_name()
-                    .to_string_lossy()
-                    .into_owned(),
-            );
-        }
-        names.sort();
-        Ok(names)
     }
 
     fn write_sysctl(&self, path: &str, value: &str) -> Result<(), NetError> {
@@ -157,10 +148,42 @@ impl NetSys for RealNetSys {
     }
 }
 
+/// The interface names of a `/proc/net/dev` listing (two header lines, then `name: counters`).
+fn links_of_net_dev(text: &str) -> Vec<String> {
+    text.lines()
+        .skip(2)
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, _)| name.trim().to_string())
+        .filter(|name| !name.is_empty())
+        .collect()
+}
+
 /// `program arg1 arg2` for error messages.
 pub fn command_line(program: &str, args: &[&str]) -> String {
     std::iter::once(program)
         .chain(args.iter().copied())
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn net_dev_listings_give_the_interface_names() {
+        let text = "Inter-|   Receive                            |  Transmit\n \
+                    face |bytes    packets errs drop fifo frame compressed multicast|bytes\n    \
+                    lo:  123 4 0 0 0 0 0 0 123 4 0 0 0 0 0 0\n\
+                    fb1-3h: 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n";
+        assert_eq!(links_of_net_dev(text), ["lo", "fb1-3h"]);
+    }
+
+    #[test]
+    fn the_links_listed_are_those_of_this_namespace() {
+        let links = RealNetSys.list_links().unwrap();
+        assert!(links.iter().any(|l| l == "lo"), "{links:?}");
+        assert!(RealNetSys.link_exists("lo"));
+        assert!(!RealNetSys.link_exists("fbnosuchlink0"));
+    }
 }
