@@ -382,9 +382,16 @@ impl Fastlet {
         self.reaper.pending()
     }
 
-    /// Gives back a slot index that was reserved but never used.
+    /// Gives back a slot index (reserved but never used, or torn down); a paused sandbox's
+    /// hold on it ends too.
     pub fn release_slot(&self, slot: u32) {
+        self.kept_slots().forget(slot);
         self.slots.lock().expect("slot table lock").release(slot);
+    }
+
+    /// The slot indexes paused sandboxes keep, on disk ([`crate::kept_slots::KeptSlots`]).
+    pub fn kept_slots(&self) -> crate::kept_slots::KeptSlots {
+        crate::kept_slots::KeptSlots::new(&self.cfg.data_dir)
     }
 
     /// Slots in use and the pool's size.

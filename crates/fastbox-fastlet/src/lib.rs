@@ -11,6 +11,7 @@ pub mod execd_client;
 pub mod fence;
 pub mod from_artifact;
 pub mod host;
+pub mod kept_slots;
 pub mod local_node;
 pub mod memory;
 pub mod node_proxy;

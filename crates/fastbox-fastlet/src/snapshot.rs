@@ -506,6 +506,7 @@ impl Fastlet {
     ) -> Result<(), FastletError> {
         self.forget_route(id);
         self.claim_slot(slot);
+        self.kept_slots().keep(slot, id);
         let handle = placement
             .map(|p| p.handle.clone())
             .unwrap_or_else(|| self.unstarted_handle(id));

@@ -189,9 +189,11 @@ fn hold_slots(fastlet: &Fastlet) -> usize {
             return 0;
         }
     };
+    // Slots with a network namespace, and those paused sandboxes keep (they have none).
     let slots: std::collections::BTreeSet<u32> = names
         .iter()
         .filter_map(|n| fastbox_runtime::net::names::slot_index(prefix, n))
+        .chain(fastlet.kept_slots().list())
         .collect();
     for &slot in &slots {
         fastlet.claim_slot(slot);
