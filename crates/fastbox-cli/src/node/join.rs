@@ -70,16 +70,26 @@ impl LeaseClock {
 /// The verbs of the node API that start processes: refused once the lease ran out.
 const STARTS: [&str; 3] = ["place", "clone_snapshot", "resume"];
 
+/// What the node API's gate holds: the lease as the node counts it, and the fence.
+#[derive(Clone)]
+pub struct Gate {
+    pub lease: LeaseClock,
+    pub fence: Arc<GuardFence>,
+}
+
 /// The node API's gate: a start after the node's own deadline is refused (503), so nothing
-/// starts on a node that may be fenced and declared lost.
+/// starts on a node that may be fenced and declared lost. A start that began in time but
+/// ended after the deadline (a restore cut off from the server midway) may have made its
+/// sandbox after the guard froze the node: the node is frozen again, that sandbox with it.
 pub async fn gate(
-    axum::extract::State(lease): axum::extract::State<LeaseClock>,
+    axum::extract::State(gate): axum::extract::State<Gate>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     let verb = req.uri().path().rsplit('/').next().unwrap_or_default();
-    if STARTS.contains(&verb) && !lease.holds() {
+    let start = STARTS.contains(&verb);
+    if start && !gate.lease.holds() {
         let body = serde_json::json!({
             "code": "NODE::LEASE_EXPIRED",
             "message": "this node's lease ran out: it starts nothing until the server renews it",
@@ -90,7 +100,12 @@ pub async fn gate(
         )
             .into_response();
     }
-    next.run(req).await
+    let response = next.run(req).await;
+    if start && !gate.lease.holds() {
+        let fence = gate.fence.clone();
+        let _ = tokio::task::spawn_blocking(move || fence.freeze_late()).await;
+    }
+    response
 }
 
 /// The fencing guard of `fastbox node` ([`FenceGuard`]), started again when one fenced (and
@@ -117,6 +132,61 @@ impl GuardFence {
             guard.release();
         }
     }
+}
+
+impl GuardFence {
+    /// Freezes every sandbox of the node again, for a start that ended after the lease ran
+    /// out, and adds what it froze to the fence marker (which the renewal that may still
+    /// come thaws, or the server's removal ends).
+    pub fn freeze_late(&self) {
+        let config = &self.config;
+        let cgroups = match fastbox_fastlet::fence::NodeCgroups::open(
+            config.cgroups,
+            &config.prefix,
+        ) {
+            Ok(cgroups) => cgroups,
+            Err(e) => {
+                tracing::error!(error = %e, "a start ended after the lease ran out, and the node's cgroups cannot be opened: its sandbox is not frozen");
+                return;
+            }
+        };
+        let report = cgroups.freeze_all();
+        let now = unix_ms(SystemTime::now());
+        let mut marker = match FencedMarker::read(&config.data_dir) {
+            Ok(Some(marker)) => marker,
+            _ => FencedMarker {
+                fenced_at_unix_ms: now,
+                deadline_unix_ms: now,
+                frozen: 0,
+                sandboxes: Vec::new(),
+                errors: Vec::new(),
+                reason: "a start ended after the lease ran out".into(),
+            },
+        };
+        for id in report.frozen {
+            if !marker.sandboxes.contains(&id) {
+                marker.sandboxes.push(id);
+            }
+        }
+        marker.sandboxes.sort();
+        marker.frozen = marker.sandboxes.len();
+        marker
+            .errors
+            .extend(report.errors.iter().map(ToString::to_string));
+        tracing::error!(
+            frozen = marker.frozen,
+            errors = report.errors.len(),
+            "FENCED: a start ended after the lease ran out; every sandbox of this node is frozen again"
+        );
+        if let Err(e) = marker.write(&config.data_dir) {
+            tracing::error!(error = %e, "the fence marker could not be written");
+        }
+    }
+}
+
+fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Fence for GuardFence {
@@ -356,9 +426,12 @@ pub async fn heartbeat(
                 let losses = renewal.losses;
                 let clock = lease.clone();
                 let settled = tokio::task::spawn_blocking(move || {
+                    // Taken before the guard's: the node's own deadline is never after the
+                    // guard's, so a start that ended in time ended before the guard froze.
+                    let from = Instant::now();
                     fence.renew(SystemTime::now() + left);
                     // Nothing starts without a guard holding the sandboxes to the lease.
-                    clock.set(fence.armed().then(|| Instant::now() + left));
+                    clock.set(fence.armed().then(|| from + left));
                     fence.settle(losses);
                 })
                 .await;

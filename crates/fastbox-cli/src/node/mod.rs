@@ -105,6 +105,7 @@ impl NodeArgs {
             default_images: Some(Vec::new()),
             artifact_store: self.artifact_store.clone(),
             lazy_restore_min_mib: self.lazy_restore_min_mib.clone(),
+            sandbox_reach: self.instance.sandbox_reach(),
             ..Settings::default()
         }
     }
@@ -275,10 +276,13 @@ async fn run(
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut api_router = node_router(node.clone(), credentials.server_to_node.clone());
-    if fence.is_some() {
+    if let Some(fence) = &fence {
         // A node that holds a lease starts nothing once its own deadline passed.
         api_router = api_router.layer(axum::middleware::from_fn_with_state(
-            lease.clone(),
+            join::Gate {
+                lease: lease.clone(),
+                fence: fence.clone(),
+            },
             join::gate,
         ));
     }
