@@ -747,6 +747,56 @@ async fn a_paused_sandbox_of_a_lost_node_resumes_on_another_and_its_leftovers_go
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_cut_short_by_the_loss_of_its_node_is_paused_again_and_moves() {
+    let c = Cluster::start(1_000).await;
+    let (n1, n1_control, _) = c.join("n1").await;
+    let (paused, key) = paused_on(&c.lc, &n1).await;
+    // The resume reaches n1, and its answer never comes back (n1 is cut off).
+    n1.hold(Verb::Resume);
+    c.lc.resume(&paused).unwrap();
+    tokio::time::timeout(PATIENCE, n1.wait_held(Verb::Resume))
+        .await
+        .expect("the resume reaches n1");
+    assert_eq!(
+        c.lc.get(&paused).unwrap().status.state,
+        SandboxState::Resuming
+    );
+
+    // n1 is lost: whatever the resume started there, its fence froze. The resume in flight
+    // is given up, and the sandbox is Paused on its published checkpoint.
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    c.lc.reconcile().await;
+    assert_eq!(c.lc.list_nodes()[1].state, NodeState::Lost);
+    until(&c.lc, &paused, SandboxState::Paused).await;
+    let status = c.lc.get(&paused).unwrap().status;
+    assert_eq!(status.reason.as_deref(), Some(NODE_LOST), "{status:?}");
+    // Never Paused yet busy: a resume is taken at once.
+    c.lc.resume(&paused).expect("a resume once Paused");
+    until(&c.lc, &paused, SandboxState::Running).await;
+    assert_eq!(c.lc.node_of_sandbox(&paused).unwrap().node_id(), "local");
+    assert!(c.local.sandbox(&paused).is_some_and(|s| s.alive));
+
+    // n1 comes back: the held resume ends late; its answer changes nothing, and what the
+    // sandbox left on n1 goes.
+    n1.release_all();
+    n1_control
+        .heartbeat(&beat(n1.status().await))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while n1.checkpoint(&key).is_some() || n1.sandbox(&paused).is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", n1.calls());
+        c.lc.reconcile().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        c.lc.get(&paused).unwrap().status.state,
+        SandboxState::Running
+    );
+    assert_eq!(c.lc.node_of_sandbox(&paused).unwrap().node_id(), "local");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_sandbox_of_a_lost_node_expires_and_goes_when_the_node_is_back() {
     let c = Cluster::start(1_000).await;
     let (n1, n1_control, _) = c.join("n1").await;

@@ -25,6 +25,9 @@ use crate::store::Store;
 use super::execd_logs;
 use super::plan::{Rules, plan, plan_from_snapshot, plan_from_template};
 
+/// How often a call in flight looks whether its node was declared lost.
+const LOSS_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The execd header that carries the per-sandbox token.
 pub const EXECD_TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
 
@@ -171,6 +174,15 @@ impl Lifecycle {
             )));
         }
         Ok(node)
+    }
+
+    /// Resolves once node `id` is declared lost or is gone (never for the server's own
+    /// node): a call to it still in flight is then given up. The node froze whatever that
+    /// call started before its lease could run out, and removes it when it is back.
+    pub(super) async fn until_lost(&self, id: Option<&str>) {
+        while self.node(id).is_ok() {
+            tokio::time::sleep(LOSS_POLL).await;
+        }
     }
 
     /// The node sandbox `id` is on.

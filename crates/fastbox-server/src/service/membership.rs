@@ -21,7 +21,7 @@ use fastbox_node_api::remote::{Credential, CredentialDigest, NodeClient, Timeout
 
 use crate::error::ApiError;
 use crate::nodes::{NodeState, NodeView};
-use crate::record::NodeRecord;
+use crate::record::{NodeRecord, SandboxRecord};
 
 use super::lifecycle::Lifecycle;
 
@@ -243,15 +243,17 @@ impl Lifecycle {
     }
 
     /// The sandboxes on node `id` that ran or were about to: `Failed` (`NODE_LOST`). Paused
-    /// ones keep their checkpoint and stay `Paused`. Nothing is asked of the node.
+    /// ones keep their checkpoint and stay `Paused`; one whose resume was in flight goes by
+    /// [`resume_cut_by_loss`] (settled by the resume's task when one still runs it). Nothing
+    /// is asked of the node.
     fn fail_sandboxes_of(&self, id: &str, message: &str) {
         for record in self.records_on(id) {
+            let busy = self.busy.lock().expect("busy lock").contains(&record.id);
             let _ = self.update(&record.id, |r| {
                 match r.state() {
-                    SandboxState::Pending
-                    | SandboxState::Running
-                    | SandboxState::Pausing
-                    | SandboxState::Resuming => {
+                    SandboxState::Resuming if busy => {}
+                    SandboxState::Resuming => resume_cut_by_loss(r, message),
+                    SandboxState::Pending | SandboxState::Running | SandboxState::Pausing => {
                         r.transition(SandboxState::Failed, Some(NODE_LOST), message)
                     }
                     SandboxState::Paused => r.event("NodeLost", message),
@@ -491,5 +493,22 @@ impl Drop for Admitting<'_> {
             .lock()
             .expect("admitting lock")
             .remove(&self.key);
+    }
+}
+
+/// What a sandbox becomes whose resume its node's loss cut short: `Paused` (`NODE_LOST`) on
+/// its published checkpoint, and the next resume moves it (whatever the resume started on
+/// the lost node, the node's fence froze before its lease could run out); `Failed`
+/// (`NODE_LOST`) when the checkpoint was never published.
+pub(super) fn resume_cut_by_loss(r: &mut SandboxRecord, message: &str) {
+    match r.paused_manifest {
+        Some(_) => r.transition(
+            SandboxState::Paused,
+            Some(NODE_LOST),
+            &format!(
+                "{message} during its resume: paused on its published checkpoint, it resumes on another node"
+            ),
+        ),
+        None => r.transition(SandboxState::Failed, Some(NODE_LOST), message),
     }
 }

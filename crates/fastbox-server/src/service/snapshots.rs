@@ -392,11 +392,18 @@ impl Lifecycle {
         )?;
         let this = self.clone();
         let id = id.to_string();
-        tokio::spawn(async move {
-            this.run_resume(&id).await;
-            this.release(&id);
-        });
+        tokio::spawn(async move { this.resume_and_release(&id).await });
         Ok(())
+    }
+
+    /// [`Lifecycle::run_resume`] of a busy sandbox, then not busy. A resume its node's loss
+    /// cut short is settled after the release, so the sandbox is never `Paused` yet busy.
+    pub(super) async fn resume_and_release(self: &Arc<Self>, id: &str) {
+        let cut = self.run_resume(id).await;
+        self.release(id);
+        if cut == ResumeEnd::NodeLost {
+            self.settle_lost_resume(id);
+        }
     }
 
     /// Marks `id` busy and moves it from `from` to `to` durably, or says why not (404, 409).
@@ -443,7 +450,14 @@ impl Lifecycle {
             return;
         };
         let paused: NodeResult<SnapshotReport> = match self.node(record.node.as_deref()) {
-            Ok(node) => node.pause(id, &source).await,
+            Ok(node) => tokio::select! {
+                paused = node.pause(id, &source) => paused,
+                // Its node is lost meanwhile: the sandbox failed with it.
+                () = self.until_lost(record.node.as_deref()) => {
+                    tracing::warn!(sandbox = %id, "its node was lost during the pause");
+                    return;
+                }
+            },
             Err(e) => Err(NodeError::new(NodeErrorKind::Unreachable, e.to_string())),
         };
         match paused {
@@ -490,13 +504,16 @@ impl Lifecycle {
     }
 
     /// The resume of a `Resuming` sandbox: its checkpoint restored into the slot it kept.
-    /// On failure it is `Paused` again (the checkpoint stays), with the reason.
-    pub(super) async fn run_resume(self: &Arc<Self>, id: &str) {
-        let Ok(record) = self.record(id) else { return };
+    /// On failure it is `Paused` again (the checkpoint stays), with the reason. A call its
+    /// node's loss cut short is given up (the caller settles it once not busy).
+    async fn run_resume(self: &Arc<Self>, id: &str) -> ResumeEnd {
+        let Ok(record) = self.record(id) else {
+            return ResumeEnd::Done;
+        };
         let (Some(key), Some(slot)) = (record.paused_checkpoint.clone(), record.slot) else {
             self.fail_paused(id, "no checkpoint or slot is recorded for the resume")
                 .await;
-            return;
+            return ResumeEnd::Done;
         };
         let (node, slot) = match self.node(record.node.as_deref()) {
             Ok(node) => (node, slot),
@@ -515,7 +532,7 @@ impl Lifecycle {
                         }
                         Ok(())
                     });
-                    return;
+                    return ResumeEnd::Done;
                 }
             },
         };
@@ -528,7 +545,15 @@ impl Lifecycle {
         let resumed = match restore_spec(&record, &self.cfg.resources) {
             Ok(mut spec) => {
                 spec.moved = moved;
-                node.resume(&key, spec, slot).await
+                tokio::select! {
+                    resumed = node.resume(&key, spec, slot) => resumed,
+                    // Its node is lost meanwhile: whatever the resume started there, the node's
+                    // fence froze.
+                    () = self.until_lost(record.node.as_deref()) => {
+                        tracing::warn!(sandbox = %id, "its node was lost during the resume");
+                        return ResumeEnd::NodeLost;
+                    }
+                }
             }
             Err(e) => Err(e),
         };
@@ -537,8 +562,8 @@ impl Lifecycle {
                 self.start_metrics.record(&report);
                 let mut dropped = None;
                 let updated = self.update(id, |r| {
-                    r.placement = Some(placement);
                     if r.state() == SandboxState::Resuming {
+                        r.placement = Some(placement);
                         r.transition(SandboxState::Running, None, &report.summary);
                         dropped = r.paused_checkpoint.take();
                         r.resumed_from = dropped.clone();
@@ -581,6 +606,19 @@ impl Lifecycle {
                 });
             }
         }
+        ResumeEnd::Done
+    }
+
+    /// A resume its node's loss cut short, once the sandbox is not busy: what
+    /// [`Lifecycle::fail_sandboxes_of`] leaves to it.
+    fn settle_lost_resume(&self, id: &str) {
+        let _ = self.update(id, |r| {
+            if r.state() == SandboxState::Resuming {
+                let node = r.node.clone().unwrap_or_default();
+                super::membership::resume_cut_by_loss(r, &format!("node {node} was lost"));
+            }
+            Ok(())
+        });
     }
 
     /// Moves paused sandbox `record` (its checkpoint `key`) off its lost node: a slot on the
@@ -965,7 +1003,8 @@ impl Lifecycle {
                         r.event("ResumeRestarted", "the resume was interrupted by a restart");
                         Ok(())
                     });
-                    this.run_resume(&id).await;
+                    this.resume_and_release(&id).await;
+                    return;
                 }
             }
             this.release(&id);
@@ -1025,6 +1064,15 @@ impl Lifecycle {
 }
 
 /// What the node needs to restore `record` from a checkpoint (a pause's or a snapshot's).
+/// How a resume call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ResumeEnd {
+    /// Answered (or never made), and the record says so.
+    Done,
+    /// Given up: the node was declared lost while it was in flight.
+    NodeLost,
+}
+
 fn restore_spec(record: &SandboxRecord, resources: &ResourcePolicy) -> NodeResult<RestoreSpec> {
     let (limits, disk_bytes) = recorded_limits(&record.resource_limits, resources)
         .map_err(|e| NodeError::failed(e.to_string()))?;
