@@ -12,6 +12,7 @@ pub mod node;
 pub mod paths;
 pub mod route_key;
 pub mod sandbox_run;
+pub mod scenario_net;
 pub mod up;
 pub mod verify_cluster;
 pub mod verify_p2p;

@@ -1,8 +1,11 @@
 //! `fastbox verify cluster --nodes 3` end to end, small: a server with its own node and two
-//! joined `fastbox node` agents share creates; one agent is killed (SIGKILL), its guard
-//! freezes its sandboxes before the server declares it lost, its sandbox fails
-//! (`NODE_LOST`), a sandbox paused there resumes on another node with its memory fetched
-//! from the shared store while it runs, and the node comes back; nothing is left afterwards.
+//! joined `fastbox node` agents, each in a network namespace of its own on a bridge, share
+//! creates; one agent is killed (SIGKILL), its guard freezes its sandboxes before the server
+//! declares it lost, its sandbox fails (`NODE_LOST`), a sandbox paused there resumes on
+//! another node with its memory fetched from the shared store while it runs, and the node
+//! comes back; the other node is cut off from the server in the middle of a resume, and the
+//! sandbox goes on elsewhere. Test sandboxes report to a collector on a test host all along:
+//! none reports from two nodes at once. Nothing is left afterwards.
 //!
 //! Root and CRIU (skipped with the reason otherwise). Prefix: the run prefix's first six
 //! characters and `v` (see `fastbox_testkit::run_prefix_pair`).
@@ -93,6 +96,30 @@ fn three_nodes_share_creates_and_a_killed_node_is_fenced_then_lost() {
         );
         assert!(ready > 0 && local > 0, "{resume}: {moved:#}");
     }
+    // The cut in the middle of a resume: the node lost no sooner than its lease, the
+    // sandbox Paused on its published checkpoint, then going on elsewhere; nothing from the
+    // cut node after the mend.
+    let cut = &report["cut"];
+    assert!(cut["lost_after_ms"].as_u64().unwrap() >= 5000, "{cut:#}");
+    assert_eq!(cut["state_after_loss"][0], "Paused", "{cut:#}");
+    assert_eq!(cut["state_after_loss"][1], "NODE_LOST", "{cut:#}");
+    assert_ne!(cut["moved_to"], "n1", "{cut:#}");
+    assert!(cut["moved_to"].is_string(), "{cut:#}");
+    assert_eq!(cut["count_went_on"], true, "{cut:#}");
+    assert_eq!(cut["memory_intact"], true, "{cut:#}");
+    assert_eq!(cut["reports_after_mend"], 0, "{cut:#}");
+    // The witness: every test sandbox reported, none from two nodes at once.
+    let fencing = &report["fencing"];
+    assert!(fencing["sandboxes"].as_u64().unwrap() >= 4, "{fencing:#}");
+    assert!(fencing["reports"].as_u64().unwrap() > 20, "{fencing:#}");
+    assert_eq!(fencing["doubles"], serde_json::json!([]), "{fencing:#}");
+    assert!(
+        loss["last_report_after_kill_ms"].as_u64().unwrap()
+            < loss["expired_after_ms"].as_u64().unwrap(),
+        "{loss:#}"
+    );
+    let net = fastbox_cli::scenario_net::leftovers(&prefix);
+    assert!(net.is_empty(), "{prefix} left {net:?}");
     for instance in ["s", "1", "2"] {
         let left = fastbox_cli::local_sandbox::leftovers(&format!("{prefix}{instance}"));
         assert!(left.is_empty(), "{prefix}{instance} left {left:?}");

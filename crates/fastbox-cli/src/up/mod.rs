@@ -81,16 +81,6 @@ pub struct UpArgs {
     /// with [default: the host's resolvers from /etc/resolv.conf].
     #[arg(long = "dns-upstream")]
     pub dns_upstreams: Vec<std::net::SocketAddr>,
-    /// A network (`a.b.c.d/len` or an address, repeatable) that sandboxes may reach although
-    /// it lies in the private, loopback, link-local, CGNAT, multicast or reserved ranges
-    /// every sandbox is denied; each sandbox's egress policy still applies [default: none].
-    #[arg(
-        long = "sandbox-reach",
-        env = "FASTBOX_SANDBOX_REACH",
-        value_delimiter = ',',
-        value_name = "CIDR"
-    )]
-    pub sandbox_reach: Vec<String>,
     /// A network (`a.b.c.d/len`, `x::/len` or an address, repeatable) in the private,
     /// loopback, link-local or other special ranges that image registries, their token realms
     /// and redirects may be in; pulls refuse those ranges otherwise (request forgery), except
@@ -238,6 +228,23 @@ pub struct InstanceArgs {
     /// system's].
     #[arg(long, env = "FASTBOX_CRIU")]
     pub criu: Option<PathBuf>,
+    /// A network (`a.b.c.d/len` or an address, repeatable) that sandboxes may reach although
+    /// it lies in the private, loopback, link-local, CGNAT, multicast or reserved ranges
+    /// every sandbox is denied; each sandbox's egress policy still applies [default: none].
+    #[arg(
+        long = "sandbox-reach",
+        env = "FASTBOX_SANDBOX_REACH",
+        value_delimiter = ',',
+        value_name = "CIDR"
+    )]
+    pub sandbox_reach: Vec<String>,
+}
+
+impl InstanceArgs {
+    /// `--sandbox-reach`, when given.
+    pub fn sandbox_reach(&self) -> Option<Vec<String>> {
+        (!self.sandbox_reach.is_empty()).then(|| self.sandbox_reach.clone())
+    }
 }
 
 impl UpArgs {
@@ -267,7 +274,7 @@ impl UpArgs {
             spare_slots: self.spare_slots,
             lazy_restore_min_mib: self.lazy_restore_min_mib.clone(),
             dns_upstreams: (!self.dns_upstreams.is_empty()).then(|| self.dns_upstreams.clone()),
-            sandbox_reach: (!self.sandbox_reach.is_empty()).then(|| self.sandbox_reach.clone()),
+            sandbox_reach: self.instance.sandbox_reach(),
             registry_allow_private: (!self.registry_allow_private.is_empty())
                 .then(|| self.registry_allow_private.clone()),
             artifact_store: self.artifact_store.clone(),

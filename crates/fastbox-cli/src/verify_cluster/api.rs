@@ -123,7 +123,12 @@ impl Api {
                 return Ok(());
             }
             if now == "Failed" || Instant::now() >= deadline {
-                bail!("sandbox {id} is {now} ({reason:?}), not {state}");
+                let message = self
+                    .get(&format!("/v1/sandboxes/{id}"))
+                    .ok()
+                    .and_then(|(_, b)| b["status"]["message"].as_str().map(str::to_string))
+                    .unwrap_or_default();
+                bail!("sandbox {id} is {now} ({reason:?}: {message}), not {state}");
             }
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -1,17 +1,21 @@
 //! `fastbox verify cluster`: several nodes behind one server, on one machine, by itself
 //! (`docs/cluster.md`).
 //!
+//! 0. **Network** ([`crate::scenario_net`]): a bridge holding the server's address, one
+//!    network namespace per joined node (its host) and a test host running the
+//!    [`collector`], the fencing witness: test sandboxes report to it every 100 ms, and the
+//!    source of each report says which node ran the sandbox.
 //! 1. **Server alone**: a `fastbox up --accept-nodes` (its own node in process) prepares the
 //!    image; `--creates` creates at `--concurrency` through the lifecycle API, each timed to
 //!    execd's `/ping` (the one-node figures).
-//! 2. **Cluster**: `--nodes` − 1 `fastbox node --join` agents join it (each its own prefix,
-//!    address pool, data directory and loopback ports); the same creates again, with each
-//!    node's share (the server's admissions per node).
-//! 3. **Node loss**: a sandbox on the last node and one on the server's; the node's agent is
-//!    killed with SIGKILL. Checked: its lease runs out, then the node is declared lost no
+//! 2. **Cluster**: `--nodes` − 1 `fastbox node --join` agents join it, each in its host (its
+//!    own prefix, address pool and data directory); the same creates again, with each node's
+//!    share (the server's admissions per node).
+//! 3. **Node loss**: a reporting sandbox on the last node and one elsewhere; the node's agent
+//!    is killed with SIGKILL. Checked: its lease runs out, then the node is declared lost no
 //!    sooner than the lease after the kill; its fencing guard froze its sandboxes before
-//!    that (the marker and the cgroups say so); its sandbox is `Failed` (`NODE_LOST`) while
-//!    the other still answers.
+//!    that (the marker, the cgroups and the collector say so); its sandbox is `Failed`
+//!    (`NODE_LOST`) while the other still answers.
 //! 4. **Snapshots elsewhere** ([`snapshot_elsewhere`]): before the kill, a snapshot of the
 //!    sandbox on that node; once it is lost, a create from the snapshot runs on another node
 //!    and holds the file written before the snapshot.
@@ -19,15 +23,22 @@
 //!    `--move-mib` of memory, is paused and resumed there (timed), and paused again; once the
 //!    node is lost it resumes on another node from the checkpoint in the shared store (a
 //!    directory every instance reads with `--origin-block-delay-ms` per block), timed until
-//!    execd answers and until its memory is local, and its memory must sum as before.
+//!    execd answers and until its memory is local; its memory must sum as before and its
+//!    report count go on.
 //! 6. **Return**: the agent starts again and joins; the server removes what it ran while lost,
-//!    and what the moved sandbox left there, and the node thaws nothing.
-//! 7. Everything stops and every prefix is purged; nothing carrying one is left.
+//!    and what the moved sandbox left there; nothing reports from it again.
+//! 7. **Cut mid-resume** ([`cut`]): node n1 is cut off from the server right after a resume
+//!    of a sandbox there was requested; the sandbox goes on elsewhere once n1 is lost, and
+//!    what n1 restored meanwhile never reports after n1's fence.
+//! 8. No sandbox reported from two nodes at once; everything stops, every prefix is purged,
+//!    the network is removed, and nothing carrying the run's prefix is left.
 //!
-//! The nodes share the machine's loopback (not a network namespace each) and its CPU: the
-//! figures are the cluster's overhead on one host, not more capacity.
+//! The nodes share the machine's CPU and disk: the figures are the cluster's overhead on one
+//! host, not more capacity.
 
 mod api;
+pub mod collector;
+mod cut;
 pub mod moves;
 mod procs;
 mod snapshot_elsewhere;
@@ -38,19 +49,26 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use serde::Serialize;
 
-use crate::bench::free_port;
 use crate::bench_create::client::BenchClient;
 use crate::bench_create::request::{self, Pool, Source};
 use crate::bench_create::run::{self, Pace, Plan};
 use crate::bench_create::stats::{Latency, Tally};
 use crate::paths::{HostArgs, require_root, run_prefix};
+use crate::scenario_net::{self, ScenarioNet};
 use api::Api;
+use collector::Collector;
+use cut::CutReport;
 use moves::MoveReport;
 use procs::Instance;
 use snapshot_elsewhere::SnapshotReport;
 
 /// How long the server may take to prepare its image, and a node to join.
 const READY_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a test sandbox may take to report to the collector.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(20);
+/// The ports of a joined node's API and proxy, on its own host's address.
+const NODE_API_PORT: u16 = 7001;
+const NODE_PROXY_PORT: u16 = 7002;
 
 #[derive(clap::Args, Debug)]
 pub struct ClusterArgs {
@@ -75,8 +93,9 @@ pub struct ClusterArgs {
     /// `s`, node i adds i) [default: fc + 4 random hex digits].
     #[arg(long)]
     pub prefix: Option<String>,
-    /// Second octet of the run's sandbox addresses: the server's 10.B.0.0/24, node i's
-    /// 10.B.i.0/24.
+    /// Second octet of the run's addresses: the bridge (the server's host) is 10.B.0.1, node
+    /// i's host 10.B.0.(1+i), the test host 10.B.0.254; the server's sandboxes take
+    /// 10.B.99.0/24, node i's 10.B.i.0/24.
     #[arg(long, default_value_t = 219, value_name = "B")]
     pub net_octet: u8,
     /// Memory the moved sandbox holds, MiB (pseudo-random, in a busybox shell).
@@ -107,6 +126,10 @@ pub struct ClusterReport {
     pub snapshot: SnapshotReport,
     /// A paused sandbox of the lost node resumed on another.
     pub moved: MoveReport,
+    /// A node cut off from the server in the middle of a resume.
+    pub cut: CutReport,
+    /// What the test sandboxes reported to the collector.
+    pub fencing: FencingReport,
     /// Whether every check held.
     pub passed: bool,
     /// The checks that did not hold.
@@ -120,6 +143,17 @@ pub struct CreateRun {
     pub seconds: f64,
     /// Creates admitted per node during the run.
     pub share: Vec<(String, u64)>,
+}
+
+/// The fencing witness: every test sandbox reported, every 100 ms, to a collector on the
+/// test host, which noted the node each report came from.
+#[derive(Debug, Serialize)]
+pub struct FencingReport {
+    /// Test sandboxes that reported, and their reports.
+    pub sandboxes: usize,
+    pub reports: usize,
+    /// Sandboxes that reported from two nodes at once (none in a passing run).
+    pub doubles: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -138,6 +172,8 @@ pub struct LossReport {
     pub lost_sandbox: (String, Option<String>),
     /// Whether the sandbox on the server's node still answered.
     pub survivor_answers: bool,
+    /// From the SIGKILL until its sandbox's last report from the node (the fence stopped it).
+    pub last_report_after_kill_ms: Option<u64>,
     /// From its restart until the server removed what it ran while lost.
     pub removed_after_return_ms: u64,
 }
@@ -160,22 +196,47 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<i32> {
         .prefix(&format!("fastbox-verify-cluster-{prefix}-"))
         .tempdir()
         .context("the run's directory")?;
-    let mut scenario = Scenario {
-        dir: dir.path().to_path_buf(),
-        prefix: prefix.clone(),
-        criu: criu.path.clone(),
-        execd,
-        cache_dir: args.host.cache_dir.clone(),
-        args: &args,
-        failures: Vec::new(),
+    progress(format!(
+        "a bridge with {} node hosts and a test host (10.{}.0.0/24)",
+        args.nodes - 1,
+        args.net_octet
+    ));
+    let net = ScenarioNet::create_with_test_host(&prefix, [10, args.net_octet], args.nodes - 1)?;
+    let outcome = Collector::start(&net.test_netns(), net.test_host_ip()).map(|collector| {
+        let mut scenario = Scenario {
+            dir: dir.path().to_path_buf(),
+            prefix: prefix.clone(),
+            criu: criu.path.clone(),
+            execd,
+            cache_dir: args.host.cache_dir.clone(),
+            args: &args,
+            net: &net,
+            collector: &collector,
+            failures: Vec::new(),
+        };
+        let report = scenario.run();
+        (report, scenario.prefixes())
+    });
+    net.remove();
+    // A run that failed keeps its directory (every instance's log) for a look.
+    let failed = match &outcome {
+        Ok((Ok(report), _)) => !report.failures.is_empty(),
+        _ => true,
     };
-    let report = scenario.run();
+    if failed {
+        let kept = dir.keep();
+        eprintln!(
+            "fastbox: the run failed: its logs are kept in {}",
+            kept.display()
+        );
+    }
+    let (report, prefixes) = outcome?;
     // Every process is stopped and purged by now (or by the drops on an error).
-    let leftovers: Vec<String> = scenario
-        .prefixes()
+    let mut leftovers: Vec<String> = prefixes
         .iter()
         .flat_map(|p| crate::local_sandbox::leftovers(p))
         .collect();
+    leftovers.extend(scenario_net::leftovers(&prefix));
     let mut report = report?;
     if !leftovers.is_empty() {
         report.failures.push(format!("left behind: {leftovers:?}"));
@@ -196,6 +257,8 @@ struct Scenario<'a> {
     execd: PathBuf,
     cache_dir: PathBuf,
     args: &'a ClusterArgs,
+    net: &'a ScenarioNet,
+    collector: &'a Collector,
     failures: Vec<String>,
 }
 
@@ -204,6 +267,71 @@ impl Scenario<'_> {
         std::iter::once(format!("{}s", self.prefix))
             .chain((1..self.args.nodes).map(|i| format!("{}{i}", self.prefix)))
             .collect()
+    }
+
+    /// The bridge's address: the server's host.
+    fn host_ip(&self) -> std::net::Ipv4Addr {
+        self.net.origin_ip()
+    }
+
+    /// Node `id`'s host address (`local` is the server's).
+    fn ip_of(&self, id: &str) -> std::net::Ipv4Addr {
+        match id.strip_prefix('n').and_then(|i| i.parse::<usize>().ok()) {
+            Some(i) if i >= 1 => self.net.node_ip(i - 1),
+            _ => self.host_ip(),
+        }
+    }
+
+    /// Starts the collector's reporter in sandbox `id` (its token is its id) and waits for
+    /// its first report from node `node`.
+    fn report_from(&self, api: &Api, id: &str, node: &str) -> anyhow::Result<()> {
+        api.sh(id, &self.collector.reporter(id))?;
+        self.collector
+            .wait_for(id, self.ip_of(node), REPORT_TIMEOUT)
+            .with_context(|| format!("{id} on node {node}"))
+    }
+
+    /// Reports of sandbox `id` from node `node` after `after`.
+    fn reports_after(&self, id: &str, node: &str, after: Instant) -> Vec<collector::Report> {
+        let ip = self.ip_of(node);
+        self.collector
+            .of(id)
+            .into_iter()
+            .filter(|r| r.from == ip && r.at > after)
+            .collect()
+    }
+
+    /// Whether sandbox `id`'s first report from `to` counts on from its last from `from`
+    /// before it was paused at `paused`: the memory of its checkpoint went on there.
+    fn count_went_on(&self, id: &str, from: &str, paused: Instant, to: &str) -> bool {
+        let reports = self.collector.of(id);
+        let of = |node: &str| {
+            let ip = self.ip_of(node);
+            reports.iter().filter(move |r| r.from == ip)
+        };
+        let before = of(from).filter(|r| r.at <= paused).map(|r| r.count).max();
+        match (before, of(to).map(|r| r.count).min()) {
+            (Some(last), Some(first)) => first > last,
+            _ => false,
+        }
+    }
+
+    /// A running sandbox (holding `memory_mib` when given) on the node whose proxy is
+    /// `proxy`: creates until one lands there (creates go by the ranking), the others
+    /// deleted.
+    fn create_on(&self, api: &Api, proxy: &str, memory_mib: Option<u64>) -> anyhow::Result<String> {
+        for _ in 0..(4 * self.args.nodes) {
+            let sandbox = match memory_mib {
+                Some(mib) => api.running_with(&self.args.image, mib)?,
+                None => api.running(&self.args.image)?,
+            };
+            let (endpoint, _) = api.execd(&sandbox)?;
+            if endpoint.starts_with(&format!("{proxy}/")) {
+                return Ok(sandbox);
+            }
+            api.delete(&format!("/v1/sandboxes/{sandbox}"))?;
+        }
+        bail!("no sandbox landed on the node of proxy {proxy}")
     }
 
     fn check(&mut self, holds: bool, what: impl Into<String>) {
@@ -230,6 +358,9 @@ impl Scenario<'_> {
             &self.execd.display().to_string(),
             "--criu",
             &self.criu.display().to_string(),
+            // The collector: the test sandboxes report there.
+            "--sandbox-reach",
+            &format!("{}/32", self.net.test_host_ip()),
         ]
         .map(String::from)
         .to_vec()
@@ -248,21 +379,26 @@ impl Scenario<'_> {
 
     fn run(&mut self) -> anyhow::Result<ClusterReport> {
         let args = self.args;
-        let (api_port, proxy_port, control_port) = (free_port()?, free_port()?, free_port()?);
+        let host = self.host_ip();
+        let (api_port, proxy_port, control_port) = (
+            scenario_net::free_port(host)?,
+            scenario_net::free_port(host)?,
+            scenario_net::free_port(host)?,
+        );
         let key = fastbox_server::service::random_token();
         let server_prefix = format!("{}s", self.prefix);
         let server_data = self.dir.join("server");
         let mut server_args: Vec<String> = [
             "up",
             "--listen",
-            &format!("127.0.0.1:{api_port}"),
+            &format!("{host}:{api_port}"),
             "--node-proxy-listen",
-            &format!("127.0.0.1:{proxy_port}"),
+            &format!("{host}:{proxy_port}"),
             "--default-image",
             &args.image,
             "--accept-nodes",
             "--control-listen",
-            &format!("127.0.0.1:{control_port}"),
+            &format!("{host}:{control_port}"),
             "--node-lease-ms",
             &args.lease_ms.to_string(),
         ]
@@ -271,13 +407,13 @@ impl Scenario<'_> {
         server_args.extend(self.common_args(
             &server_data,
             &server_prefix,
-            &format!("10.{}.0.0/24", args.net_octet),
+            &self.net.builder_pool(),
         ));
         let mut server = self
             .instance("server", &server_prefix, server_data.clone(), server_args)
             // Not on the command line, where any local user reads it.
             .with_env("FASTBOX_API_KEY", &key);
-        let api = Api::new(format!("http://127.0.0.1:{api_port}"), key.clone())?;
+        let api = Api::new(format!("http://{host}:{api_port}"), key.clone())?;
         progress(format!(
             "starting the server ({server_prefix}); it prepares {}",
             args.image
@@ -341,6 +477,21 @@ impl Scenario<'_> {
         let victim_index = nodes.len() - 1;
         let (loss, snapshot, moved) =
             self.lose_and_return(&api, &mut nodes[victim_index], victim_index + 1, &logs)?;
+        let cut = self.cut_mid_resume(&api, &logs)?;
+        let reports = self.collector.reports();
+        let fencing = FencingReport {
+            sandboxes: reports
+                .iter()
+                .map(|r| &r.token)
+                .collect::<std::collections::HashSet<_>>()
+                .len(),
+            reports: reports.len(),
+            doubles: collector::doubles(&reports),
+        };
+        self.check(
+            fencing.doubles.is_empty(),
+            format!("sandboxes ran on two nodes at once: {:?}", fencing.doubles),
+        );
 
         for node in &mut nodes {
             node.stop();
@@ -358,6 +509,8 @@ impl Scenario<'_> {
             loss,
             snapshot,
             moved,
+            cut,
+            fencing,
             passed: false,
             failures: std::mem::take(&mut self.failures),
         })
@@ -365,13 +518,17 @@ impl Scenario<'_> {
 
     /// Starts node `i`, joining the server's control API.
     fn join(&self, i: usize, control_port: u16, server_data: &Path) -> anyhow::Result<Instance> {
-        let (listen, proxy) = (free_port()?, free_port()?);
+        let ip = self.ip_of(&format!("n{i}"));
+        let (listen, proxy) = (
+            format!("{ip}:{NODE_API_PORT}"),
+            format!("{ip}:{NODE_PROXY_PORT}"),
+        );
         let prefix = format!("{}{i}", self.prefix);
         let data_dir = self.dir.join(format!("n{i}"));
         let mut node_args: Vec<String> = [
             "node",
             "--join",
-            &format!("http://127.0.0.1:{control_port}"),
+            &format!("http://{}:{control_port}", self.host_ip()),
             "--join-token-file",
             &server_data
                 .join(crate::up::JOIN_TOKEN_FILE)
@@ -380,21 +537,19 @@ impl Scenario<'_> {
             "--node-name",
             &format!("n{i}"),
             "--listen",
-            &format!("127.0.0.1:{listen}"),
+            &listen,
             "--node-proxy-listen",
-            &format!("127.0.0.1:{proxy}"),
+            &proxy,
             "--node-proxy-public",
-            &format!("127.0.0.1:{proxy}"),
+            &proxy,
         ]
         .map(String::from)
         .to_vec();
-        node_args.extend(self.common_args(
-            &data_dir,
-            &prefix,
-            &format!("10.{}.{i}.0/24", self.args.net_octet),
-        ));
-        let mut node = self.instance(&format!("n{i}"), &prefix, data_dir, node_args);
-        progress(format!("node n{i} ({prefix}) joins"));
+        node_args.extend(self.common_args(&data_dir, &prefix, &self.net.sandbox_pool(i - 1)));
+        let mut node = self
+            .instance(&format!("n{i}"), &prefix, data_dir, node_args)
+            .in_netns(&self.net.netns(i - 1));
+        progress(format!("node n{i} ({prefix}) joins from its host {ip}"));
         node.spawn()?;
         Ok(node)
     }
@@ -449,7 +604,7 @@ impl Scenario<'_> {
                 .find(|(id, _)| id == node)
                 .map(|(_, log)| log.clone())
         };
-        let (mover, local) = self.paused_mover(api, &id, &proxy, &log_of)?;
+        let (mover, local, paused_at) = self.paused_mover(api, &id, &proxy, &log_of)?;
         // A sandbox on it and one elsewhere (creates go by the ranking: a few tries).
         let (mut on_victim, mut elsewhere) = (None, None);
         let mut spare = Vec::new();
@@ -475,6 +630,9 @@ impl Scenario<'_> {
         let (Some(on_victim), Some(elsewhere)) = (on_victim, elsewhere) else {
             bail!("no sandbox landed on node {id} (or none elsewhere)");
         };
+        self.report_from(api, &on_victim, &id)?;
+        let elsewhere_node = moves::node_of(api, &elsewhere)?;
+        self.report_from(api, &elsewhere, &elsewhere_node)?;
         progress(format!("a snapshot of {on_victim} on node {id}"));
         let snapshot = snapshot_elsewhere::take(api, &on_victim)?;
 
@@ -519,6 +677,17 @@ impl Scenario<'_> {
             std::thread::sleep(Duration::from_millis(20));
         };
         let survivor_answers = api.pings(&elsewhere);
+        // The fence stopped it before the lease could run out at the server.
+        let last_report = self
+            .reports_after(&on_victim, &id, killed)
+            .iter()
+            .map(|r| r.at.duration_since(killed))
+            .max();
+        let late = self.reports_after(&on_victim, &id, killed + expired).len();
+        self.check(
+            late == 0,
+            format!("{on_victim} reported {late} time(s) from node {id} after its lease ran out"),
+        );
         self.check(
             marker.is_some(),
             format!("node {id}'s guard wrote no fence marker"),
@@ -558,6 +727,13 @@ impl Scenario<'_> {
         let (moved, to) = moves::timed_resume(api, &mover, &log_of)?;
         let moved_intact = moves::memory_intact(api, &mover)?;
         self.check(to != id, format!("{mover} resumed on its lost node {id}"));
+        self.collector
+            .wait_for(&mover, self.ip_of(&to), REPORT_TIMEOUT)
+            .with_context(|| format!("{mover} moved to {to}"))?;
+        self.check(
+            self.count_went_on(&mover, &id, paused_at, &to),
+            format!("{mover}'s count did not go on from node {id} on node {to}"),
+        );
         self.check(
             moved_intact,
             format!("{mover}'s memory differs after its resume on {to}"),
@@ -579,6 +755,15 @@ impl Scenario<'_> {
             READY_TIMEOUT,
             || api.events(&mover).is_ok_and(|e| e.contains("Cleaned")),
         )?;
+        // Nothing the node ran while lost runs again now that it is back.
+        std::thread::sleep(Duration::from_millis(1500));
+        for sandbox in [&on_victim, &mover] {
+            let again = self.reports_after(sandbox, &id, returned).len();
+            self.check(
+                again == 0,
+                format!("{sandbox} reported {again} time(s) from node {id} after it came back"),
+            );
+        }
         for sandbox in [&on_victim, &elsewhere, &mover] {
             api.delete(&format!("/v1/sandboxes/{sandbox}"))?;
         }
@@ -600,6 +785,7 @@ impl Scenario<'_> {
             all_frozen,
             lost_sandbox,
             survivor_answers,
+            last_report_after_kill_ms: last_report.map(|d| d.as_millis() as u64),
             removed_after_return_ms: removed.as_millis() as u64,
         };
         Ok((loss, snapshot, moved))
@@ -613,21 +799,12 @@ impl Scenario<'_> {
         id: &str,
         proxy: &str,
         log_of: &dyn Fn(&str) -> Option<PathBuf>,
-    ) -> anyhow::Result<(String, (moves::ResumeTiming, bool))> {
+    ) -> anyhow::Result<(String, (moves::ResumeTiming, bool), Instant)> {
         let mib = self.args.move_mib;
-        let mut mover = None;
-        for _ in 0..(4 * self.args.nodes) {
-            let sandbox = api.running_with(&self.args.image, 2 * mib + 128)?;
-            let (endpoint, _) = api.execd(&sandbox)?;
-            if endpoint.starts_with(&format!("{proxy}/")) {
-                mover = Some(sandbox);
-                break;
-            }
-            api.delete(&format!("/v1/sandboxes/{sandbox}"))?;
-        }
-        let mover = mover.with_context(|| format!("no sandbox landed on node {id}"))?;
+        let mover = self.create_on(api, proxy, Some(moves::memory_limit(mib)))?;
         progress(format!("{mover} on node {id} fills {mib} MiB of memory"));
         moves::start_holder(api, &mover, mib)?;
+        self.report_from(api, &mover, id)?;
         progress(format!("{mover} pauses and resumes on node {id}"));
         moves::pause(api, &mover)?;
         let (local, at) = moves::timed_resume(api, &mover, log_of)?;
@@ -641,7 +818,7 @@ impl Scenario<'_> {
             format!("{mover}'s memory differs after its resume on {id}"),
         );
         moves::pause(api, &mover)?;
-        Ok((mover, (local, intact)))
+        Ok((mover, (local, intact), Instant::now()))
     }
 }
 
@@ -709,6 +886,11 @@ pub fn human(r: &ClusterReport) -> String {
         "node loss: {} killed (lease {} ms): expired after {} ms, lost after {} ms; fence froze {} group(s) (all frozen: {}); its sandbox {:?}; the other answers: {}; removed {} ms after it came back\n",
         l.node, l.lease_ms, l.expired_after_ms, l.lost_after_ms, l.fenced, l.all_frozen, l.lost_sandbox, l.survivor_answers, l.removed_after_return_ms
     ));
+    out.push_str(&format!(
+        "  its sandbox's last report from it {} ms after the kill\n",
+        l.last_report_after_kill_ms
+            .map_or("-".into(), |ms| ms.to_string())
+    ));
     let s = &r.snapshot;
     out.push_str(&format!(
         "snapshot taken on {}, a create from it on {}: Running after {} ms, its file kept: {}\n",
@@ -727,6 +909,28 @@ pub fn human(r: &ClusterReport) -> String {
         m.moved.memory_local_ms,
         m.from,
         m.memory_intact
+    ));
+    let c = &r.cut;
+    out.push_str(&format!(
+        "cut mid-resume: {} cut off from the server while resuming a {} MiB sandbox (ran there before its fence: {}, last report {} ms after the cut); lost after {} ms; the sandbox {:?}; moved to {} (count went on: {}, memory intact: {}); reports from {} after the mend: {}\n",
+        c.node,
+        c.memory_mib,
+        c.resumed_there,
+        c.last_report_after_cut_ms.map_or("-".into(), |ms| ms.to_string()),
+        c.lost_after_ms,
+        c.state_after_loss,
+        c.moved_to.as_deref().unwrap_or("-"),
+        c.count_went_on,
+        c.memory_intact,
+        c.node,
+        c.reports_after_mend
+    ));
+    let f = &r.fencing;
+    out.push_str(&format!(
+        "fencing witness: {} sandboxes sent {} reports to the collector; on two nodes at once: {}\n",
+        f.sandboxes,
+        f.reports,
+        if f.doubles.is_empty() { "none".to_string() } else { f.doubles.join("; ") }
     ));
     match r.passed {
         true => out.push_str("passed\n"),

@@ -47,6 +47,11 @@ pub struct MoveReport {
     pub memory_intact: bool,
 }
 
+/// The memory limit of a sandbox whose holder keeps `mib` MiB, MiB.
+pub(super) fn memory_limit(mib: u64) -> u64 {
+    2 * mib + 128
+}
+
 /// The shell that holds about `mib` MiB (see the module docs).
 fn holder(mib: u64) -> String {
     let random = mib * 3 / 4 * 1024 * 1024;

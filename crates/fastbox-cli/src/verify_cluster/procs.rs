@@ -16,6 +16,7 @@ pub struct Instance {
     pub log: PathBuf,
     args: Vec<String>,
     envs: Vec<(String, String)>,
+    netns: Option<String>,
     child: Option<Child>,
 }
 
@@ -29,6 +30,7 @@ impl Instance {
             log: dir.join(format!("{name}.log")),
             args,
             envs: Vec::new(),
+            netns: None,
             child: None,
         }
     }
@@ -39,6 +41,12 @@ impl Instance {
         self
     }
 
+    /// The same, run in network namespace `netns` (its host).
+    pub fn in_netns(mut self, netns: &str) -> Self {
+        self.netns = Some(netns.to_string());
+        self
+    }
+
     /// Starts the process (again); its output goes to its log.
     pub fn spawn(&mut self) -> anyhow::Result<()> {
         let log = std::fs::OpenOptions::new()
@@ -46,7 +54,11 @@ impl Instance {
             .append(true)
             .open(&self.log)
             .with_context(|| format!("log {}", self.log.display()))?;
-        let child = Command::new(std::env::current_exe()?)
+        let mut cmd = Command::new(std::env::current_exe()?);
+        if let Some(netns) = &self.netns {
+            crate::scenario_net::enter(netns, &mut cmd)?;
+        }
+        let child = cmd
             .args(&self.args)
             .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .env(

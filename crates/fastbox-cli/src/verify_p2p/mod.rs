@@ -18,7 +18,6 @@
 //! `--compare-direct` then repeats step 4 with fresh caches and no peers, every node pulling
 //! straight from the origin, so both delivery times come from one run.
 
-mod net;
 mod node;
 mod origin;
 mod stack;
@@ -37,7 +36,7 @@ use serde::Serialize;
 pub use node::{NodeArgs, run as run_node};
 
 use crate::paths::{HostArgs, require_root};
-use net::ScenarioNet;
+use crate::scenario_net::ScenarioNet;
 use node::NodeDone;
 use origin::Origin;
 
