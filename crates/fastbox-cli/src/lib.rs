@@ -13,6 +13,7 @@ pub mod paths;
 pub mod route_key;
 pub mod sandbox_run;
 pub mod scenario_net;
+pub mod scenario_origin;
 pub mod up;
 pub mod verify_cluster;
 pub mod verify_p2p;

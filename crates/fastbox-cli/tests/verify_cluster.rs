@@ -4,7 +4,7 @@
 //! declares it lost, its sandbox fails (`NODE_LOST`), a sandbox paused there resumes on
 //! another node with its memory fetched from the shared store while it runs, and the node
 //! comes back; the other node is cut off from the server in the middle of a resume, and the
-//! sandbox goes on elsewhere. Test sandboxes report to a collector on a test host all along:
+//! sandbox goes on elsewhere. Artifacts come from an S3 origin (s3s-fs) through DART peers. Test sandboxes report to a collector on a test host all along:
 //! none reports from two nodes at once. Nothing is left afterwards.
 //!
 //! Root and CRIU (skipped with the reason otherwise). Prefix: the run prefix's first six
@@ -118,6 +118,16 @@ fn three_nodes_share_creates_and_a_killed_node_is_fenced_then_lost() {
             < loss["expired_after_ms"].as_u64().unwrap(),
         "{loss:#}"
     );
+    // Blocks came from the S3 origin and through DART peers.
+    let delivery = report["delivery"].as_array().unwrap();
+    let total = |name: &str| -> u64 {
+        delivery
+            .iter()
+            .filter_map(|node| node[1][name].as_u64())
+            .sum()
+    };
+    assert!(total("origin_fetches") > 0, "{delivery:?}");
+    assert!(total("peer_fetches") > 0, "{delivery:?}");
     let net = fastbox_cli::scenario_net::leftovers(&prefix);
     assert!(net.is_empty(), "{prefix} left {net:?}");
     for instance in ["s", "1", "2"] {

@@ -59,7 +59,12 @@ pub struct LocalNode {
     staged: Mutex<HashMap<String, StagedSnapshot>>,
     /// Slots admitted that no call named since, and when (`NodeStatus::unused_admissions`).
     admitted: Mutex<BTreeMap<u32, Instant>>,
+    /// The node's delivery counters, when it has any (`NodeStatus::delivery`).
+    delivery: Option<DeliveryCounters>,
 }
+
+/// Reads a node's delivery counters by name.
+pub type DeliveryCounters = Arc<dyn Fn() -> Option<BTreeMap<String, u64>> + Send + Sync>;
 
 impl LocalNode {
     /// The node `node_id` running `fastlet`. Its node proxy is attached afterwards.
@@ -71,7 +76,14 @@ impl LocalNode {
             images: Mutex::new(ResolvedImages::default()),
             staged: Mutex::new(HashMap::new()),
             admitted: Mutex::new(BTreeMap::new()),
+            delivery: None,
         }
+    }
+
+    /// The same, reporting the delivery counters `counters` reads in its status.
+    pub fn with_delivery(mut self, counters: DeliveryCounters) -> Self {
+        self.delivery = Some(counters);
+        self
     }
 
     /// Slot `slot` was admitted now.
@@ -626,6 +638,7 @@ impl NodeAgent for LocalNode {
                     age_ms: at.elapsed().as_millis() as u64,
                 })
                 .collect(),
+            delivery: self.delivery.as_ref().and_then(|read| read()),
         }
     }
 }

@@ -1645,6 +1645,7 @@ impl NodeAgent for FakeNode {
                         age_ms: at.elapsed().as_millis() as u64,
                     })
                     .collect(),
+                delivery: None,
             }
         })
         .await

@@ -229,6 +229,10 @@ pub struct NodeStatus {
     /// since: the server gives back those it holds no record of (an answer it never got).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unused_admissions: Vec<UnusedAdmission>,
+    /// The node's DART delivery counters (`cache_hits`, `peer_fetches`, `origin_fetches`,
+    /// ...; each only grows), when it delivers through DART.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<BTreeMap<String, u64>>,
 }
 
 /// A slot admitted and not used since, and for how long.

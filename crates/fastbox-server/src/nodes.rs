@@ -461,6 +461,7 @@ mod tests {
             memory_available_bytes: None,
             sandboxes: None,
             unused_admissions: Vec::new(),
+            delivery: None,
         }
     }
 

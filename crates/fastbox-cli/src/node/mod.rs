@@ -20,13 +20,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
-use fastbox_fastlet::{LocalNode, node_proxy};
+use fastbox_fastlet::node_proxy;
 use fastbox_node_api::remote::{ControlClient, node_router};
 use fastbox_proxy::RouteKeys;
 use fastbox_server::config::{ServerConfig, Settings};
 
 use crate::up::node_side::{self, NodeBinaries, UnheldSlots};
-use crate::up::{InstanceArgs, ROUTE_KEY_FILE, UpError};
+use crate::up::{InstanceArgs, ROUTE_KEY_FILE, StoreArgs, UpError};
 
 pub mod credentials;
 pub mod fence_guard;
@@ -72,12 +72,11 @@ pub struct NodeArgs {
     /// The URL the server calls the node API at [default: http:// and --listen].
     #[arg(long, env = "FASTBOX_ADVERTISE_URL")]
     pub advertise_url: Option<String>,
-    /// Where templates, snapshots and pause checkpoints are published and fetched: the
-    /// cluster's shared store (`s3://BUCKET[/PREFIX]?endpoint=URL`, or a directory every node
-    /// and the server see), so a paused sandbox resumes on another node when this one is
-    /// lost [default: DATA_DIR/artifacts, this node's alone].
-    #[arg(long, env = "FASTBOX_ARTIFACT_STORE")]
-    pub artifact_store: Option<String>,
+    /// Where artifacts are published and fetched (`--artifact-store`: the cluster's shared
+    /// store, so a paused sandbox resumes on another node when this one is lost), and the
+    /// node's DART delivery group.
+    #[command(flatten)]
+    pub store: StoreArgs,
     /// Clones and resumes whose memory is at least this many MiB answer before their memory
     /// is copied in; `off` restores every one whole [default: 64]. A resume of a sandbox
     /// paused on another node always fetches its memory this way.
@@ -103,7 +102,12 @@ impl NodeArgs {
             pool: self.instance.pool.clone(),
             execd: self.instance.execd.clone(),
             default_images: Some(Vec::new()),
-            artifact_store: self.artifact_store.clone(),
+            artifact_store: self.store.artifact_store.clone(),
+            block_cache_mib: self.store.block_cache_mib,
+            node_id: self.store.node_id.clone(),
+            dart_listen: self.store.dart_listen,
+            dart_peers: self.store.dart_peers.clone(),
+            dart_key: self.store.dart_key.clone(),
             lazy_restore_min_mib: self.lazy_restore_min_mib.clone(),
             sandbox_reach: self.instance.sandbox_reach(),
             ..Settings::default()
@@ -252,7 +256,7 @@ async fn run(
         ControlClient::new(&control_url, credentials.node_to_server.clone())
             .with_context(|| format!("control URL {control_url}"))?,
     );
-    let node = Arc::new(LocalNode::new(fastlet.clone(), node_id));
+    let node = Arc::new(node_side::local_node(fastlet.clone(), node_id, &node_store));
     let proxy = node_side::node_proxy(
         &cfg,
         fastlet.clone(),

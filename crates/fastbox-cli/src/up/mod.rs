@@ -92,29 +92,8 @@ pub struct UpArgs {
         value_name = "CIDR"
     )]
     pub registry_allow_private: Vec<String>,
-    /// Where templates, snapshots and pause checkpoints are published: an absolute directory
-    /// or `s3://BUCKET[/PREFIX]?endpoint=URL` (credentials from AWS_ACCESS_KEY_ID and
-    /// AWS_SECRET_ACCESS_KEY) [default: DATA_DIR/artifacts].
-    #[arg(long, env = "FASTBOX_ARTIFACT_STORE")]
-    pub artifact_store: Option<String>,
-    /// Byte budget of the node block cache (DATA_DIR/block-cache) in front of an s3:// store,
-    /// MiB [default: 4096].
-    #[arg(long, env = "FASTBOX_BLOCK_CACHE_MIB")]
-    pub block_cache_mib: Option<u64>,
-    /// This node's id in its DART delivery group (1-64 of [A-Za-z0-9._-]).
-    #[arg(long, env = "FASTBOX_NODE_ID")]
-    pub node_id: Option<String>,
-    /// Where this node's DART peer server listens (needs --dart-peers).
-    #[arg(long, env = "FASTBOX_DART_LISTEN")]
-    pub dart_listen: Option<SocketAddr>,
-    /// The DART delivery group, this node included: `ID=HOST:PORT,...` (needs --node-id,
-    /// --dart-listen, an s3:// store and the group secret in FASTBOX_DART_KEY).
-    #[arg(long, env = "FASTBOX_DART_PEERS", value_delimiter = ',')]
-    pub dart_peers: Option<Vec<String>>,
-    /// The DART group secret, at least 16 bytes, the same on every node (prefer the
-    /// environment: a flag shows in the process list).
-    #[arg(long, env = "FASTBOX_DART_KEY", hide_env_values = true)]
-    pub dart_key: Option<String>,
+    #[command(flatten)]
+    pub store: StoreArgs,
     /// How often the artifact store's garbage is collected: `24h`, `30m`, ... or `off`
     /// [default: 24h for a local directory, off for an s3:// store].
     #[arg(long, env = "FASTBOX_ARTIFACT_GC_INTERVAL")]
@@ -203,6 +182,35 @@ pub struct UpArgs {
     pub node_lease_ms: Option<u64>,
 }
 
+/// Where an instance publishes and fetches artifacts, and its DART delivery group: the same
+/// for `fastbox up` and `fastbox node`.
+#[derive(clap::Args, Debug)]
+pub struct StoreArgs {
+    /// Where templates, snapshots and pause checkpoints are published: an absolute directory
+    /// or `s3://BUCKET[/PREFIX]?endpoint=URL` (credentials from AWS_ACCESS_KEY_ID and
+    /// AWS_SECRET_ACCESS_KEY) [default: DATA_DIR/artifacts].
+    #[arg(long, env = "FASTBOX_ARTIFACT_STORE")]
+    pub artifact_store: Option<String>,
+    /// Byte budget of the node block cache (DATA_DIR/block-cache) in front of an s3:// store,
+    /// MiB [default: 4096].
+    #[arg(long, env = "FASTBOX_BLOCK_CACHE_MIB")]
+    pub block_cache_mib: Option<u64>,
+    /// This node's id in its DART delivery group (1-64 of [A-Za-z0-9._-]).
+    #[arg(long, env = "FASTBOX_NODE_ID")]
+    pub node_id: Option<String>,
+    /// Where this node's DART peer server listens (needs --dart-peers).
+    #[arg(long, env = "FASTBOX_DART_LISTEN")]
+    pub dart_listen: Option<SocketAddr>,
+    /// The DART delivery group, this node included: `ID=HOST:PORT,...` (needs --node-id,
+    /// --dart-listen, an s3:// store and the group secret in FASTBOX_DART_KEY).
+    #[arg(long, env = "FASTBOX_DART_PEERS", value_delimiter = ',')]
+    pub dart_peers: Option<Vec<String>>,
+    /// The DART group secret, at least 16 bytes, the same on every node (prefer the
+    /// environment: a flag shows in the process list).
+    #[arg(long, env = "FASTBOX_DART_KEY", hide_env_values = true)]
+    pub dart_key: Option<String>,
+}
+
 /// Where an instance keeps its state and names its host-wide things, and its binaries: the
 /// same for `fastbox up` and `fastbox node`.
 #[derive(clap::Args, Debug)]
@@ -277,12 +285,12 @@ impl UpArgs {
             sandbox_reach: self.instance.sandbox_reach(),
             registry_allow_private: (!self.registry_allow_private.is_empty())
                 .then(|| self.registry_allow_private.clone()),
-            artifact_store: self.artifact_store.clone(),
-            block_cache_mib: self.block_cache_mib,
-            node_id: self.node_id.clone(),
-            dart_listen: self.dart_listen,
-            dart_peers: self.dart_peers.clone(),
-            dart_key: self.dart_key.clone(),
+            artifact_store: self.store.artifact_store.clone(),
+            block_cache_mib: self.store.block_cache_mib,
+            node_id: self.store.node_id.clone(),
+            dart_listen: self.store.dart_listen,
+            dart_peers: self.store.dart_peers.clone(),
+            dart_key: self.store.dart_key.clone(),
             artifact_gc_interval: self.artifact_gc_interval.clone(),
             artifact_gc_grace: self.artifact_gc_grace.clone(),
             allow_local_images: self.allow_local_images.clone(),

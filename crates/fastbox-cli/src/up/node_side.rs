@@ -30,6 +30,26 @@ pub(crate) fn image_config(cfg: &ServerConfig) -> ImageConfig {
 
 /// Opens the node's artifact store (on a plain thread: an S3 origin is checked over the
 /// network) and says what it is and when its garbage is collected.
+/// The node `node_id` over `fastlet`, reporting `node_store`'s DART counters in its status.
+pub(crate) fn local_node(
+    fastlet: Arc<Fastlet>,
+    node_id: String,
+    node_store: &Arc<NodeStore>,
+) -> fastbox_fastlet::local_node::LocalNode {
+    let store = node_store.clone();
+    fastbox_fastlet::local_node::LocalNode::new(fastlet, node_id).with_delivery(Arc::new(
+        move || {
+            store.dart_counters().map(|(_, counters)| {
+                counters
+                    .fields()
+                    .into_iter()
+                    .map(|(name, value)| (name.to_string(), value))
+                    .collect()
+            })
+        },
+    ))
+}
+
 pub(crate) async fn open_node_store(cfg: &ServerConfig) -> Result<Arc<NodeStore>, UpError> {
     let (store_cfg, data_dir) = (cfg.artifacts.store.clone(), cfg.data_dir.clone());
     let node_store = blocking::run("fastbox-artifacts", move || {

@@ -138,7 +138,11 @@ pub(crate) async fn run(cfg: ServerConfig, mode: NodeMode) -> Result<(), UpError
             accept_nodes = accept;
             let node_store = node_side::open_node_store(&cfg).await?;
             let fastlet = node_side::start_fastlet(&cfg, binaries, &node_store).await?;
-            let node = Arc::new(LocalNode::new(fastlet.clone(), LOCAL_NODE_ID.to_string()));
+            let node = Arc::new(node_side::local_node(
+                fastlet.clone(),
+                LOCAL_NODE_ID.to_string(),
+                &node_store,
+            ));
             let local = InProcess {
                 fastlet,
                 node_store,

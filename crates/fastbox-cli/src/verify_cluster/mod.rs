@@ -4,7 +4,10 @@
 //! 0. **Network** ([`crate::scenario_net`]): a bridge holding the server's address, one
 //!    network namespace per joined node (its host) and a test host running the
 //!    [`collector`], the fencing witness: test sandboxes report to it every 100 ms, and the
-//!    source of each report says which node ran the sandbox.
+//!    source of each report says which node ran the sandbox. The origin is an `s3s-fs` on
+//!    the bridge ([`crate::scenario_origin`]), each of whose block reads an instance delays
+//!    by `--origin-block-delay-ms`; every instance is in one DART group (its peer server on
+//!    its host), and each node's delivery counters are reported at the end.
 //! 1. **Server alone**: a `fastbox up --accept-nodes` (its own node in process) prepares the
 //!    image; `--creates` creates at `--concurrency` through the lifecycle API, each timed to
 //!    execd's `/ping` (the one-node figures).
@@ -21,8 +24,7 @@
 //!    and holds the file written before the snapshot.
 //! 5. **Cross-node resume** ([`moves`]): before the kill, a third sandbox on that node fills
 //!    `--move-mib` of memory, is paused and resumed there (timed), and paused again; once the
-//!    node is lost it resumes on another node from the checkpoint in the shared store (a
-//!    directory every instance reads with `--origin-block-delay-ms` per block), timed until
+//!    node is lost it resumes on another node from the checkpoint in the origin, timed until
 //!    execd answers and until its memory is local; its memory must sum as before and its
 //!    report count go on.
 //! 6. **Return**: the agent starts again and joins; the server removes what it ran while lost,
@@ -55,6 +57,7 @@ use crate::bench_create::run::{self, Pace, Plan};
 use crate::bench_create::stats::{Latency, Tally};
 use crate::paths::{HostArgs, require_root, run_prefix};
 use crate::scenario_net::{self, ScenarioNet};
+use crate::scenario_origin::Origin;
 use api::Api;
 use collector::Collector;
 use cut::CutReport;
@@ -69,6 +72,8 @@ const REPORT_TIMEOUT: Duration = Duration::from_secs(20);
 /// The ports of a joined node's API and proxy, on its own host's address.
 const NODE_API_PORT: u16 = 7001;
 const NODE_PROXY_PORT: u16 = 7002;
+/// The port of a joined node's DART peer server.
+const DART_PORT: u16 = 7470;
 
 #[derive(clap::Args, Debug)]
 pub struct ClusterArgs {
@@ -101,10 +106,13 @@ pub struct ClusterArgs {
     /// Memory the moved sandbox holds, MiB (pseudo-random, in a busybox shell).
     #[arg(long, default_value_t = 256, value_name = "MIB")]
     pub move_mib: u64,
-    /// Delay of every block read from the shared artifact store (the origin), milliseconds:
+    /// Delay of every block read from the origin (on top of s3s-fs's own), milliseconds:
     /// the latency of a remote origin.
     #[arg(long, default_value_t = 5, value_name = "MS")]
     pub origin_block_delay_ms: u64,
+    /// The s3s-fs binary, the origin [default: .deps/s3s-fs/bin/s3s-fs of the repository].
+    #[arg(long, env = "FASTBOX_S3S_FS_BIN")]
+    pub s3s_fs: Option<PathBuf>,
     /// Print one JSON object instead of a summary.
     #[arg(long)]
     pub json: bool,
@@ -130,6 +138,8 @@ pub struct ClusterReport {
     pub cut: CutReport,
     /// What the test sandboxes reported to the collector.
     pub fencing: FencingReport,
+    /// Each node's DART delivery counters at the end (a node's count from its last start).
+    pub delivery: Vec<(String, std::collections::BTreeMap<String, u64>)>,
     /// Whether every check held.
     pub passed: bool,
     /// The checks that did not hold.
@@ -202,7 +212,13 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<i32> {
         args.net_octet
     ));
     let net = ScenarioNet::create_with_test_host(&prefix, [10, args.net_octet], args.nodes - 1)?;
-    let outcome = Collector::start(&net.test_netns(), net.test_host_ip()).map(|collector| {
+    let s3s_fs = crate::scenario_origin::s3s_fs_bin(args.s3s_fs.clone())?;
+    let started = Collector::start(&net.test_netns(), net.test_host_ip()).and_then(|collector| {
+        progress(format!("the origin: s3s-fs on {}", net.origin_ip()));
+        let origin = Origin::start(&s3s_fs, net.origin_ip(), &dir.path().join("origin"))?;
+        Ok((collector, origin, scenario_net::free_port(net.origin_ip())?))
+    });
+    let outcome = started.map(|(collector, origin, server_dart_port)| {
         let mut scenario = Scenario {
             dir: dir.path().to_path_buf(),
             prefix: prefix.clone(),
@@ -212,6 +228,9 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<i32> {
             args: &args,
             net: &net,
             collector: &collector,
+            origin: &origin,
+            dart_key: format!("{:064x}", rand::random::<u128>()),
+            server_dart_port,
             failures: Vec::new(),
         };
         let report = scenario.run();
@@ -259,6 +278,10 @@ struct Scenario<'a> {
     args: &'a ClusterArgs,
     net: &'a ScenarioNet,
     collector: &'a Collector,
+    origin: &'a Origin,
+    /// The DART group's secret, and the server's peer server's port.
+    dart_key: String,
+    server_dart_port: u16,
     failures: Vec<String>,
 }
 
@@ -342,10 +365,34 @@ impl Scenario<'_> {
         }
     }
 
-    fn common_args(&self, data_dir: &Path, prefix: &str, pool: &str) -> Vec<String> {
+    /// Node `node`'s DART peer server (`local`: the server's).
+    fn dart_addr(&self, node: &str) -> String {
+        match node {
+            "local" => format!("{}:{}", self.host_ip(), self.server_dart_port),
+            _ => format!("{}:{DART_PORT}", self.ip_of(node)),
+        }
+    }
+
+    /// The DART delivery group: every instance.
+    fn dart_peers(&self) -> String {
+        std::iter::once("local".to_string())
+            .chain((1..self.args.nodes).map(|i| format!("n{i}")))
+            .map(|node| format!("{node}={}", self.dart_addr(&node)))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// What every instance is given; `node`: its id (`local` for the server's own).
+    fn common_args(&self, node: &str, data_dir: &Path, prefix: &str, pool: &str) -> Vec<String> {
         [
             "--artifact-store",
-            &self.dir.join("store").display().to_string(),
+            &self.origin.url(),
+            "--node-id",
+            node,
+            "--dart-listen",
+            &self.dart_addr(node),
+            "--dart-peers",
+            &self.dart_peers(),
             "--data-dir",
             &data_dir.display().to_string(),
             "--cache-dir",
@@ -366,10 +413,14 @@ impl Scenario<'_> {
         .to_vec()
     }
 
-    /// Instance `name` of the run: every one reads the shared store with the origin's delay,
+    /// Instance `name` of the run: every one reads the origin (its credentials and the DART
+    /// group's secret in its environment, not on its command line) with the origin's delay,
     /// and restores clones and resumes lazily whatever their size.
     fn instance(&self, name: &str, prefix: &str, data_dir: PathBuf, args: Vec<String>) -> Instance {
         Instance::new(&self.dir, name, prefix, data_dir, args)
+            .with_env("AWS_ACCESS_KEY_ID", &self.origin.access_key)
+            .with_env("AWS_SECRET_ACCESS_KEY", &self.origin.secret_key)
+            .with_env(fastbox_fastlet::node_store::DART_KEY_ENV, &self.dart_key)
             .with_env(
                 fastbox_fastlet::node_store::ORIGIN_BLOCK_DELAY_ENV,
                 &self.args.origin_block_delay_ms.to_string(),
@@ -405,6 +456,7 @@ impl Scenario<'_> {
         .map(String::from)
         .to_vec();
         server_args.extend(self.common_args(
+            "local",
             &server_data,
             &server_prefix,
             &self.net.builder_pool(),
@@ -493,6 +545,21 @@ impl Scenario<'_> {
             format!("sandboxes ran on two nodes at once: {:?}", fencing.doubles),
         );
 
+        let delivery: Vec<(String, std::collections::BTreeMap<String, u64>)> = api
+            .nodes()?
+            .into_iter()
+            .map(|(id, n)| {
+                (
+                    id,
+                    serde_json::from_value(n["delivery"].clone()).unwrap_or_default(),
+                )
+            })
+            .collect();
+        let total = |name: &str| -> u64 { delivery.iter().filter_map(|(_, c)| c.get(name)).sum() };
+        self.check(
+            total("origin_fetches") > 0 && total("peer_fetches") > 0,
+            format!("blocks did not come through DART peers and the origin: {delivery:?}"),
+        );
         for node in &mut nodes {
             node.stop();
         }
@@ -511,6 +578,7 @@ impl Scenario<'_> {
             moved,
             cut,
             fencing,
+            delivery,
             passed: false,
             failures: std::mem::take(&mut self.failures),
         })
@@ -545,7 +613,12 @@ impl Scenario<'_> {
         ]
         .map(String::from)
         .to_vec();
-        node_args.extend(self.common_args(&data_dir, &prefix, &self.net.sandbox_pool(i - 1)));
+        node_args.extend(self.common_args(
+            &format!("n{i}"),
+            &data_dir,
+            &prefix,
+            &self.net.sandbox_pool(i - 1),
+        ));
         let mut node = self
             .instance(&format!("n{i}"), &prefix, data_dir, node_args)
             .in_netns(&self.net.netns(i - 1));
@@ -932,6 +1005,19 @@ pub fn human(r: &ClusterReport) -> String {
         f.reports,
         if f.doubles.is_empty() { "none".to_string() } else { f.doubles.join("; ") }
     ));
+    out.push_str("DART delivery (each node since its last start):\n");
+    for (node, c) in &r.delivery {
+        let get = |name: &str| c.get(name).copied().unwrap_or(0);
+        out.push_str(&format!(
+            "  {node:<6} from the origin {:>5}, from peers {:>5}, served to peers {:>5}, cache hits {:>6}, peer failures {}, fallbacks to the origin {}\n",
+            get("origin_fetches"),
+            get("peer_fetches"),
+            get("peer_served"),
+            get("cache_hits"),
+            get("peer_failures"),
+            get("fallbacks_to_origin"),
+        ));
+    }
     match r.passed {
         true => out.push_str("passed\n"),
         false => out.push_str(&format!("FAILED: {}\n", r.failures.join("; "))),

@@ -19,7 +19,7 @@
 //! straight from the origin, so both delivery times come from one run.
 
 mod node;
-mod origin;
+
 mod stack;
 
 use std::io::{BufRead, BufReader, Write};
@@ -37,8 +37,8 @@ pub use node::{NodeArgs, run as run_node};
 
 use crate::paths::{HostArgs, require_root};
 use crate::scenario_net::ScenarioNet;
+use crate::scenario_origin::{self as origin, Origin};
 use node::NodeDone;
-use origin::Origin;
 
 /// Extra origin fetches a clean run may need beyond one per block (a block whose owner's
 /// first fetch raced a requester that fell back).

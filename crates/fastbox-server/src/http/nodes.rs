@@ -43,6 +43,10 @@ pub struct NodeInfo {
     pub sandboxes: Option<u32>,
     /// Sandboxes this server admitted into it since it started.
     pub admitted_total: u64,
+    /// Its DART delivery counters by name (`peer_fetches`, `origin_fetches`, ...), when it
+    /// delivers through DART.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -66,6 +70,7 @@ impl From<NodeView> for NodeInfo {
             memory_available_bytes: status.and_then(|s| s.memory_available_bytes),
             sandboxes: status.and_then(|s| s.sandboxes),
             admitted_total: view.admitted_total,
+            delivery: status.and_then(|s| s.delivery.clone()),
         }
     }
 }

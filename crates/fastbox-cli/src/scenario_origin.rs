@@ -1,4 +1,4 @@
-//! The scenario's origin: an `s3s-fs` server (installed by `scripts/setup.sh` into
+//! A scenario's origin (`verify p2p`, `verify cluster`): an `s3s-fs` server (installed by `scripts/setup.sh` into
 //! `.deps/s3s-fs`) on the bridge's address and a random port, with random credentials and a
 //! fresh data directory; killed when dropped.
 
