@@ -347,6 +347,22 @@ impl NodeAgent for Spy {
                 .get::<ConnectInfo<SocketAddr>>()
                 .map(|c| c.0),
         });
+        if path == "/ws" {
+            // A sandbox that switches protocols and echoes what it is sent.
+            let mut req = req;
+            let upgraded = hyper::upgrade::on(&mut req);
+            tokio::spawn(async move {
+                let io = hyper_util::rt::TokioIo::new(upgraded.await.unwrap());
+                let (mut read, mut write) = tokio::io::split(io);
+                let _ = tokio::io::copy(&mut read, &mut write).await;
+            });
+            return Ok(http::Response::builder()
+                .status(StatusCode::SWITCHING_PROTOCOLS)
+                .header(header::CONNECTION, "upgrade")
+                .header(header::UPGRADE, "websocket")
+                .body(Body::empty())
+                .unwrap());
+        }
         if path.starts_with("/echo") {
             let method = req.method().to_string();
             return Ok(http::Response::builder()
@@ -1135,21 +1151,63 @@ async fn proxy_refusals_round_trip_and_cannot_be_forged() {
             "{id} {path}: {refused:?}"
         );
     }
-    // Upgrades do not pass (yet), and say so.
-    let upgrade = Request::builder()
-        .header(header::CONNECTION, "Upgrade")
-        .header(header::UPGRADE, "websocket")
-        .body(Body::empty())
-        .unwrap();
-    let refused = remote
-        .proxy("sbx", 80, "/ws", Unsigned::Allowed, &[], upgrade)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&refused, ProxyRefusal::Answered { status: 501, message, .. } if message.contains("WebSocket")),
-        "{refused:?}"
-    );
     assert_eq!(served.proxied().len(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_protocol_upgrade_passes_to_the_node_and_both_ways_after() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (served, _node, remote) = proxy_server();
+    let remote = Arc::new(remote);
+    // The server's side: every request goes to the node as `sbx`'s port 80.
+    let front = TestServer::start(Router::new().fallback(move |req: Request<Body>| {
+        let remote = remote.clone();
+        async move {
+            match remote
+                .proxy("sbx", 80, "/ws", Unsigned::Allowed, &[], req)
+                .await
+            {
+                Ok(response) => response,
+                Err(refused) => http::Response::builder()
+                    .status(StatusCode::BAD_GATEWAY)
+                    .body(Body::from(format!("{refused:?}")))
+                    .unwrap(),
+            }
+        }
+    }));
+    let mut stream = tokio::net::TcpStream::connect(front.addr).await.unwrap();
+    stream
+        .write_all(
+            b"GET /chat HTTP/1.1\r\nHost: sandbox\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        stream.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("upgrade: websocket"),
+        "{head}"
+    );
+    // The node saw the upgrade with its route headers, the server's own gone.
+    let seen = served.proxied().pop().unwrap();
+    assert_eq!(seen.headers[header::UPGRADE], "websocket");
+    assert!(!seen.headers.contains_key("x-fastbox-credential"));
+    // Spliced: bytes go both ways.
+    for message in [&b"hello"[..], b"again"] {
+        stream.write_all(message).await.unwrap();
+        let mut back = vec![0u8; message.len()];
+        tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut back))
+            .await
+            .expect("the echo came back")
+            .unwrap();
+        assert_eq!(back, message);
+    }
 }
 
 // The control routes.

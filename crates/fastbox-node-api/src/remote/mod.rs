@@ -87,8 +87,10 @@
 //!   400 bad route, 404 not running, 403 forbidden, 401 unsigned, the node proxy's own status
 //!   for `Answered`, 502 upstream), or the router's envelope (401, 400). The router removes
 //!   that header from a sandbox's answer, so a sandbox cannot forge a refusal.
-//! - WebSocket and other upgrades do not pass a remote node yet: the client answers them 501
-//!   (`Answered`) without calling the node.
+//! - WebSocket and other HTTP/1.1 upgrades go over a connection of their own
+//!   (`fastbox_proxy::Forwarder`, not the pooled client) with the same route and headers,
+//!   `Connection` and `Upgrade` kept; once the node answers 101 the caller's connection and
+//!   the node's are spliced, as the node proxy splices the node's with the sandbox's.
 //!
 //! # The control API
 //!

@@ -491,29 +491,21 @@ impl NodeAgent for NodeClient {
         if !path.is_empty() && !path.starts_with('/') {
             return Err(ProxyRefusal::BadRoute(format!("/{id}/{port}{path}")));
         }
-        if is_upgrade(req.headers()) {
-            return Err(ProxyRefusal::Answered {
-                status: StatusCode::NOT_IMPLEMENTED.as_u16(),
-                code: "SANDBOX::API_NOT_SUPPORTED".into(),
-                message: format!(
-                    "sandbox {id} runs on node {}: protocol upgrades (WebSocket) do not pass a remote node yet",
-                    self.node_id
-                ),
-                retry_after_secs: None,
-            });
-        }
-        let (parts, body) = req.into_parts();
-        let mut url = format!("{}{PROXY_PREFIX}{}/{port}", self.base, encode_segment(id));
+        let (mut parts, body) = req.into_parts();
+        let mut route = format!("{PROXY_PREFIX}{}/{port}", encode_segment(id));
         if !path.is_empty() {
-            url.push('/');
-            url.push_str(&encode_segment(path));
+            route.push('/');
+            route.push_str(&encode_segment(path));
         }
         if let Some(query) = parts.uri.query() {
-            url.push('?');
-            url.push_str(query);
+            route.push('?');
+            route.push_str(query);
         }
-        let mut headers = parts.headers;
-        remove_hop_by_hop(&mut headers);
+        let upgrade = is_upgrade(&parts.headers);
+        let mut headers = std::mem::take(&mut parts.headers);
+        if !upgrade {
+            remove_hop_by_hop(&mut headers);
+        }
         for name in strip {
             headers.remove(name);
         }
@@ -543,6 +535,13 @@ impl NodeAgent for NodeClient {
         {
             headers.insert(CLIENT_HEADER, value);
         }
+        if upgrade {
+            parts.headers = headers;
+            return self
+                .proxy_upgrade(route, Request::from_parts(parts, body))
+                .await;
+        }
+        let url = format!("{}{route}", self.base);
         let mut request = self.http.request(parts.method, url).headers(headers);
         // A request without a body goes without one (not as an empty chunked stream).
         if body.size_hint().exact() != Some(0) {
@@ -591,4 +590,67 @@ impl NodeAgent for NodeClient {
             },
         )
     }
+}
+
+impl NodeClient {
+    /// [`NodeAgent::proxy`] of a protocol upgrade (WebSocket): `req` (its headers already the
+    /// node's) goes to the node's `route` over a connection of its own, and when the node
+    /// switches protocols the two connections are spliced, as the node proxy does for a
+    /// sandbox.
+    async fn proxy_upgrade(
+        &self,
+        route: String,
+        req: Request<Body>,
+    ) -> Result<Response, ProxyRefusal> {
+        let unreachable = |why: String| {
+            ProxyRefusal::Upstream(format!(
+                "node {} unreachable at {}: {why}",
+                self.node_id, self.base
+            ))
+        };
+        let authority = self
+            .base
+            .strip_prefix("http://")
+            .map(|rest| rest.split('/').next().unwrap_or(rest))
+            .ok_or_else(|| unreachable("protocol upgrades pass http:// nodes only".into()))?;
+        let addr = tokio::net::lookup_host(authority)
+            .await
+            .map_err(|e| unreachable(e.to_string()))?
+            .next()
+            .ok_or_else(|| unreachable(format!("{authority} resolves to no address")))?;
+        let target = fastbox_proxy::Target {
+            addr,
+            path_and_query: route,
+            strip_headers: Vec::new(),
+            add_headers: http::HeaderMap::new(),
+        };
+        let response = upgrade_forwarder()
+            .forward(req, &target)
+            .await
+            .map_err(|e| unreachable(chain(&e)))?;
+        if !response.headers().contains_key(REFUSAL_HEADER) {
+            return Ok(response);
+        }
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), MAX_REFUSAL)
+            .await
+            .unwrap_or_default();
+        Err(
+            serde_json::from_slice::<ProxyRefusal>(&body).unwrap_or_else(|_| {
+                ProxyRefusal::Upstream(format!(
+                    "node {} refused the request ({status}): {}",
+                    self.node_id,
+                    refusal_text(&body)
+                ))
+            }),
+        )
+    }
+}
+
+/// The forwarder of protocol upgrades to nodes (its own connections: an upgraded one is
+/// never pooled).
+fn upgrade_forwarder() -> &'static fastbox_proxy::Forwarder {
+    static FORWARDER: std::sync::OnceLock<fastbox_proxy::Forwarder> = std::sync::OnceLock::new();
+    FORWARDER
+        .get_or_init(|| fastbox_proxy::Forwarder::new(fastbox_proxy::ForwarderConfig::default()))
 }
