@@ -188,10 +188,12 @@ pub fn stop_processes(handle: &SandboxHandle, cgroups: &CgroupRoot) -> Result<()
                 0,
             )
         };
-        // A frozen tree (a lazy clone whose daemon's guard froze it) acts on the SIGKILL
-        // once thawed, before it runs any code of its own.
+        // A frozen tree (a fenced node's sandbox, a lazy clone whose daemon's guard froze
+        // it): every process gets SIGKILL while frozen, then the group thaws, so none runs
+        // code of its own again. Thawing it with only init killed let the others run until
+        // init's end took them (a fenced sandbox ran again, briefly, on its node's return).
         if let Some(cgroup) = cgroup.as_ref().filter(|c| c.is_frozen().unwrap_or(false)) {
-            let _ = cgroup.thaw();
+            let _ = cgroup.kill_all();
         }
         let timeout = Duration::from_secs(10);
         if !wait_pidfd(&pidfd, timeout) {
