@@ -93,7 +93,7 @@ pub struct NodeArgs {
 impl NodeArgs {
     /// The node's settings, with `fastbox up`'s defaults for everything not given here.
     fn settings(&self) -> Settings {
-        Settings {
+        self.store.apply(Settings {
             node_proxy_listen: Some(self.node_proxy_listen),
             node_proxy_public: self.node_proxy_public.clone(),
             data_dir: self.instance.data_dir.clone(),
@@ -102,16 +102,10 @@ impl NodeArgs {
             pool: self.instance.pool.clone(),
             execd: self.instance.execd.clone(),
             default_images: Some(Vec::new()),
-            artifact_store: self.store.artifact_store.clone(),
-            block_cache_mib: self.store.block_cache_mib,
-            node_id: self.store.node_id.clone(),
-            dart_listen: self.store.dart_listen,
-            dart_peers: self.store.dart_peers.clone(),
-            dart_key: self.store.dart_key.clone(),
             lazy_restore_min_mib: self.lazy_restore_min_mib.clone(),
             sandbox_reach: self.instance.sandbox_reach(),
             ..Settings::default()
-        }
+        })
     }
 }
 

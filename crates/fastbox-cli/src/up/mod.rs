@@ -248,6 +248,21 @@ pub struct InstanceArgs {
     pub sandbox_reach: Vec<String>,
 }
 
+impl StoreArgs {
+    /// `settings` with these flags' values.
+    pub fn apply(&self, settings: Settings) -> Settings {
+        Settings {
+            artifact_store: self.artifact_store.clone(),
+            block_cache_mib: self.block_cache_mib,
+            node_id: self.node_id.clone(),
+            dart_listen: self.dart_listen,
+            dart_peers: self.dart_peers.clone(),
+            dart_key: self.dart_key.clone(),
+            ..settings
+        }
+    }
+}
+
 impl InstanceArgs {
     /// `--sandbox-reach`, when given.
     pub fn sandbox_reach(&self) -> Option<Vec<String>> {
@@ -257,7 +272,7 @@ impl InstanceArgs {
 
 impl UpArgs {
     fn settings(&self) -> Settings {
-        Settings {
+        self.store.apply(Settings {
             listen: self.listen,
             node_proxy_listen: self.node_proxy_listen,
             node_proxy_public: self.node_proxy_public.clone(),
@@ -285,12 +300,6 @@ impl UpArgs {
             sandbox_reach: self.instance.sandbox_reach(),
             registry_allow_private: (!self.registry_allow_private.is_empty())
                 .then(|| self.registry_allow_private.clone()),
-            artifact_store: self.store.artifact_store.clone(),
-            block_cache_mib: self.store.block_cache_mib,
-            node_id: self.store.node_id.clone(),
-            dart_listen: self.store.dart_listen,
-            dart_peers: self.store.dart_peers.clone(),
-            dart_key: self.store.dart_key.clone(),
             artifact_gc_interval: self.artifact_gc_interval.clone(),
             artifact_gc_grace: self.artifact_gc_grace.clone(),
             allow_local_images: self.allow_local_images.clone(),
@@ -305,7 +314,8 @@ impl UpArgs {
             route_max_lifetime: self.route_max_lifetime.clone(),
             access_failures_per_source: self.access_failures_per_source,
             access_failures_global: self.access_failures_global,
-        }
+            ..Settings::default()
+        })
     }
 }
 

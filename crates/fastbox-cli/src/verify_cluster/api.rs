@@ -62,6 +62,13 @@ impl Api {
     }
 
     /// Node `id`'s entry.
+    /// `host:port` of registered node `id`'s proxy.
+    pub fn node_proxy(&self, id: &str) -> anyhow::Result<String> {
+        self.node(id)?
+            .and_then(|n| n["proxy"].as_str().map(str::to_string))
+            .with_context(|| format!("node {id}'s proxy"))
+    }
+
     pub fn node(&self, id: &str) -> anyhow::Result<Option<Value>> {
         Ok(self
             .nodes()?

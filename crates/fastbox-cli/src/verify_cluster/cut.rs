@@ -50,15 +50,8 @@ impl Scenario<'_> {
     ) -> anyhow::Result<CutReport> {
         let id = "n1".to_string();
         let lease = Duration::from_millis(self.args.lease_ms);
-        let proxy = api
-            .node(&id)?
-            .and_then(|n| n["proxy"].as_str().map(str::to_string))
-            .context("n1's proxy")?;
-        let log_of = |node: &str| {
-            logs.iter()
-                .find(|(id, _)| id == node)
-                .map(|(_, log)| log.clone())
-        };
+        let proxy = api.node_proxy(&id)?;
+        let log_of = |node: &str| super::log_in(logs, node);
         let mib = self.args.move_mib;
         let sandbox = self.create_on(api, &proxy, Some(moves::memory_limit(mib)))?;
         progress(format!(

@@ -668,15 +668,8 @@ impl Scenario<'_> {
         logs: &[(String, PathBuf)],
     ) -> anyhow::Result<(LossReport, SnapshotReport, MoveReport)> {
         let id = format!("n{number}");
-        let proxy = api
-            .node(&id)?
-            .and_then(|n| n["proxy"].as_str().map(str::to_string))
-            .context("the node's proxy")?;
-        let log_of = |node: &str| {
-            logs.iter()
-                .find(|(id, _)| id == node)
-                .map(|(_, log)| log.clone())
-        };
+        let proxy = api.node_proxy(&id)?;
+        let log_of = |node: &str| log_in(logs, node);
         let (mover, local, paused_at) = self.paused_mover(api, &id, &proxy, &log_of)?;
         // A sandbox on it and one elsewhere (creates go by the ranking: a few tries).
         let (mut on_victim, mut elsewhere) = (None, None);
@@ -893,6 +886,13 @@ impl Scenario<'_> {
         moves::pause(api, &mover)?;
         Ok((mover, (local, intact), Instant::now()))
     }
+}
+
+/// The log of node `node` among `logs` (each node's, by id).
+fn log_in(logs: &[(String, PathBuf)], node: &str) -> Option<PathBuf> {
+    logs.iter()
+        .find(|(id, _)| id == node)
+        .map(|(_, log)| log.clone())
 }
 
 /// Admissions per node so far.
