@@ -20,6 +20,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::demand::DEMAND;
 
 /// What a fetch error carries.
 pub type SourceError = Box<dyn std::error::Error + Send + Sync>;
@@ -211,7 +214,8 @@ impl LazyFile {
                 size: self.size,
             });
         }
-        self.blocks_of(range).try_for_each(|i| self.ensure_block(i))
+        self.blocks_of(range)
+            .try_for_each(|i| self.ensure_block(i, Caller::Reader))
     }
 
     /// How many bytes from `offset` (at most `max`) are in blocks already here, without
@@ -281,14 +285,26 @@ impl LazyFile {
         )
     }
 
+    fn is_ready(&self, index: usize) -> bool {
+        matches!(self.lock()[index], BlockState::Ready)
+    }
+
     fn lock(&self) -> MutexGuard<'_, Vec<BlockState>> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn ensure_block(&self, index: usize) -> Result<(), BlockError> {
+    fn ensure_block(&self, index: usize, caller: Caller) -> Result<(), BlockError> {
         let mut state = self.lock();
         let mut waited = false;
+        // A reader that has to wait holds the background back until its block is here.
+        let mut counted = None;
         loop {
+            if caller == Caller::Reader
+                && counted.is_none()
+                && matches!(state[index], BlockState::Fetching | BlockState::Missing)
+            {
+                counted = Some(DEMAND.begin());
+            }
             match &state[index] {
                 BlockState::Ready => {
                     if waited {
@@ -348,21 +364,46 @@ impl LazyFile {
     }
 }
 
-/// Starts `workers` threads that fetch every missing block of `files`: the files one after
-/// the other, each in block order. A worker stops at the first error or at a cancelled file.
+/// Who asks for a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// A read ([`LazyFile::ensure`]): a fault, or a restore that needs the block now.
+    Reader,
+    /// The background fill: it lets waiting readers go first (see [`super::demand`]).
+    Background,
+}
+
+/// How long a background worker holds back for waiting faults before it fetches anyway
+/// (longer in unit tests, so a slow test machine cannot outlast it).
+const MAX_YIELD: Duration = if cfg!(test) {
+    Duration::from_secs(10)
+} else {
+    Duration::from_millis(100)
+};
+
+/// Starts `workers` threads that fetch every missing block of `files` in the background: the
+/// files one after the other, each in block order, each fetch started only when no fault of
+/// the node waits for a block (or after [`MAX_YIELD`]). A worker stops at the first error or
+/// at a cancelled file.
 pub fn prefetch_files(files: &[Arc<LazyFile>], workers: usize) -> Prefetch {
-    prefetch_blocks(
+    start_workers(
         files
             .iter()
             .flat_map(|file| (0..file.blocks()).map(move |i| (Arc::clone(file), i)))
             .collect(),
         workers,
+        Caller::Background,
     )
 }
 
 /// Starts `workers` threads that fetch the blocks `jobs` names (file, block index), in that
-/// order; blocks already here or being fetched are not fetched again.
+/// order, as readers do (the caller waits for them); blocks already here or being fetched
+/// are not fetched again.
 pub fn prefetch_blocks(jobs: Vec<(Arc<LazyFile>, usize)>, workers: usize) -> Prefetch {
+    start_workers(jobs, workers, Caller::Reader)
+}
+
+fn start_workers(jobs: Vec<(Arc<LazyFile>, usize)>, workers: usize, caller: Caller) -> Prefetch {
     let workers = workers.max(1).min(jobs.len().max(1));
     let jobs = Arc::new(jobs);
     let next = Arc::new(AtomicUsize::new(0));
@@ -379,7 +420,10 @@ pub fn prefetch_blocks(jobs: Vec<(Arc<LazyFile>, usize)>, workers: usize) -> Pre
                             path: file.path.clone(),
                         });
                     }
-                    file.ensure_block(*i)?;
+                    if caller == Caller::Background && !file.is_ready(*i) {
+                        DEMAND.wait_quiet(MAX_YIELD);
+                    }
+                    file.ensure_block(*i, caller)?;
                 }
             })
         })
@@ -470,6 +514,72 @@ pub(crate) mod tests {
             file.read_at(data.len() as u64 - 100, &mut tail),
             Err(BlockError::OutOfRange { .. })
         ));
+    }
+
+    /// Serves blocks from memory, logging each request; the first block asked is held until
+    /// the test lets it go.
+    struct HeldSource {
+        inner: MemorySource,
+        asked: Mutex<Vec<String>>,
+        held: Mutex<bool>,
+        let_go: Condvar,
+    }
+
+    impl BlockSource for HeldSource {
+        fn get_block(&self, digest: &str) -> Result<Vec<u8>, SourceError> {
+            let first = {
+                let mut asked = self.asked.lock().unwrap();
+                asked.push(digest.to_string());
+                asked.len() == 1
+            };
+            if first {
+                let mut held = self.held.lock().unwrap();
+                while *held {
+                    held = self.let_go.wait(held).unwrap();
+                }
+            }
+            self.inner.get_block(digest)
+        }
+    }
+
+    #[test]
+    fn the_background_starts_no_fetch_while_a_reader_waits_for_its_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = pattern(6 * 4096);
+        let (inner, digests) = MemorySource::of(&data, 4096, Duration::ZERO);
+        let source = Arc::new(HeldSource {
+            inner,
+            asked: Mutex::new(Vec::new()),
+            held: Mutex::new(true),
+            let_go: Condvar::new(),
+        });
+        let file = Arc::new(
+            LazyFile::create(
+                &dir.path().join("pages-1.img"),
+                data.len() as u64,
+                4096,
+                digests.clone(),
+                source.clone(),
+            )
+            .unwrap(),
+        );
+        // A fault on block 3: its fetch is held at the source.
+        let reader = {
+            let file = Arc::clone(&file);
+            std::thread::spawn(move || file.read_at(3 * 4096, &mut [0u8; 16]))
+        };
+        while source.asked.lock().unwrap().is_empty() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let background = file.prefetch(2);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(*source.asked.lock().unwrap(), [digests[3].clone()]);
+        *source.held.lock().unwrap() = false;
+        source.let_go.notify_all();
+        reader.join().unwrap().unwrap();
+        background.wait().unwrap();
+        assert_eq!(std::fs::read(file.path()).unwrap(), data);
+        assert_eq!(source.asked.lock().unwrap().len(), 6);
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! The daemon reads pages from a page server. Here that is [`server::PageServer`], which reads
 //! each task's pages image through a [`blocks::LazyFile`]: the local `pages-N.img`, created
 //! sparse and filled block by block from DART ([`blocks::BlockSource`]) both on demand (a
-//! fault waits for the one block it lies in) and in the background (every block, in order).
+//! fault waits for the one block it lies in) and in the background (every block, in order,
+//! each fetch started only when no fault waits: [`demand`]).
 //! Pages are located through the task's pagemap ([`pagemap`]); the wire format is CRIU's own
 //! ([`protocol`]).
 //!
@@ -36,6 +37,7 @@
 
 pub mod blocks;
 pub mod daemon;
+mod demand;
 pub mod pagemap;
 pub(crate) mod pidfd;
 pub mod protocol;
