@@ -58,10 +58,14 @@ pub struct SandboxRecord {
     /// which another node can resume it when its own is lost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_manifest: Option<String>,
-    /// After it moved off a lost node to resume elsewhere: what it left there, removed once
-    /// that node is back.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub moved_from: Option<MovedFrom>,
+    /// After it moved off lost nodes to resume elsewhere: what it left on each (a sandbox
+    /// may move again before the first is back), each removed once its node is back.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "one_or_many"
+    )]
+    pub moved_from: Vec<MovedFrom>,
     /// After a resume, until its checkpoint is removed: the checkpoint it was resumed from.
     /// A restart that finds the sandbox's memory still being copied in (a lazy resume)
     /// resumes it from there again.
@@ -82,6 +86,21 @@ pub struct MovedFrom {
     pub slot: Option<u32>,
     /// The pause checkpoint there.
     pub checkpoint: Option<String>,
+}
+
+/// `moved_from` as stored: a list, or the one entry (or none) records held before a sandbox
+/// could move twice.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<MovedFrom>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Stored {
+        Many(Vec<MovedFrom>),
+        One(Option<MovedFrom>),
+    }
+    Ok(match Stored::deserialize(d)? {
+        Stored::Many(many) => many,
+        Stored::One(one) => one.into_iter().collect(),
+    })
 }
 
 /// The access token of a `secureAccess` sandbox, as recorded. `Debug` never shows it.
@@ -356,7 +375,7 @@ pub(crate) mod tests {
             snapshot_id: None,
             paused_checkpoint: None,
             paused_manifest: None,
-            moved_from: None,
+            moved_from: Vec::new(),
             resumed_from: None,
             secure_access: None,
         }
@@ -392,6 +411,30 @@ pub(crate) mod tests {
         assert_eq!(recorded.expose(), token);
         assert!(recorded.token().matches(token.as_bytes()));
         assert_ne!(SecureAccess::generate().unwrap().expose(), token);
+    }
+
+    #[test]
+    fn moves_are_a_list_and_older_records_of_one_move_still_read() {
+        let mut r = record("a");
+        let text = serde_json::to_string(&r).unwrap();
+        assert!(!text.contains("moved_from"), "{text}");
+        let moved = |node: &str| MovedFrom {
+            node: Some(node.into()),
+            slot: Some(3),
+            checkpoint: Some(format!("pause-a-{node}")),
+        };
+        r.moved_from = vec![moved("n1"), moved("n2")];
+        let back: SandboxRecord =
+            serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back.moved_from, r.moved_from);
+        // As stored before: one move, or none.
+        let mut old: serde_json::Value = serde_json::to_value(&r).unwrap();
+        old["moved_from"] = serde_json::to_value(moved("n1")).unwrap();
+        let back: SandboxRecord = serde_json::from_value(old.clone()).unwrap();
+        assert_eq!(back.moved_from, [moved("n1")]);
+        old["moved_from"] = serde_json::Value::Null;
+        let back: SandboxRecord = serde_json::from_value(old).unwrap();
+        assert!(back.moved_from.is_empty());
     }
 
     #[test]

@@ -796,6 +796,84 @@ async fn a_resume_cut_short_by_the_loss_of_its_node_is_paused_again_and_moves() 
     assert_eq!(c.lc.node_of_sandbox(&paused).unwrap().node_id(), "local");
 }
 
+/// Long enough for the leases (1 s) of the nodes that do not renew to run out and the nodes
+/// to be declared lost, `alive` renewing meanwhile.
+async fn lease_runs_out(c: &Cluster, alive: Option<(&FakeNode, &ControlClient)>) {
+    for _ in 0..6 {
+        if let Some((fake, control)) = alive {
+            control.heartbeat(&beat(fake.status().await)).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    c.lc.reconcile().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_that_moves_twice_has_its_leftovers_on_both_nodes_removed() {
+    let c = Cluster::start(1_000).await;
+    let (n1, n1_control, _) = c.join("n1").await;
+    let (n2, n2_control, _) = c.join("n2").await;
+    // The server's own node is full: the first move can only go to n2.
+    let mut fillers = Vec::new();
+    while c.local.free_slots() > 0 {
+        let id = running_on(&c.lc, &c.local).await;
+        fillers.push(id);
+    }
+    let (paused, key1) = paused_on(&c.lc, &n1).await;
+    // n1 stops renewing (n2 goes on) and is lost; the resume moves the sandbox to n2.
+    lease_runs_out(&c, Some((&n2, &n2_control))).await;
+    assert_eq!(c.lc.list_nodes()[1].state, NodeState::Lost);
+    c.lc.resume(&paused).unwrap();
+    until(&c.lc, &paused, SandboxState::Running).await;
+    assert!(n2.sandbox(&paused).is_some_and(|s| s.alive));
+
+    // Paused on n2, which is lost too; room on the server's node, and the next resume moves
+    // it there.
+    c.lc.pause(&paused).unwrap();
+    until(&c.lc, &paused, SandboxState::Paused).await;
+    let key2 = n2
+        .checkpoints()
+        .into_iter()
+        .find(|k| k.key.starts_with(&format!("pause-{paused}-")))
+        .expect("the pause checkpoint on n2")
+        .key;
+    lease_runs_out(&c, None).await;
+    assert_eq!(c.lc.list_nodes()[2].state, NodeState::Lost);
+    c.lc.delete(&fillers[0]).unwrap();
+    until(&c.lc, &fillers[0], SandboxState::Terminated).await;
+    c.lc.resume(&paused).unwrap();
+    until(&c.lc, &paused, SandboxState::Running).await;
+    assert!(c.local.sandbox(&paused).is_some_and(|s| s.alive));
+
+    // Both come back: what it left on each (a kept slot, a pause checkpoint) goes, and the
+    // sandbox runs on.
+    for (fake, control) in [(&n1, &n1_control), (&n2, &n2_control)] {
+        control.heartbeat(&beat(fake.status().await)).await.unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while n1.checkpoint(&key1).is_some() || n2.checkpoint(&key2).is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "n1 {:?}, n2 {:?}",
+            n1.calls(),
+            n2.calls()
+        );
+        c.lc.reconcile().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(n1.sandbox(&paused).is_none() && n2.sandbox(&paused).is_none());
+    let events =
+        c.lc.diagnostics_events(&paused, "all")
+            .unwrap()
+            .content
+            .unwrap();
+    assert_eq!(events.matches("Cleaned").count(), 2, "{events}");
+    assert_eq!(
+        c.lc.get(&paused).unwrap().status.state,
+        SandboxState::Running
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_sandbox_of_a_lost_node_expires_and_goes_when_the_node_is_back() {
     let c = Cluster::start(1_000).await;

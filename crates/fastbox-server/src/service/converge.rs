@@ -330,7 +330,7 @@ impl Lifecycle {
             // Nothing is asked of a lost node until it renews its lease; what the server
             // decides alone (expiry, forgetting what holds nothing there) goes on.
             let lost = self.node_is_lost(record.node.as_deref());
-            if record.moved_from.is_some() && !lost {
+            if !record.moved_from.is_empty() {
                 self.clean_moved(&record).await;
             }
             let id = record.id.as_str();
@@ -352,7 +352,7 @@ impl Lifecycle {
                         && !(state.is_final()
                             && record.placement.is_none()
                             && record.slot.is_none()
-                            && record.moved_from.is_none()
+                            && record.moved_from.is_empty()
                             && record.paused_checkpoint.is_none()
                             && record.resumed_from.is_none()) => {}
                 SandboxState::Running

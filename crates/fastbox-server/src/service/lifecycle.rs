@@ -345,7 +345,7 @@ impl Lifecycle {
             snapshot_id: plan.snapshot_id.clone(),
             paused_checkpoint: None,
             paused_manifest: None,
-            moved_from: None,
+            moved_from: Vec::new(),
             resumed_from: None,
             secure_access,
         };

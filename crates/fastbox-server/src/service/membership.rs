@@ -208,10 +208,10 @@ impl Lifecycle {
                 held.extend(record.slot);
                 held.extend(record.placement.as_ref().map(|p| p.slot));
             }
-            if let Some(moved) = &record.moved_from
-                && self.node_name(moved.node.as_deref()) == node_id
-            {
-                held.extend(moved.slot);
+            for moved in &record.moved_from {
+                if self.node_name(moved.node.as_deref()) == node_id {
+                    held.extend(moved.slot);
+                }
             }
         }
         held

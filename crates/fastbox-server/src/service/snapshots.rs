@@ -540,8 +540,8 @@ impl Lifecycle {
         let record = self.record(id).unwrap_or(record);
         let moved = record
             .moved_from
-            .as_ref()
-            .is_some_and(|m| m.checkpoint.as_deref() == Some(key.as_str()));
+            .iter()
+            .any(|m| m.checkpoint.as_deref() == Some(key.as_str()));
         let resumed = match restore_spec(&record, &self.cfg.resources) {
             Ok(mut spec) => {
                 spec.moved = moved;
@@ -664,7 +664,7 @@ impl Lifecycle {
             }
             let to = node.node_id().to_string();
             let moved = self.update(&record.id, |r| {
-                r.moved_from = Some(MovedFrom {
+                r.moved_from.push(MovedFrom {
                     node: r.node.take(),
                     slot: r.slot,
                     checkpoint: Some(key.to_string()),
@@ -692,36 +692,49 @@ impl Lifecycle {
         })
     }
 
-    /// What a sandbox that moved off a lost node left there (its kept slot, its checkpoint),
-    /// removed once that node is back. Until then (or when that fails) it stays recorded.
+    /// What a sandbox that moved off lost nodes left on each (its kept slot, its
+    /// checkpoint), removed once that node is back. Until then (or when that fails) it stays
+    /// recorded.
     pub(super) async fn clean_moved(&self, record: &SandboxRecord) {
-        let Some(moved) = &record.moved_from else {
-            return;
-        };
-        let Ok(node) = self.node(moved.node.as_deref()) else {
-            return;
-        };
-        let mut cleaned = node
-            .remove(&record.id, None, moved.slot)
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string());
-        if let (Ok(()), Some(key)) = (&cleaned, &moved.checkpoint) {
-            cleaned = node.remove_snapshot(key).await.map_err(|e| e.to_string());
-        }
-        match cleaned {
-            Ok(()) => {
-                let _ = self.update(&record.id, |r| {
-                    r.moved_from = None;
-                    r.event(
-                        "Cleaned",
-                        &format!("what it left on node {} is removed", node.node_id()),
-                    );
-                    Ok(())
-                });
+        for moved in &record.moved_from {
+            if self.node_is_lost(moved.node.as_deref()) {
+                continue;
             }
-            Err(e) => {
-                tracing::warn!(sandbox = %record.id, node = node.node_id(), error = %e, "could not remove what a moved sandbox left")
+            let Ok(node) = self.node(moved.node.as_deref()) else {
+                continue;
+            };
+            // Back on that node since: its files there are the running sandbox's now, only
+            // the slot it kept while paused there is given back.
+            let mut cleaned = if self.node_name(moved.node.as_deref())
+                == self.node_name(record.node.as_deref())
+            {
+                if let Some(slot) = moved.slot {
+                    node.release_slot(slot).await;
+                }
+                Ok(())
+            } else {
+                node.remove(&record.id, None, moved.slot)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            };
+            if let (Ok(()), Some(key)) = (&cleaned, &moved.checkpoint) {
+                cleaned = node.remove_snapshot(key).await.map_err(|e| e.to_string());
+            }
+            match cleaned {
+                Ok(()) => {
+                    let _ = self.update(&record.id, |r| {
+                        r.moved_from.retain(|m| m != moved);
+                        r.event(
+                            "Cleaned",
+                            &format!("what it left on node {} is removed", node.node_id()),
+                        );
+                        Ok(())
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox = %record.id, node = node.node_id(), error = %e, "could not remove what a moved sandbox left")
+                }
             }
         }
     }
