@@ -11,9 +11,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use fastbox_artifact::{
-    ArtifactStore, Digest, IndexCreate, IndexKey, LocalStore, StoreError, Stored, StoredObject,
-};
+use fastbox_artifact::{ArtifactStore, Digest, LocalStore, StoreError};
 
 /// A [`LocalStore`] origin that counts block reads and optionally streams slowly.
 #[derive(Debug)]
@@ -77,10 +75,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl ArtifactStore for CountingOrigin {
-    fn put_block(&self, digest: &Digest, bytes: &[u8]) -> Result<Stored, StoreError> {
-        self.inner.put_block(digest, bytes)
-    }
-
     fn get_block(&self, digest: &Digest) -> Result<Vec<u8>, StoreError> {
         self.count(digest);
         self.inner.get_block(digest)
@@ -107,55 +101,5 @@ impl ArtifactStore for CountingOrigin {
         result
     }
 
-    fn has_block(&self, digest: &Digest) -> Result<bool, StoreError> {
-        self.inner.has_block(digest)
-    }
-
-    fn delete_block(&self, digest: &Digest) -> Result<(), StoreError> {
-        self.inner.delete_block(digest)
-    }
-
-    fn list_blocks(&self) -> Result<Vec<StoredObject>, StoreError> {
-        self.inner.list_blocks()
-    }
-
-    fn put_manifest(&self, bytes: &[u8]) -> Result<(Digest, Stored), StoreError> {
-        self.inner.put_manifest(bytes)
-    }
-
-    fn get_manifest(&self, digest: &Digest) -> Result<Vec<u8>, StoreError> {
-        self.inner.get_manifest(digest)
-    }
-
-    fn has_manifest(&self, digest: &Digest) -> Result<bool, StoreError> {
-        self.inner.has_manifest(digest)
-    }
-
-    fn delete_manifest(&self, digest: &Digest) -> Result<(), StoreError> {
-        self.inner.delete_manifest(digest)
-    }
-
-    fn list_manifests(&self) -> Result<Vec<StoredObject>, StoreError> {
-        self.inner.list_manifests()
-    }
-
-    fn index_create_if_absent(
-        &self,
-        key: &IndexKey,
-        digest: &Digest,
-    ) -> Result<IndexCreate, StoreError> {
-        self.inner.index_create_if_absent(key, digest)
-    }
-
-    fn index_get(&self, key: &IndexKey) -> Result<Option<Digest>, StoreError> {
-        self.inner.index_get(key)
-    }
-
-    fn index_delete(&self, key: &IndexKey) -> Result<(), StoreError> {
-        self.inner.index_delete(key)
-    }
-
-    fn list_index(&self) -> Result<Vec<(IndexKey, Digest)>, StoreError> {
-        self.inner.list_index()
-    }
+    fastbox_artifact::forward_store!(inner; put_block, has_block, delete_block, list_blocks, manifests, index);
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{ArtifactStore, IndexCreate, IndexKey, StoreError, Stored, StoredObject};
+use super::{ArtifactStore, StoreError};
 use crate::digest::Digest;
 
 /// `inner`, every block read (`get_block`, `stream_block`) delayed by `delay`.
@@ -21,9 +21,6 @@ impl DelayedStore {
 }
 
 impl ArtifactStore for DelayedStore {
-    fn put_block(&self, digest: &Digest, bytes: &[u8]) -> Result<Stored, StoreError> {
-        self.inner.put_block(digest, bytes)
-    }
     fn get_block(&self, digest: &Digest) -> Result<Vec<u8>, StoreError> {
         std::thread::sleep(self.delay);
         self.inner.get_block(digest)
@@ -36,46 +33,7 @@ impl ArtifactStore for DelayedStore {
         std::thread::sleep(self.delay);
         self.inner.stream_block(digest, sink)
     }
-    fn has_block(&self, digest: &Digest) -> Result<bool, StoreError> {
-        self.inner.has_block(digest)
-    }
-    fn delete_block(&self, digest: &Digest) -> Result<(), StoreError> {
-        self.inner.delete_block(digest)
-    }
-    fn list_blocks(&self) -> Result<Vec<StoredObject>, StoreError> {
-        self.inner.list_blocks()
-    }
-    fn put_manifest(&self, bytes: &[u8]) -> Result<(Digest, Stored), StoreError> {
-        self.inner.put_manifest(bytes)
-    }
-    fn get_manifest(&self, digest: &Digest) -> Result<Vec<u8>, StoreError> {
-        self.inner.get_manifest(digest)
-    }
-    fn has_manifest(&self, digest: &Digest) -> Result<bool, StoreError> {
-        self.inner.has_manifest(digest)
-    }
-    fn delete_manifest(&self, digest: &Digest) -> Result<(), StoreError> {
-        self.inner.delete_manifest(digest)
-    }
-    fn list_manifests(&self) -> Result<Vec<StoredObject>, StoreError> {
-        self.inner.list_manifests()
-    }
-    fn index_create_if_absent(
-        &self,
-        key: &IndexKey,
-        digest: &Digest,
-    ) -> Result<IndexCreate, StoreError> {
-        self.inner.index_create_if_absent(key, digest)
-    }
-    fn index_get(&self, key: &IndexKey) -> Result<Option<Digest>, StoreError> {
-        self.inner.index_get(key)
-    }
-    fn index_delete(&self, key: &IndexKey) -> Result<(), StoreError> {
-        self.inner.index_delete(key)
-    }
-    fn list_index(&self) -> Result<Vec<(IndexKey, Digest)>, StoreError> {
-        self.inner.list_index()
-    }
+    crate::forward_store!(inner; put_block, has_block, delete_block, list_blocks, manifests, index);
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@
 //!   and modification time, and every index entry.
 
 mod delayed;
+mod forward;
 mod key;
 mod local;
 

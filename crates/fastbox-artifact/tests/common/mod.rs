@@ -9,8 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use fastbox_artifact::{
-    ArtifactKind, ArtifactStore, Digest, HostFacts, IndexCreate, IndexKey, LocalStore,
-    ManifestMeta, StoreError, Stored, StoredObject,
+    ArtifactKind, ArtifactStore, Digest, HostFacts, LocalStore, ManifestMeta, StoreError, Stored,
 };
 
 /// This suite's tag in `fastbox_testkit::run_prefix` (see its docs for the letters in use).
@@ -155,52 +154,24 @@ impl ArtifactStore for FaultyStore {
         }
         self.inner.put_block(digest, bytes)
     }
-    fn get_block(&self, digest: &Digest) -> Result<Vec<u8>, StoreError> {
-        self.inner.get_block(digest)
-    }
-    fn has_block(&self, digest: &Digest) -> Result<bool, StoreError> {
-        self.inner.has_block(digest)
-    }
-    fn delete_block(&self, digest: &Digest) -> Result<(), StoreError> {
-        self.inner.delete_block(digest)
-    }
-    fn list_blocks(&self) -> Result<Vec<StoredObject>, StoreError> {
-        self.inner.list_blocks()
-    }
     fn put_manifest(&self, bytes: &[u8]) -> Result<(Digest, Stored), StoreError> {
         if self.fail_manifest {
             return Err(Self::injected("manifest"));
         }
         self.inner.put_manifest(bytes)
     }
-    fn get_manifest(&self, digest: &Digest) -> Result<Vec<u8>, StoreError> {
-        self.inner.get_manifest(digest)
-    }
-    fn has_manifest(&self, digest: &Digest) -> Result<bool, StoreError> {
-        self.inner.has_manifest(digest)
-    }
-    fn delete_manifest(&self, digest: &Digest) -> Result<(), StoreError> {
-        self.inner.delete_manifest(digest)
-    }
-    fn list_manifests(&self) -> Result<Vec<StoredObject>, StoreError> {
-        self.inner.list_manifests()
-    }
-    fn index_create_if_absent(
-        &self,
-        key: &IndexKey,
-        digest: &Digest,
-    ) -> Result<IndexCreate, StoreError> {
-        self.inner.index_create_if_absent(key, digest)
-    }
-    fn index_get(&self, key: &IndexKey) -> Result<Option<Digest>, StoreError> {
-        self.inner.index_get(key)
-    }
-    fn index_delete(&self, key: &IndexKey) -> Result<(), StoreError> {
-        self.inner.index_delete(key)
-    }
-    fn list_index(&self) -> Result<Vec<(IndexKey, Digest)>, StoreError> {
-        self.inner.list_index()
-    }
+    fastbox_artifact::forward_store!(
+        inner;
+        get_block,
+        has_block,
+        delete_block,
+        list_blocks,
+        get_manifest,
+        has_manifest,
+        delete_manifest,
+        list_manifests,
+        index,
+    );
 }
 
 /// The digests of every stored block, sorted.
