@@ -72,7 +72,11 @@ impl NodeProcess {
             log: dir.path().join("node.log"),
             dir,
             data_dir,
-            api: format!("http://127.0.0.1:{api_port}"),
+            // A node that joins serves its API over TLS.
+            api: match meeting.contains(&"--join") {
+                true => format!("https://127.0.0.1:{api_port}"),
+                false => format!("http://127.0.0.1:{api_port}"),
+            },
             proxy,
             args,
             child: None,
@@ -85,8 +89,12 @@ impl NodeProcess {
     /// credential).
     fn spawn(&mut self) {
         self.child = Some(spawn_logged(&self.args, &self.log));
+        // Only a readiness probe: the server's own client pins the node's certificate.
         let (http, status) = (
-            reqwest::blocking::Client::new(),
+            reqwest::blocking::Client::builder()
+                .danger_accept_invalid_certs(true)
+                .build()
+                .unwrap(),
             format!("{}/node/v1/status", self.api),
         );
         wait_ready(
@@ -405,12 +413,15 @@ fn joined(
     let server = UpServer::start_prefixed(server.0, server.1, &server_args)
         .expect("prerequisites checked by the caller");
     let token = server.data_dir.join("node-join-token");
-    let join = format!("http://{control}");
+    let cert = server.data_dir.join("control-tls/cert.pem");
+    let join = format!("https://{control}");
     let mut node_args = vec![
         "--join",
         &join,
         "--join-token-file",
         token.to_str().unwrap(),
+        "--server-cert",
+        cert.to_str().unwrap(),
         "--node-name",
         "n1",
     ];
@@ -470,6 +481,22 @@ fn a_node_joins_a_server_shares_its_creates_and_is_lost_when_killed() {
         node.log_text()
     );
     wait_node(&server, "n1", "ready", Duration::from_secs(10));
+    // The node API of a joined node is TLS: plain HTTP gets no answer.
+    assert!(node.api.starts_with("https://"), "{}", node.api);
+    assert!(
+        node.log_text().contains("node API on https://"),
+        "{}",
+        node.log_text()
+    );
+    let plain = format!("{}/node/v1/status", node.api.replacen("https", "http", 1));
+    assert!(
+        reqwest::blocking::Client::new()
+            .post(&plain)
+            .timeout(Duration::from_secs(5))
+            .send()
+            .is_err(),
+        "{plain} answered plain HTTP"
+    );
     // Both nodes report (the server's own by its refresh, n1 by its heartbeats).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while nodes(&server).values().any(|n| n["freeSlots"].is_null()) {

@@ -37,6 +37,10 @@ pub struct Registration {
     pub url: String,
     /// `host:port` clients reach the node proxy at (sandbox endpoints point there).
     pub proxy_public: String,
+    /// For an `https://` URL: the pin (SHA-256 hex, [`crate::remote::tls::CertPin`]) of the
+    /// node API's certificate, the only one the server accepts from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_pin: Option<String>,
 }
 
 /// How long a lease lasts and how often a node renews it.

@@ -30,6 +30,7 @@ use fastbox_node_api::control::{
     AccessApi, AccessToken, EgressApi, EgressApiError, PolicyChange, SandboxAccess, VIA_EGRESS_PORT,
 };
 use fastbox_node_api::recipe::{GoldenRecipe, Readiness};
+use fastbox_node_api::remote::tls::{CertPin, TlsIdentity, serve_tls};
 use fastbox_node_api::remote::{
     CREDENTIAL_HEADER, ControlClient, Credential, NodeClient, REFUSAL_HEADER, SingleNode, Timeouts,
     control_router, node_router,
@@ -47,12 +48,23 @@ const NODE: &str = "node-7";
 
 struct TestServer {
     addr: SocketAddr,
+    scheme: &'static str,
     stop: Option<std::sync::mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl TestServer {
     fn start(router: Router) -> Self {
+        Self::serving(router, None)
+    }
+
+    /// Over TLS, presenting `identity`.
+    fn start_tls(router: Router, identity: &TlsIdentity) -> Self {
+        Self::serving(router, Some(identity.acceptor().unwrap()))
+    }
+
+    fn serving(router: Router, tls: Option<tokio_rustls::TlsAcceptor>) -> Self {
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
@@ -64,21 +76,30 @@ impl TestServer {
             rt.spawn(async move {
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 addr_tx.send(listener.local_addr().unwrap()).unwrap();
-                let service = router.into_make_service_with_connect_info::<SocketAddr>();
-                axum::serve(listener, service).await.unwrap();
+                match tls {
+                    Some(acceptor) => {
+                        let (_never, stop) = tokio::sync::watch::channel(false);
+                        serve_tls(listener, acceptor, router, stop).await.unwrap();
+                    }
+                    None => {
+                        let service = router.into_make_service_with_connect_info::<SocketAddr>();
+                        axum::serve(listener, service).await.unwrap();
+                    }
+                }
             });
             let _ = stop_rx.recv();
             rt.shutdown_background();
         });
         Self {
             addr: addr_rx.recv().unwrap(),
+            scheme,
             stop: Some(stop_tx),
             thread: Some(thread),
         }
     }
 
     fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     fn stop(&mut self) {
@@ -1156,8 +1177,27 @@ async fn proxy_refusals_round_trip_and_cannot_be_forged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_protocol_upgrade_passes_to_the_node_and_both_ways_after() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (served, _node, remote) = proxy_server();
+    upgrade_round_trip(&served, remote).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_protocol_upgrade_passes_to_a_node_over_tls_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let identity = TlsIdentity::load_or_create(dir.path(), &[]).unwrap();
+    let served = Arc::new(Spy::new());
+    let credential = Credential::generate().unwrap();
+    let _node = TestServer::start_tls(node_router(served.clone(), credential.clone()), &identity);
+    let remote = client(&_node.url(), &credential)
+        .with_pinned_cert(identity.pin())
+        .unwrap();
+    upgrade_round_trip(&served, remote).await;
+}
+
+/// A WebSocket-style upgrade from a client through `remote` to the spy's echo: 101, the
+/// route's headers, then bytes both ways.
+async fn upgrade_round_trip(served: &Spy, remote: NodeClient) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let remote = Arc::new(remote);
     // The server's side: every request goes to the node as `sbx`'s port 80.
     let front = TestServer::start(Router::new().fallback(move |req: Request<Body>| {
@@ -1208,6 +1248,54 @@ async fn a_protocol_upgrade_passes_to_the_node_and_both_ways_after() {
             .unwrap();
         assert_eq!(back, message);
     }
+}
+
+// TLS: each client accepts the one certificate it was given.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_only_the_pinned_certificate_is_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let identity = TlsIdentity::load_or_create(&dir.path().join("node"), &[]).unwrap();
+    let impostor = TlsIdentity::load_or_create(&dir.path().join("impostor"), &[]).unwrap();
+    let node = Arc::new(FakeNode::new(2).with_node_id(NODE));
+    let credential = Credential::generate().unwrap();
+    let server = TestServer::start_tls(node_router(node.clone(), credential.clone()), &identity);
+
+    let pinned = client(&server.url(), &credential)
+        .with_pinned_cert(identity.pin())
+        .unwrap();
+    let slot = pinned.admit().await.expect("the pinned client is answered");
+    pinned.release_slot(slot).await;
+
+    // Another certificate's pin: the handshake fails, nothing reaches the node.
+    let calls = node.calls().len();
+    let wrong = client(&server.url(), &credential)
+        .with_pinned_cert(impostor.pin())
+        .unwrap();
+    let refused = wrong.admit().await.unwrap_err();
+    assert_eq!(refused.kind, NodeErrorKind::Unreachable, "{refused}");
+    assert!(refused.message.contains("not the pinned"), "{refused}");
+    // No TLS at all, or the public roots: refused too.
+    let plain = client(&server.url().replacen("https", "http", 1), &credential);
+    assert_eq!(
+        plain.admit().await.unwrap_err().kind,
+        NodeErrorKind::Unreachable
+    );
+    let unpinned = client(&server.url(), &credential);
+    assert_eq!(
+        unpinned.admit().await.unwrap_err().kind,
+        NodeErrorKind::Unreachable
+    );
+    assert_eq!(node.calls().len(), calls, "{:?}", node.calls());
+    // A pinned client never falls back to plain HTTP.
+    let downgraded = client(&server.url().replacen("https", "http", 1), &credential)
+        .with_pinned_cert(identity.pin())
+        .unwrap();
+    assert!(downgraded.admit().await.is_err());
+    assert_eq!(
+        CertPin::of_pem_file(identity.cert_path()).unwrap(),
+        identity.pin()
+    );
 }
 
 // The control routes.

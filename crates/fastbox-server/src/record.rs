@@ -140,6 +140,10 @@ pub struct NodeRecord {
     pub node_id: String,
     /// Base URL of its node API.
     pub url: String,
+    /// For an `https://` URL: the pin of its node API's certificate (SHA-256 hex), as it
+    /// registered it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_pin: Option<String>,
     /// `host:port` of its node proxy for clients.
     pub proxy_public: String,
     /// The credential the server presents to it (kept as it is: the server sends it).

@@ -144,11 +144,13 @@ impl Cluster {
         let url = format!("http://{}", listener.local_addr().unwrap());
         let registered = ControlClient::register(
             &self.control,
+            None,
             credential,
             &Registration {
                 node_id: id.clone(),
                 url,
                 proxy_public: format!("{id}.nodes.test:8091"),
+                tls_pin: None,
             },
         )
         .await
@@ -241,17 +243,18 @@ async fn joining_needs_the_join_token_and_a_valid_name() {
         node_id: id.into(),
         url: "http://127.0.0.1:1".into(),
         proxy_public: "127.0.0.1:8091".into(),
+        tls_pin: None,
     };
     let wrong = Credential::generate().unwrap();
     let e = refused(
-        ControlClient::register(&c.control, &wrong, &registration("n1"))
+        ControlClient::register(&c.control, None, &wrong, &registration("n1"))
             .await
             .unwrap_err(),
     );
     assert!(e.to_string().contains("401"), "{e}");
     for (id, why) in [("N1", "node id"), ("local", "taken")] {
         let e = refused(
-            ControlClient::register(&c.control, &c.join, &registration(id))
+            ControlClient::register(&c.control, None, &c.join, &registration(id))
                 .await
                 .unwrap_err(),
         );
@@ -260,11 +263,37 @@ async fn joining_needs_the_join_token_and_a_valid_name() {
     let mut bad_proxy = registration("n1");
     bad_proxy.proxy_public = "http://x/".into();
     let e = refused(
-        ControlClient::register(&c.control, &c.join, &bad_proxy)
+        ControlClient::register(&c.control, None, &c.join, &bad_proxy)
             .await
             .unwrap_err(),
     );
     assert!(matches!(e, MembershipError::Invalid(_)), "{e}");
+    // An https node API comes with its certificate's pin, and a pin with https only.
+    let pin = "ab".repeat(32);
+    for (url, tls_pin, why) in [
+        ("https://127.0.0.1:1", None, "needs its certificate's pin"),
+        (
+            "http://127.0.0.1:1",
+            Some(pin.clone()),
+            "goes with an https URL",
+        ),
+        (
+            "https://127.0.0.1:1",
+            Some("abc".into()),
+            "not a certificate pin",
+        ),
+    ] {
+        let mut tls = registration("n1");
+        tls.url = url.into();
+        tls.tls_pin = tls_pin;
+        let e = refused(
+            ControlClient::register(&c.control, None, &c.join, &tls)
+                .await
+                .unwrap_err(),
+        );
+        assert!(matches!(e, MembershipError::Invalid(_)), "{e}");
+        assert!(e.to_string().contains(why), "{url}: {e}");
+    }
 
     // The join token registers and does nothing else; a node's credential does the rest.
     let (_, node, registered) = c.join("n1").await;
@@ -932,11 +961,13 @@ async fn the_join_token_never_takes_over_a_name_and_revoked_names_stay_out() {
         async move {
             ControlClient::register(
                 &control,
+                None,
                 &credential,
                 &Registration {
                     node_id: "n1".into(),
                     url: "http://127.0.0.1:1".into(),
                     proxy_public: "127.0.0.1:8091".into(),
+                    tls_pin: None,
                 },
             )
             .await

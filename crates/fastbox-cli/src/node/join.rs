@@ -25,6 +25,7 @@ use fastbox_node_api::NodeAgent;
 use fastbox_node_api::membership::{
     Heartbeat, LeaseTerms, Registered, Registration, check_node_id, route_keys_digest,
 };
+use fastbox_node_api::remote::tls::CertPin;
 use fastbox_node_api::remote::{ControlClient, Credential, MembershipCallError};
 use fastbox_proxy::RouteKeys;
 
@@ -317,6 +318,7 @@ fn remember_losses(data_dir: &Path, losses: u64) {
 /// may be starting).
 pub async fn register(
     url: &str,
+    pin: CertPin,
     token: &Credential,
     data_dir: &Path,
     registration: &Registration,
@@ -327,15 +329,15 @@ pub async fn register(
         .ok()
         .and_then(|text| text.parse().ok());
     let registered = match &own {
-        Some(own) => match register_with(url, own, registration, patience).await {
+        Some(own) => match register_with(url, pin, own, registration, patience).await {
             // The server does not know this credential (its state was reset): join anew.
             Err(MembershipCallError::Refused(e)) if e.to_string().contains("401") => {
                 tracing::warn!(error = %e, "the server does not know this node's credential: joining with the join token");
-                register_with(url, token, registration, patience).await
+                register_with(url, pin, token, registration, patience).await
             }
             other => other,
         },
-        None => register_with(url, token, registration, patience).await,
+        None => register_with(url, pin, token, registration, patience).await,
     }
     .with_context(|| format!("registration with {url}"))?;
     let own: Credential = registered.node_to_server.parse()?;
@@ -346,13 +348,14 @@ pub async fn register(
 
 async fn register_with(
     url: &str,
+    pin: CertPin,
     credential: &Credential,
     registration: &Registration,
     patience: Duration,
 ) -> Result<Registered, MembershipCallError> {
     let deadline = Instant::now() + patience;
     loop {
-        match ControlClient::register(url, credential, registration).await {
+        match ControlClient::register(url, Some(pin), credential, registration).await {
             Ok(registered) => return Ok(registered),
             Err(MembershipCallError::Unreachable(why)) if Instant::now() < deadline => {
                 tracing::warn!(control = %url, error = %why, "the server did not answer the registration; trying again");

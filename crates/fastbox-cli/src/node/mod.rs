@@ -2,9 +2,12 @@
 //! (`fastbox_node_api::remote::node_router` over the in-process [`LocalNode`]) and its node
 //! proxy, whose port-18080 policy changes and access checks go to the server's control API
 //! (`ControlClient`). Two ways to meet the server:
-//! - `--join URL --join-token-file FILE` ([`join`]): the node registers with a `fastbox up
-//!   --accept-nodes` server at every start, gets credentials of its own, and holds a lease
-//!   by heartbeats; the server takes its sandboxes back after each registration.
+//! - `--join URL --join-token-file FILE --server-cert FILE` ([`join`]): the node registers
+//!   with a `fastbox up --accept-nodes` server at every start, gets credentials of its own,
+//!   and holds a lease by heartbeats; the server takes its sandboxes back after each
+//!   registration. Both APIs are TLS: the node accepts only the server's certificate it
+//!   was given, and registers its own node API certificate's pin (made in
+//!   `DATA_DIR/node-tls`), the only one the server then accepts from it.
 //! - `--control-url URL`: static; the server (`fastbox up --remote-node`) is given the node's
 //!   URL and the credentials it keeps in its data directory, and takes its sandboxes back
 //!   at the server's own start.
@@ -21,6 +24,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use fastbox_fastlet::node_proxy;
+use fastbox_node_api::remote::tls::{CertPin, TlsIdentity, serve_tls};
 use fastbox_node_api::remote::{ControlClient, node_router};
 use fastbox_proxy::RouteKeys;
 use fastbox_server::config::{ServerConfig, Settings};
@@ -60,16 +64,21 @@ pub struct NodeArgs {
     )]
     pub control_url: Option<String>,
     /// Join the server whose control API is at this URL (its --control-listen, with
-    /// --accept-nodes), e.g. `http://10.0.0.1:8092`.
-    #[arg(long, env = "FASTBOX_JOIN", requires = "join_token_file")]
+    /// --accept-nodes), e.g. `https://10.0.0.1:8092`.
+    #[arg(long, env = "FASTBOX_JOIN", requires_all = ["join_token_file", "server_cert"])]
     pub join: Option<String>,
     /// The server's join token (its DATA_DIR/node-join-token).
     #[arg(long, env = "FASTBOX_JOIN_TOKEN_FILE", requires = "join")]
     pub join_token_file: Option<std::path::PathBuf>,
+    /// The server's control API certificate (its DATA_DIR/control-tls/cert.pem, copied
+    /// with the join token): the only certificate the node accepts from the server.
+    #[arg(long, env = "FASTBOX_SERVER_CERT", requires = "join")]
+    pub server_cert: Option<std::path::PathBuf>,
     /// This node's name in the cluster: 1 to 63 of [a-z0-9-] [default: the host name].
     #[arg(long, env = "FASTBOX_NODE_NAME")]
     pub node_name: Option<String>,
-    /// The URL the server calls the node API at [default: http:// and --listen].
+    /// The URL the server calls the node API at [default: https:// and --listen when it
+    /// joins, http:// and --listen otherwise].
     #[arg(long, env = "FASTBOX_ADVERTISE_URL")]
     pub advertise_url: Option<String>,
     /// Where artifacts are published and fetched (`--artifact-store`: the cluster's shared
@@ -119,16 +128,23 @@ pub fn node(args: NodeArgs) -> anyhow::Result<i32> {
     }
     let meeting = match (&args.join, &args.join_token_file, &args.control_url) {
         (Some(url), Some(token), _) => Meeting::Join {
-            url: url.clone(),
+            url: https_only(url, "--join")?,
+            server_pin: {
+                let cert = args
+                    .server_cert
+                    .as_deref()
+                    .context("--join needs --server-cert")?;
+                CertPin::of_pem_file(cert).context("--server-cert")?
+            },
             token: join::join_token(token)?,
             node_id: join::node_id(args.node_name.as_deref())?,
             advertise_url: match &args.advertise_url {
-                Some(url) => url.clone(),
+                Some(url) => https_only(url, "--advertise-url")?,
                 None if args.listen.ip().is_unspecified() => anyhow::bail!(
                     "--listen {} names no address the server can call: give --advertise-url",
                     args.listen
                 ),
-                None => format!("http://{}", args.listen),
+                None => format!("https://{}", args.listen),
             },
         },
         (_, _, Some(url)) => Meeting::Static {
@@ -141,11 +157,24 @@ pub fn node(args: NodeArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// `url` when it is `https://`: a joined node's channels to and from the server are TLS.
+fn https_only(url: &str, flag: &str) -> anyhow::Result<String> {
+    anyhow::ensure!(
+        url.starts_with("https://"),
+        "{flag} {url:?}: a node that joins talks to its server over TLS only (https://)"
+    );
+    Ok(url.to_string())
+}
+
+/// Where a joined node keeps its node API's TLS identity.
+pub const NODE_TLS_DIR: &str = "node-tls";
+
 /// How the node meets its server.
 enum Meeting {
-    /// It registers at `url` with the join token.
+    /// It registers at `url` (whose certificate `server_pin` names) with the join token.
     Join {
         url: String,
+        server_pin: CertPin,
         token: fastbox_node_api::remote::Credential,
         node_id: String,
         advertise_url: String,
@@ -200,6 +229,14 @@ async fn run(
     // server to take its sandbox back.
     node_side::recover_and_start(&fastlet, &pooled_ids(&data_dir), UnheldSlots::Hold);
 
+    // A joined node's API is TLS, with an identity of its own it registers the pin of.
+    let tls = match &meeting {
+        Meeting::Join { .. } => Some(
+            TlsIdentity::load_or_create(&data_dir.join(NODE_TLS_DIR), &[listen.ip().to_string()])
+                .context("the node API's TLS identity")?,
+        ),
+        Meeting::Static { .. } => None,
+    };
     // Listening before the registration names the node API: the server may call at once.
     let api_listener = node_side::bind(listen).await?;
     let proxy_listener = node_side::bind(cfg.node_proxy_listen).await?;
@@ -207,10 +244,12 @@ async fn run(
         .node_proxy_public
         .clone()
         .unwrap_or_else(|| cfg.node_proxy_listen.to_string());
-    let (node_id, control_url, credentials, terms) = match (meeting, static_credentials) {
+    let (node_id, control_url, server_pin, credentials, terms) = match (meeting, static_credentials)
+    {
         (
             Meeting::Join {
                 url,
+                server_pin,
                 token,
                 node_id,
                 advertise_url,
@@ -221,9 +260,17 @@ async fn run(
                 node_id: node_id.clone(),
                 url: advertise_url,
                 proxy_public: proxy_public.clone(),
+                tls_pin: tls.as_ref().map(|t| t.pin().to_string()),
             };
-            let registered =
-                join::register(&url, &token, &data_dir, &registration, JOIN_PATIENCE).await?;
+            let registered = join::register(
+                &url,
+                server_pin,
+                &token,
+                &data_dir,
+                &registration,
+                JOIN_PATIENCE,
+            )
+            .await?;
             // Until the first heartbeat: the lease the registration started.
             lease.set_for(std::time::Duration::from_millis(
                 registered.terms.fence_after_ms(),
@@ -239,17 +286,25 @@ async fn run(
             if let Some(text) = &registered.route_keys {
                 key_file.install(text);
             }
-            (node_id, url, credentials, Some(registered.terms))
+            (
+                node_id,
+                url,
+                Some(server_pin),
+                credentials,
+                Some(registered.terms),
+            )
         }
         (Meeting::Static { control_url }, Some(credentials)) => {
-            (listen.to_string(), control_url, credentials, None)
+            (listen.to_string(), control_url, None, credentials, None)
         }
         (Meeting::Static { .. }, None) => unreachable!("static credentials were loaded"),
     };
-    let control = Arc::new(
-        ControlClient::new(&control_url, credentials.node_to_server.clone())
-            .with_context(|| format!("control URL {control_url}"))?,
-    );
+    let mut control = ControlClient::new(&control_url, credentials.node_to_server.clone())
+        .with_context(|| format!("control URL {control_url}"))?;
+    if let Some(pin) = server_pin {
+        control = control.with_pinned_cert(pin)?;
+    }
+    let control = Arc::new(control);
     let node = Arc::new(node_side::local_node(fastlet.clone(), node_id, &node_store));
     let proxy = node_side::node_proxy(
         &cfg,
@@ -284,10 +339,20 @@ async fn run(
             join::gate,
         ));
     }
-    let api = node_side::serve(api_listener, api_router, stop_rx.clone());
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let api_stop = stop_rx.clone();
+    let api = async {
+        match &tls {
+            Some(identity) => {
+                let acceptor = identity.acceptor().map_err(std::io::Error::other)?;
+                serve_tls(api_listener, acceptor, api_router, api_stop).await
+            }
+            None => node_side::serve(api_listener, api_router, api_stop).await,
+        }
+    };
     let proxied = node_side::serve(proxy_listener, node_proxy::router(proxy), stop_rx);
     println!(
-        "fastbox: node API on http://{listen}, node proxy on {} (public {}), control plane {control_url}, data in {}",
+        "fastbox: node API on {scheme}://{listen}, node proxy on {} (public {}), control plane {control_url}, data in {}",
         cfg.node_proxy_listen,
         cfg.node_proxy_public
             .clone()

@@ -11,7 +11,7 @@ use crate::paths;
 
 pub(crate) mod node_side;
 mod run;
-pub use run::{JOIN_TOKEN_FILE, ROUTE_KEY_FILE, UpError};
+pub use run::{CONTROL_TLS_DIR, JOIN_TOKEN_FILE, ROUTE_KEY_FILE, UpError};
 use run::{NodeMode, RemoteNode};
 
 /// Every setting can also come from the config file; flags and environment win over it.
@@ -170,9 +170,10 @@ pub struct UpArgs {
     /// Where the control API nodes call listens (their --control-url / --join).
     #[arg(long, env = "FASTBOX_CONTROL_LISTEN", default_value = "127.0.0.1:8092")]
     pub control_listen: SocketAddr,
-    /// Accept `fastbox node --join` registrations on --control-listen, besides the node in
-    /// this process. They present the join token kept in DATA_DIR/node-join-token (made at
-    /// the first start; hand it to the nodes).
+    /// Accept `fastbox node --join` registrations on --control-listen (then TLS), besides
+    /// the node in this process. They present the join token kept in
+    /// DATA_DIR/node-join-token and pin the certificate DATA_DIR/control-tls/cert.pem (both
+    /// made at the first start; hand both to the nodes).
     #[arg(long, env = "FASTBOX_ACCEPT_NODES", conflicts_with = "remote_node")]
     pub accept_nodes: bool,
     /// How long a registered node's lease lasts, milliseconds; it heartbeats ten times as

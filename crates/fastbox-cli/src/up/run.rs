@@ -34,6 +34,7 @@ use fastbox_fastlet::node_store::{NodeStore, NodeStoreError};
 use fastbox_fastlet::{Fastlet, LocalNode, blocking};
 use fastbox_image::StderrProgress;
 use fastbox_node_api::NodeAgent;
+use fastbox_node_api::remote::tls::{TlsIdentity, serve_tls};
 use fastbox_node_api::remote::{NodeClient, SingleNode, Timeouts, control_router};
 use fastbox_node_api::wire::NodePlacement;
 use fastbox_proxy::RouteKeys;
@@ -79,6 +80,8 @@ pub enum UpError {
     Serve(std::io::Error),
     #[error("join token: {0}")]
     JoinToken(String),
+    #[error("control API TLS: {0}")]
+    ControlTls(#[from] fastbox_node_api::remote::tls::TlsError),
 }
 
 /// The route signing keys in the data directory (`fastbox route-key` rotates them).
@@ -86,6 +89,10 @@ pub const ROUTE_KEY_FILE: &str = "route-signing.key";
 
 /// The in-process node's name.
 const LOCAL_NODE_ID: &str = "local";
+
+/// Where the control API keeps its TLS identity when it accepts nodes: nodes pin its
+/// `cert.pem`.
+pub const CONTROL_TLS_DIR: &str = "control-tls";
 
 /// The file of the join token nodes present to register (`--accept-nodes`).
 pub const JOIN_TOKEN_FILE: &str = "node-join-token";
@@ -284,9 +291,22 @@ pub(crate) async fn run(cfg: ServerConfig, mode: NodeMode) -> Result<(), UpError
     // Registered nodes' control API, besides the node in this process.
     let control = match accept_nodes {
         Some(addr) => {
-            println!("fastbox: control API for joining nodes on {addr}");
+            let identity = TlsIdentity::load_or_create(
+                &data_dir.join(CONTROL_TLS_DIR),
+                &[addr.ip().to_string()],
+            )?;
+            println!(
+                "fastbox: control API for joining nodes on https://{addr} (its certificate {}, sha256 {}: nodes pin it with --server-cert)",
+                identity.cert_path().display(),
+                identity.pin()
+            );
             let router = control_router(lifecycle.clone(), lifecycle.clone(), lifecycle.clone());
-            Some(serve(bind(addr).await?, router, stop_rx))
+            Some(serve_tls(
+                bind(addr).await?,
+                identity.acceptor()?,
+                router,
+                stop_rx,
+            ))
         }
         None => None,
     };

@@ -596,10 +596,16 @@ impl Scenario<'_> {
         let mut node_args: Vec<String> = [
             "node",
             "--join",
-            &format!("http://{}:{control_port}", self.host_ip()),
+            &format!("https://{}:{control_port}", self.host_ip()),
             "--join-token-file",
             &server_data
                 .join(crate::up::JOIN_TOKEN_FILE)
+                .display()
+                .to_string(),
+            "--server-cert",
+            &server_data
+                .join(crate::up::CONTROL_TLS_DIR)
+                .join(fastbox_node_api::remote::tls::CERT_FILE)
                 .display()
                 .to_string(),
             "--node-name",

@@ -23,6 +23,7 @@ use super::MAX_BODY;
 use super::credential::Credential;
 use super::http_util::{envelope, post_json, refusal_text};
 use super::node_client::{ClientError, base_url, http_client};
+use super::tls::CertPin;
 use crate::control::{
     AccessApi, AccessToken, EgressApi, EgressApiError, PolicyChange, SandboxAccess,
 };
@@ -446,22 +447,35 @@ impl ControlClient {
         Ok(Self {
             base: base_url(url)?,
             credential,
-            http: http_client(CONNECT_TIMEOUT)?,
+            http: http_client(CONNECT_TIMEOUT, None)?,
             access_ttl: DEFAULT_ACCESS_TTL,
             cached: Mutex::new(HashMap::new()),
         })
     }
 
-    /// Registers a node with the control plane at `url`, presenting `credential`: the
-    /// cluster's join token (a name not registered yet), or the node's own credential (its
-    /// name again). The node's (new) credentials and lease terms.
+    /// Calls the server over TLS, accepting only the certificate `pin` names (the URL must
+    /// be `https://`).
+    pub fn with_pinned_cert(mut self, pin: CertPin) -> Result<Self, ClientError> {
+        self.http = http_client(CONNECT_TIMEOUT, Some(pin))?;
+        Ok(self)
+    }
+
+    /// Registers a node with the control plane at `url` (over TLS pinned to `pin`, when
+    /// given), presenting `credential`: the cluster's join token (a name not registered
+    /// yet), or the node's own credential (its name again). The node's (new) credentials and
+    /// lease terms.
     pub async fn register(
         url: &str,
+        pin: Option<CertPin>,
         credential: &Credential,
         registration: &Registration,
     ) -> Result<Registered, MembershipCallError> {
-        let client = Self::new(url, credential.clone())
-            .map_err(|e| MembershipCallError::Refused(MembershipError::Invalid(e.to_string())))?;
+        let invalid =
+            |e: ClientError| MembershipCallError::Refused(MembershipError::Invalid(e.to_string()));
+        let mut client = Self::new(url, credential.clone()).map_err(invalid)?;
+        if let Some(pin) = pin {
+            client = client.with_pinned_cert(pin).map_err(invalid)?;
+        }
         client.membership("register", registration).await
     }
 

@@ -20,9 +20,13 @@
 //! not yet check that the sandbox a call names is on the calling node.) Not `Authorization`:
 //! the proxy route passes the caller's `Authorization` through to the sandbox untouched.
 //!
-//! Nothing here encrypts: the arguments carry sandbox tokens and registry credentials, and
-//! the access route carries secure sandboxes' access tokens. Give the clients `https://`
-//! URLs (rustls) or keep the traffic on a private network.
+//! # Encryption
+//!
+//! The arguments carry sandbox tokens and registry credentials, and the access route carries
+//! secure sandboxes' access tokens. Over a network both APIs run over TLS ([`tls`]): each
+//! listener has a self-signed certificate of its own, and each client accepts exactly the
+//! one certificate it was given ([`NodeClient::with_pinned_cert`],
+//! [`ControlClient::with_pinned_cert`]). `http://` URLs still work (tests, one host).
 //!
 //! # The node API
 //!
@@ -87,10 +91,10 @@
 //!   400 bad route, 404 not running, 403 forbidden, 401 unsigned, the node proxy's own status
 //!   for `Answered`, 502 upstream), or the router's envelope (401, 400). The router removes
 //!   that header from a sandbox's answer, so a sandbox cannot forge a refusal.
-//! - WebSocket and other HTTP/1.1 upgrades go over a connection of their own
-//!   (`fastbox_proxy::Forwarder`, not the pooled client) with the same route and headers,
-//!   `Connection` and `Upgrade` kept; once the node answers 101 the caller's connection and
-//!   the node's are spliced, as the node proxy splices the node's with the sandbox's.
+//! - WebSocket and other HTTP/1.1 upgrades go through the same client (TLS and pin
+//!   included) with the same route and headers, `Connection` and `Upgrade` kept; once the
+//!   node answers 101 its connection leaves the pool and is spliced with the caller's, as
+//!   the node proxy splices the node's with the sandbox's.
 //!
 //! # The control API
 //!
@@ -119,6 +123,7 @@ mod credential;
 mod http_util;
 mod node_client;
 mod node_server;
+pub mod tls;
 mod verbs;
 
 pub use control::{

@@ -19,6 +19,7 @@ use super::http_util::{
     chain, encode_segment, is_upgrade, post_json, read_bounded, refusal_text, remove_hop_by_hop,
 };
 use super::node_server::PROXY_PREFIX;
+use super::tls::{self, CertPin};
 use super::verbs::*;
 use super::{CLIENT_HEADER, CREDENTIAL_HEADER, MAX_BODY, REFUSAL_HEADER, UNSIGNED_HEADER};
 use crate::recipe::GoldenRecipe;
@@ -107,16 +108,23 @@ pub(super) fn base_url(url: &str) -> Result<String, ClientError> {
 
 /// The HTTP client of either direction: connections kept and reused, no proxy from the
 /// environment (these are direct links inside a cluster), no redirects (the credential
-/// would follow them).
-pub(super) fn http_client(connect: Duration) -> Result<reqwest::Client, ClientError> {
-    reqwest::Client::builder()
+/// would follow them); with `pin`, TLS that accepts only the certificate it names.
+pub(super) fn http_client(
+    connect: Duration,
+    pin: Option<CertPin>,
+) -> Result<reqwest::Client, ClientError> {
+    let mut builder = reqwest::Client::builder()
         .connect_timeout(connect)
         .pool_idle_timeout(Duration::from_secs(90))
         .tcp_nodelay(true)
         .no_proxy()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(|e| ClientError::Http(chain(&e)))
+        .redirect(reqwest::redirect::Policy::none());
+    if let Some(pin) = pin {
+        let config =
+            tls::pinned_client_config(pin).map_err(|e| ClientError::Http(e.to_string()))?;
+        builder = builder.use_preconfigured_tls(config).https_only(true);
+    }
+    builder.build().map_err(|e| ClientError::Http(chain(&e)))
 }
 
 /// A transport failure as text: a timeout says so.
@@ -153,10 +161,17 @@ impl NodeClient {
             node_id: node_id.into(),
             base: base_url(url)?,
             credential,
-            http: http_client(timeouts.connect)?,
+            http: http_client(timeouts.connect, None)?,
             timeouts,
             images: ImageConfig::default(),
         })
+    }
+
+    /// Calls the node over TLS, accepting only the certificate `pin` names (the URL must be
+    /// `https://`).
+    pub fn with_pinned_cert(mut self, pin: CertPin) -> Result<Self, ClientError> {
+        self.http = http_client(self.timeouts.connect, Some(pin))?;
+        Ok(self)
     }
 
     /// Image references are checked against `images` (the node's own configuration: its
@@ -556,19 +571,7 @@ impl NodeAgent for NodeClient {
             ))
         })?;
         if response.headers().contains_key(REFUSAL_HEADER) {
-            let status = response.status();
-            let body = read_bounded(response, MAX_REFUSAL, self.timeouts.quick)
-                .await
-                .unwrap_or_default();
-            return Err(
-                serde_json::from_slice::<ProxyRefusal>(&body).unwrap_or_else(|_| {
-                    ProxyRefusal::Upstream(format!(
-                        "node {} refused the request ({status}): {}",
-                        self.node_id,
-                        refusal_text(&body)
-                    ))
-                }),
-            );
+            return Err(self.refusal(response).await);
         }
         let status = response.status();
         let mut headers = response.headers().clone();
@@ -593,10 +596,25 @@ impl NodeAgent for NodeClient {
 }
 
 impl NodeClient {
+    /// The refusal a node's proxy route answered instead of the sandbox (`X-Fastbox-Refusal`).
+    async fn refusal(&self, response: reqwest::Response) -> ProxyRefusal {
+        let status = response.status();
+        let body = read_bounded(response, MAX_REFUSAL, self.timeouts.quick)
+            .await
+            .unwrap_or_default();
+        serde_json::from_slice::<ProxyRefusal>(&body).unwrap_or_else(|_| {
+            ProxyRefusal::Upstream(format!(
+                "node {} refused the request ({status}): {}",
+                self.node_id,
+                refusal_text(&body)
+            ))
+        })
+    }
+
     /// [`NodeAgent::proxy`] of a protocol upgrade (WebSocket): `req` (its headers already the
-    /// node's) goes to the node's `route` over a connection of its own, and when the node
-    /// switches protocols the two connections are spliced, as the node proxy does for a
-    /// sandbox.
+    /// node's, `Connection` and `Upgrade` kept) goes to the node's `route` with this client
+    /// (TLS as for every call), and when the node switches protocols the caller's connection
+    /// and the node's are spliced, as the node proxy does for a sandbox.
     async fn proxy_upgrade(
         &self,
         route: String,
@@ -608,49 +626,44 @@ impl NodeClient {
                 self.node_id, self.base
             ))
         };
-        let authority = self
-            .base
-            .strip_prefix("http://")
-            .map(|rest| rest.split('/').next().unwrap_or(rest))
-            .ok_or_else(|| unreachable("protocol upgrades pass http:// nodes only".into()))?;
-        let addr = tokio::net::lookup_host(authority)
-            .await
-            .map_err(|e| unreachable(e.to_string()))?
-            .next()
-            .ok_or_else(|| unreachable(format!("{authority} resolves to no address")))?;
-        let target = fastbox_proxy::Target {
-            addr,
-            path_and_query: route,
-            strip_headers: Vec::new(),
-            add_headers: http::HeaderMap::new(),
-        };
-        let response = upgrade_forwarder()
-            .forward(req, &target)
+        let (mut parts, _) = req.into_parts();
+        let caller = parts
+            .extensions
+            .remove::<hyper::upgrade::OnUpgrade>()
+            .ok_or_else(|| unreachable("the caller's connection cannot be upgraded".into()))?;
+        let response = self
+            .http
+            .request(parts.method, format!("{}{route}", self.base))
+            .headers(parts.headers)
+            .send()
             .await
             .map_err(|e| unreachable(chain(&e)))?;
-        if !response.headers().contains_key(REFUSAL_HEADER) {
-            return Ok(response);
+        if response.headers().contains_key(REFUSAL_HEADER) {
+            return Err(self.refusal(response).await);
         }
         let status = response.status();
-        let body = axum::body::to_bytes(response.into_body(), MAX_REFUSAL)
-            .await
-            .unwrap_or_default();
-        Err(
-            serde_json::from_slice::<ProxyRefusal>(&body).unwrap_or_else(|_| {
-                ProxyRefusal::Upstream(format!(
-                    "node {} refused the request ({status}): {}",
-                    self.node_id,
-                    refusal_text(&body)
-                ))
-            }),
-        )
+        let mut headers = response.headers().clone();
+        let mut answer = if status == StatusCode::SWITCHING_PROTOCOLS {
+            let node_id = self.node_id.clone();
+            tokio::spawn(async move {
+                let (node, caller) = match tokio::join!(response.upgrade(), caller) {
+                    (Ok(node), Ok(caller)) => (node, caller),
+                    (node, caller) => {
+                        tracing::debug!(node = %node_id, node_side = ?node.err(), caller_side = ?caller.err(), "an upgrade ended before it began");
+                        return;
+                    }
+                };
+                let (mut node, mut caller) = (node, hyper_util::rt::TokioIo::new(caller));
+                let _ = tokio::io::copy_bidirectional(&mut caller, &mut node).await;
+            });
+            Response::new(Body::empty())
+        } else {
+            // The node declined the upgrade: its answer, as for any other request.
+            remove_hop_by_hop(&mut headers);
+            Response::new(Body::from_stream(response.bytes_stream()))
+        };
+        *answer.status_mut() = status;
+        *answer.headers_mut() = headers;
+        Ok(answer)
     }
-}
-
-/// The forwarder of protocol upgrades to nodes (its own connections: an upgraded one is
-/// never pooled).
-fn upgrade_forwarder() -> &'static fastbox_proxy::Forwarder {
-    static FORWARDER: std::sync::OnceLock<fastbox_proxy::Forwarder> = std::sync::OnceLock::new();
-    FORWARDER
-        .get_or_init(|| fastbox_proxy::Forwarder::new(fastbox_proxy::ForwarderConfig::default()))
 }

@@ -17,6 +17,7 @@ use fastbox_node_api::membership::{
     Caller, ControlPlane, Heartbeat, MembershipError, Registered, Registration, Renewal,
     check_node_id, route_keys_digest,
 };
+use fastbox_node_api::remote::tls::CertPin;
 use fastbox_node_api::remote::{Credential, CredentialDigest, NodeClient, Timeouts};
 
 use crate::error::ApiError;
@@ -69,17 +70,37 @@ impl Lifecycle {
         Ok(loaded)
     }
 
-    /// The client of the node `record` names (refused: a URL the client cannot use).
+    /// The client of the node `record` names (refused: a URL the client cannot use, an
+    /// `https://` one without its certificate's pin).
     fn client_of(&self, record: &NodeRecord) -> Result<NodeClient, String> {
         let credential: Credential = record.server_to_node.parse().map_err(|e| format!("{e}"))?;
-        Ok(NodeClient::new(
+        let client = NodeClient::new(
             record.node_id.clone(),
             &record.url,
             credential,
             Timeouts::default(),
         )
-        .map_err(|e| format!("url {:?}: {e}", record.url))?
-        .with_image_config(self.images.clone()))
+        .map_err(|e| format!("url {:?}: {e}", record.url))?;
+        let client = match (&record.tls_pin, record.url.starts_with("https://")) {
+            (Some(pin), true) => {
+                let pin: CertPin = pin.parse().map_err(|e| format!("{e}"))?;
+                client.with_pinned_cert(pin).map_err(|e| e.to_string())?
+            }
+            (None, true) => {
+                return Err(format!(
+                    "url {:?}: an https node API needs its certificate's pin (tls_pin)",
+                    record.url
+                ));
+            }
+            (Some(_), false) => {
+                return Err(format!(
+                    "url {:?}: a certificate pin goes with an https URL",
+                    record.url
+                ));
+            }
+            (None, false) => client,
+        };
+        Ok(client.with_image_config(self.images.clone()))
     }
 
     /// Keeps `record` (a node, or a revoked name) and, unless revoked, adds its client with a
@@ -411,6 +432,7 @@ impl ControlPlane for Lifecycle {
         let record = NodeRecord {
             node_id: id.clone(),
             url: registration.url.clone(),
+            tls_pin: registration.tls_pin.clone(),
             proxy_public: proxy.clone(),
             server_to_node: server_to_node.to_string(),
             node_to_server_sha256: node_to_server.digest().to_hex(),
