@@ -86,6 +86,8 @@ pub async fn download(
     Ok(resp)
 }
 
+/// Lines `offset..offset + limit` (1-based) joined by `\n`, as the reference execd answers:
+/// each line without its end (`\n`, or `\r\n`), so the last one has none.
 fn read_lines(file: std::fs::File, w: LineWindow) -> std::io::Result<String> {
     let mut out = Vec::new();
     let mut reader = BufReader::new(file);
@@ -99,7 +101,12 @@ fn read_lines(file: std::fs::File, w: LineWindow) -> std::io::Result<String> {
         }
         number += 1;
         if number >= w.offset {
-            out.extend_from_slice(&line);
+            let text = line.strip_suffix(b"\n").unwrap_or(&line);
+            let text = text.strip_suffix(b"\r").unwrap_or(text);
+            if taken > 0 {
+                out.push(b'\n');
+            }
+            out.extend_from_slice(text);
             taken += 1;
         }
     }
@@ -152,6 +159,25 @@ fn content_disposition(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn line_windows_join_their_lines_without_a_last_line_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, "one\r\ntwo\nthree\n\nfive").unwrap();
+        let window = |offset, limit| {
+            read_lines(
+                std::fs::File::open(&path).unwrap(),
+                LineWindow { offset, limit },
+            )
+            .unwrap()
+        };
+        assert_eq!(window(1, 2), "one\ntwo");
+        assert_eq!(window(3, 2), "three\n");
+        assert_eq!(window(4, 9), "\nfive");
+        assert_eq!(window(9, 9), "");
+        assert_eq!(window(2, 0), "");
+    }
 
     #[test]
     fn ranges() {

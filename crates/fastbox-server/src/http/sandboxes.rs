@@ -35,7 +35,7 @@ pub async fn create(
 }
 
 #[utoipa::path(get, path = "/sandboxes", params(
-    ("state" = Option<Vec<String>>, Query, description = "repeatable state filter"),
+    ("state" = Option<Vec<String>>, Query, description = "repeatable state filter; an unknown state matches nothing"),
     ("metadata" = Option<String>, Query, description = "url-encoded k=v&k2=v2"),
     ("page" = Option<u32>, Query), ("pageSize" = Option<u32>, Query)),
     responses((status = 200, body = ListSandboxesResponse), (status = 400, body = ErrorResponse)))]
@@ -43,12 +43,7 @@ pub async fn list(
     State(state): State<AppState>,
     query: QueryPairs,
 ) -> Result<Json<ListSandboxesResponse>, ApiError> {
-    let mut states = Vec::new();
-    for s in query.all("state") {
-        states.push(SandboxState::parse(s).ok_or_else(|| {
-            ApiError::InvalidParameter(format!("state {s:?} is not a sandbox state"))
-        })?);
-    }
+    let states = state_filter(&query, SandboxState::parse);
     let mut metadata = Vec::new();
     for m in query.all("metadata") {
         metadata.extend(parse_metadata_filter(m)?);
@@ -60,6 +55,13 @@ pub async fn list(
         page,
         page_size,
     })))
+}
+
+/// The `state` filters of a list: `None` when there are none. A state this server does not
+/// know (an SDK may send any name) matches nothing; it is not an error.
+pub fn state_filter<S>(query: &QueryPairs, parse: impl Fn(&str) -> Option<S>) -> Option<Vec<S>> {
+    let named: Vec<&str> = query.all("state").collect();
+    (!named.is_empty()).then(|| named.into_iter().filter_map(parse).collect())
 }
 
 /// `page` (from 1) and `pageSize` (1..200, default 20).

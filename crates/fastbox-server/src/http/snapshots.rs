@@ -17,7 +17,7 @@ use crate::service::SnapshotQuery;
 
 use super::AppState;
 use super::extract::{ApiJson, ApiPath, QueryPairs};
-use super::sandboxes::page_of;
+use super::sandboxes::{page_of, state_filter};
 
 #[utoipa::path(post, path = "/sandboxes/{id}/snapshots", request_body = Option<CreateSnapshotRequest>,
     responses((status = 202, body = Snapshot), (status = 404, body = ErrorResponse),
@@ -45,19 +45,14 @@ pub async fn create(
 
 #[utoipa::path(get, path = "/snapshots", params(
     ("sandboxId" = Option<String>, Query), ("name" = Option<String>, Query),
-    ("state" = Option<Vec<String>>, Query, description = "repeatable state filter"),
+    ("state" = Option<Vec<String>>, Query, description = "repeatable state filter; an unknown state matches nothing"),
     ("page" = Option<u32>, Query), ("pageSize" = Option<u32>, Query)),
     responses((status = 200, body = ListSnapshotsResponse), (status = 400, body = ErrorResponse)))]
 pub async fn list(
     State(state): State<AppState>,
     query: QueryPairs,
 ) -> Result<Json<ListSnapshotsResponse>, ApiError> {
-    let mut states = Vec::new();
-    for s in query.all("state") {
-        states.push(SnapshotState::parse(s).ok_or_else(|| {
-            ApiError::InvalidParameter(format!("state {s:?} is not a snapshot state"))
-        })?);
-    }
+    let states = state_filter(&query, SnapshotState::parse);
     let (page, page_size) = page_of(&query)?;
     let nonempty = |k: &str| query.get(k).filter(|v| !v.is_empty()).map(str::to_string);
     Ok(Json(state.lifecycle.list_snapshots(&SnapshotQuery {

@@ -77,7 +77,9 @@ pub struct Lifecycle {
 /// `GET /v1/sandboxes` filters.
 #[derive(Debug, Clone, Default)]
 pub struct ListQuery {
-    pub states: Vec<SandboxState>,
+    /// `None`: any state; otherwise the states to match (none, when every state the
+    /// client named is unknown here).
+    pub states: Option<Vec<SandboxState>>,
     pub metadata: Vec<(String, String)>,
     pub page: u32,
     pub page_size: u32,
@@ -413,7 +415,11 @@ impl Lifecycle {
         let mut matching: Vec<SandboxRecord> = self
             .snapshot()
             .into_iter()
-            .filter(|r| q.states.is_empty() || q.states.contains(&r.state()))
+            .filter(|r| {
+                q.states
+                    .as_ref()
+                    .is_none_or(|states| states.contains(&r.state()))
+            })
             .filter(|r| r.matches_metadata(&q.metadata))
             .collect();
         matching.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));

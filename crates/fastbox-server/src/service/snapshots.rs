@@ -51,7 +51,9 @@ const MAX_NAME_LEN: usize = 128;
 pub struct SnapshotQuery {
     pub sandbox_id: Option<String>,
     pub name: Option<String>,
-    pub states: Vec<SnapshotState>,
+    /// `None`: any state; otherwise the states to match (none, when every state the
+    /// client named is unknown here).
+    pub states: Option<Vec<SnapshotState>>,
     pub page: u32,
     pub page_size: u32,
 }
@@ -321,7 +323,11 @@ impl Lifecycle {
             .values()
             .filter(|s| q.sandbox_id.as_ref().is_none_or(|id| *id == s.sandbox_id))
             .filter(|s| q.name.is_none() || q.name == s.name)
-            .filter(|s| q.states.is_empty() || q.states.contains(&s.state()))
+            .filter(|s| {
+                q.states
+                    .as_ref()
+                    .is_none_or(|states| states.contains(&s.state()))
+            })
             .map(SnapshotRecord::to_wire)
             .collect();
         items.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
