@@ -416,6 +416,35 @@ def test_pause_resume_keeps_memory_uptime_and_hostname(
         discard(sb)
 
 
+def test_resume_asked_during_the_pause_runs_after_it(
+    fastbox: fb.FastboxServer, manager: SandboxManagerSync
+) -> None:
+    """A resume sent while the pause still runs is accepted and happens after the pause; the
+    SDK's endpoint lookup right after it waits for the sandbox to run (no 409 to retry)."""
+    sb = fastbox.create_sandbox(
+        metadata={"fbt-suite": "snapshots", "fbt-test": "resume-in-pause"},
+        resource=dict(SOURCE_RESOURCE),
+    )
+    resumed: SandboxSync | None = None
+    try:
+        before = start_state_server(sb)
+        sb.pause()
+        assert manager.get_sandbox_info(sb.id).status.state in {"Pausing", "Paused"}
+        resumed = SandboxSync.resume(
+            sb.id,
+            connection_config=fastbox.connection_config(),
+            resume_timeout=timedelta(seconds=RESUME_TIMEOUT_S),
+        )
+        assert manager.get_sandbox_info(sb.id).status.state == "Running"
+        after = probe(resumed, "after a resume asked during the pause")
+        assert after["secret"] == before["secret"], (before, after)
+        assert after["pid"] == before["pid"], (before, after)
+    finally:
+        if resumed is not None:
+            resumed.close()
+        discard(sb)
+
+
 # --------------------------------------------------------------------------- 2. snapshot + clones
 def test_snapshot_clones_restore_memory_and_files_together(
     fastbox: fb.FastboxServer, manager: SandboxManagerSync

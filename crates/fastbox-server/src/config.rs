@@ -45,6 +45,9 @@ pub struct Settings {
     pub node_lease_ms: Option<u64>,
     /// How long a create waits for its image before answering `Pending`, milliseconds.
     pub create_image_wait_ms: Option<u64>,
+    /// How long an endpoint lookup waits for a `Pending` or `Resuming` sandbox to run,
+    /// milliseconds.
+    pub endpoint_wait_ms: Option<u64>,
     /// Sets both `pool_min` and `pool_max` (0: no warm pool).
     pub pool_size: Option<usize>,
     /// Unclaimed sandboxes kept restored per template when idle.
@@ -135,6 +138,7 @@ impl Settings {
             execd: self.execd.or(lower.execd),
             node_lease_ms: self.node_lease_ms.or(lower.node_lease_ms),
             create_image_wait_ms: self.create_image_wait_ms.or(lower.create_image_wait_ms),
+            endpoint_wait_ms: self.endpoint_wait_ms.or(lower.endpoint_wait_ms),
             pool_size: self.pool_size.or(lower.pool_size),
             pool_min: self.pool_min.or(lower.pool_min),
             pool_max: self.pool_max.or(lower.pool_max),
@@ -613,6 +617,9 @@ pub struct ServerConfig {
     /// How long a create waits for the start, once the image is there, before answering
     /// `Pending`.
     pub create_wait: Duration,
+    /// How long an endpoint lookup waits for a `Pending` or `Resuming` sandbox to run before
+    /// answering that it is not ready (an SDK resumes, then asks for its endpoint at once).
+    pub endpoint_wait: Duration,
     /// How often expiry, deletion and garbage collection are reconciled.
     pub reconcile_every: Duration,
     /// The node's artifact store (origin, block cache, DART) and its garbage collection.
@@ -779,6 +786,7 @@ impl ServerConfig {
             .map_err(|e| invalid("registry_allow_private", e))?,
             image_wait: Duration::from_millis(settings.create_image_wait_ms.unwrap_or(1500)),
             create_wait: Duration::from_secs(20),
+            endpoint_wait: Duration::from_millis(settings.endpoint_wait_ms.unwrap_or(10_000)),
             reconcile_every: Duration::from_secs(2),
             artifacts,
             allow_local_images,

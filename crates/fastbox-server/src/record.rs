@@ -71,6 +71,10 @@ pub struct SandboxRecord {
     /// resumes it from there again.
     #[serde(default)]
     pub resumed_from: Option<String>,
+    /// A resume asked for while the sandbox was `Pausing`: it runs once the pause ends
+    /// `Paused` (dropped when the pause fails, which leaves the sandbox running).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resume_after_pause: bool,
     /// `secureAccess: true`: the token its endpoints need in `OpenSandbox-Secure-Access`
     /// (each sandbox its own, clones included). `None`: its endpoints are open by URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -380,6 +384,7 @@ pub(crate) mod tests {
             paused_checkpoint: None,
             paused_manifest: None,
             moved_from: Vec::new(),
+            resume_after_pause: false,
             resumed_from: None,
             secure_access: None,
         }

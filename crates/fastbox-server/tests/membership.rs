@@ -341,7 +341,10 @@ async fn a_node_is_answered_about_its_own_sandboxes_only() {
     let on_local = running_on(&c.lc, &c.local).await;
 
     // Endpoints point at the owning node's proxy.
-    let endpoint = c.lc.endpoint(&on_n1, 8080, &Default::default()).unwrap();
+    let endpoint =
+        c.lc.endpoint(&on_n1, 8080, &Default::default())
+            .await
+            .unwrap();
     assert!(
         endpoint.endpoint.starts_with("n1.nodes.test:8091/"),
         "{}",

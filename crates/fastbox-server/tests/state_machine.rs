@@ -106,6 +106,8 @@ impl Harness {
         // holds the start gets `Pending` after a moment.
         cfg.image_wait = Duration::from_secs(5);
         cfg.create_wait = Duration::from_millis(50);
+        // An endpoint lookup of a sandbox that stays Pending or Resuming answers soon.
+        cfg.endpoint_wait = Duration::from_millis(50);
         (self.tune)(&mut cfg);
         cfg
     }
@@ -290,6 +292,13 @@ async fn ready_snapshot(lc: &Arc<Lifecycle>, source: &str) -> String {
 
 /// A new sandbox in `state`; the node holds the call that would move it on (`Pending`: the
 /// start, `Pausing`: the pause, `Resuming`: the resume, `Stopping`: the removal).
+/// Running sandbox `id` is `Pausing`, its node holding the pause.
+async fn hold_in_pause(lc: &Arc<Lifecycle>, fake: &FakeNode, id: &str) {
+    fake.hold(Verb::Pause);
+    lc.pause(id).expect("pause");
+    held(fake, Verb::Pause).await;
+}
+
 async fn in_state(lc: &Arc<Lifecycle>, fake: &FakeNode, state: SandboxState) -> String {
     let id = match state {
         Pending => {
@@ -301,9 +310,7 @@ async fn in_state(lc: &Arc<Lifecycle>, fake: &FakeNode, state: SandboxState) -> 
         Running => running(lc).await,
         Pausing => {
             let id = running(lc).await;
-            fake.hold(Verb::Pause);
-            lc.pause(&id).expect("pause");
-            held(fake, Verb::Pause).await;
+            hold_in_pause(lc, fake, &id).await;
             id
         }
         Paused => paused(lc).await,
@@ -444,7 +451,10 @@ async fn apply(lc: &Arc<Lifecycle>, op: Op, id: &str) -> Result<(), ApiError> {
             let patch = patch.as_object().expect("an object").clone();
             lc.patch_metadata(id, patch).map(drop)
         }
-        Op::Endpoint => lc.endpoint(id, 8080, &EndpointQuery::default()).map(drop),
+        Op::Endpoint => lc
+            .endpoint(id, 8080, &EndpointQuery::default())
+            .await
+            .map(drop),
     }
 }
 
@@ -456,7 +466,7 @@ fn transitions_are_allowed_or_refused_by_state() {
     // By state:  Pending    Running Pausing Paused Resuming   Stopping Terminated Failed
     let table: [(Op, [StatusCode; 8]); 9] = [
         (Op::Pause, [NO, OK, NO, NO, NO, NO, NO, NO]),
-        (Op::Resume, [NO, NO, NO, OK, NO, NO, NO, NO]),
+        (Op::Resume, [NO, NO, OK, OK, NO, NO, NO, NO]),
         (Op::Snapshot, [NO, OK, NO, NO, NO, NO, NO, NO]),
         (Op::Fork, [NO, OK, NO, NO, NO, NO, NO, NO]),
         (Op::Delete, [OK, OK, OK, OK, OK, OK, OK, OK]),
@@ -480,6 +490,8 @@ fn transitions_are_allowed_or_refused_by_state() {
                 let then = match (op, want) {
                     (_, w) if w != OK => state,
                     (Op::Pause, _) => Pausing,
+                    // Accepted during a pause: it runs once the pause ends.
+                    (Op::Resume, _) if state == Pausing => Pausing,
                     (Op::Resume, _) => Resuming,
                     (Op::Delete, _) if state.is_final() => state,
                     (Op::Delete, _) => Stopping,
@@ -899,6 +911,61 @@ fn resume_restores_into_the_kept_slot_and_drops_the_checkpoint() {
         assert_ne!(after.placement.handle, before.handle);
         assert_eq!(lc.placements(FAKE_NODE_ID), [after.placement]);
         until("the checkpoint to go", || h.fake.checkpoint(&key).is_none()).await;
+    });
+    h.assert_clean();
+}
+
+#[test]
+fn an_endpoint_lookup_waits_for_a_resume_to_end() {
+    let h = Harness::tuned(1, |cfg| cfg.endpoint_wait = Duration::from_secs(30));
+    h.life(async |lc| {
+        let id = paused(&lc).await;
+        h.fake.hold(Verb::Resume);
+        lc.resume(&id).unwrap();
+        held(&h.fake, Verb::Resume).await;
+        // Asked while Resuming (as an SDK does right after its resume call): it waits.
+        let lookup = tokio::spawn({
+            let (lc, id) = (lc.clone(), id.clone());
+            async move { lc.endpoint(&id, 8080, &EndpointQuery::default()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!lookup.is_finished(), "answered while Resuming");
+        h.fake.release(Verb::Resume);
+        let endpoint = lookup.await.unwrap().expect("the endpoint once it runs");
+        assert!(endpoint.endpoint.contains("8080"), "{endpoint:?}");
+        assert_eq!(lc.get(&id).unwrap().status.state, Running);
+    });
+    h.assert_clean();
+}
+
+#[test]
+fn a_resume_asked_during_its_pause_runs_once_the_pause_ends() {
+    let h = Harness::new(1);
+    h.life(async |lc| {
+        let id = running(&lc).await;
+        hold_in_pause(&lc, &h.fake, &id).await;
+        lc.resume(&id)
+            .expect("a resume during the pause is accepted");
+        lc.resume(&id).expect("and asking twice is the same");
+        assert_eq!(lc.get(&id).unwrap().status.state, Pausing);
+        assert_eq!(h.fake.count(Verb::Resume), 0);
+        h.fake.release(Verb::Pause);
+        becomes(&lc, &id, Running).await;
+        assert_eq!(h.fake.count(Verb::Resume), 1, "{:?}", h.fake.calls());
+        let events = lc.diagnostics_events(&id, "all").unwrap().content.unwrap();
+        assert!(events.contains("ResumeRequested"), "{events}");
+        assert!(events.contains("Paused"), "{events}");
+
+        // A pause that fails leaves it running: the resume asked meanwhile is dropped.
+        hold_in_pause(&lc, &h.fake, &id).await;
+        lc.resume(&id).unwrap();
+        // (An injected failure is taken after the gate: the held call fails.)
+        h.fake.fail_next(Verb::Pause, NodeError::failed("injected"));
+        h.fake.release(Verb::Pause);
+        becomes(&lc, &id, Running).await;
+        lc.reconcile().await;
+        assert_eq!(h.fake.count(Verb::Resume), 1, "{:?}", h.fake.calls());
+        assert_eq!(lc.get(&id).unwrap().status.state, Running);
     });
     h.assert_clean();
 }

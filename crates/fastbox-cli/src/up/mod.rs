@@ -56,6 +56,10 @@ pub struct UpArgs {
     /// fails within this time is a 400) [default: 1500].
     #[arg(long)]
     pub create_image_wait_ms: Option<u64>,
+    /// How long an endpoint lookup waits for a `Pending` or `Resuming` sandbox to run
+    /// before answering 409 (not ready) [default: 10000].
+    #[arg(long)]
+    pub endpoint_wait_ms: Option<u64>,
     /// Sets both --pool-min and --pool-max: unclaimed sandboxes kept restored per template,
     /// ready for creates; 0 turns the warm pool off.
     #[arg(long, env = "FASTBOX_POOL_SIZE")]
@@ -292,6 +296,7 @@ impl UpArgs {
             execd: self.instance.execd.clone(),
             node_lease_ms: self.node_lease_ms,
             create_image_wait_ms: self.create_image_wait_ms,
+            endpoint_wait_ms: self.endpoint_wait_ms,
             pool_size: self.pool_size,
             pool_min: self.pool_min,
             pool_max: self.pool_max,

@@ -175,7 +175,7 @@ pub async fn endpoint(
             .and_then(|h| h.to_str().ok())
             .map(str::to_string),
     };
-    Ok(Json(state.lifecycle.endpoint(&id, port, &q)?))
+    Ok(Json(state.lifecycle.endpoint(&id, port, &q).await?))
 }
 
 #[utoipa::path(get, path = "/sandboxes/{id}/diagnostics/logs",

@@ -333,6 +333,11 @@ impl Lifecycle {
             if !record.moved_from.is_empty() {
                 self.clean_moved(&record).await;
             }
+            // A resume asked for during a pause that ended without starting it (a restart,
+            // or a race with the pause's end).
+            if record.resume_after_pause {
+                self.resume_if_asked(&record.id);
+            }
             let id = record.id.as_str();
             match record.state() {
                 SandboxState::Running | SandboxState::Pending | SandboxState::Paused

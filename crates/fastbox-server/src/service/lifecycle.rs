@@ -27,6 +27,8 @@ use super::plan::{Rules, plan, plan_from_snapshot, plan_from_template};
 
 /// How often a call in flight looks whether its node was declared lost.
 const LOSS_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+/// How often a caller waiting for a sandbox's state looks again.
+const STATE_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The execd header that carries the per-sandbox token.
 pub const EXECD_TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
@@ -257,6 +259,10 @@ impl Lifecycle {
         self.busy.lock().expect("busy lock").remove(id);
     }
 
+    pub(super) fn is_busy(&self, id: &str) -> bool {
+        self.busy.lock().expect("busy lock").contains(id)
+    }
+
     /// The placement of every sandbox placed on node `node_id` (the node tells what it
     /// holds from them: a pooled sandbox keeps its pool name after a claim).
     pub fn placements(&self, node_id: &str) -> Vec<NodePlacement> {
@@ -348,6 +354,7 @@ impl Lifecycle {
             paused_checkpoint: None,
             paused_manifest: None,
             moved_from: Vec::new(),
+            resume_after_pause: false,
             resumed_from: None,
             secure_access,
         };
@@ -444,6 +451,40 @@ impl Lifecycle {
         Ok(())
     }
 
+    /// Sandbox `id` once it runs: a `Pending` or `Resuming` one (or one asked to resume
+    /// during its pause, until that resume starts) is waited for, up to `wait` (then `NotReady`); any other state that is not
+    /// `Running` is refused at once.
+    async fn running_within(
+        &self,
+        id: &str,
+        wait: std::time::Duration,
+    ) -> Result<SandboxRecord, ApiError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let record = self.record(id)?;
+            // On its way to running: a resume asked during its pause counts.
+            let coming =
+                matches!(
+                    record.state(),
+                    SandboxState::Pending | SandboxState::Resuming
+                ) || (matches!(record.state(), SandboxState::Pausing | SandboxState::Paused)
+                    && record.resume_after_pause);
+            match record.state() {
+                SandboxState::Running => return Ok(record),
+                _ if coming && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(STATE_POLL).await;
+                }
+                _ if coming => {
+                    return Err(ApiError::NotReady {
+                        id: id.to_string(),
+                        state: record.state().to_string(),
+                    });
+                }
+                _ => return Err(not_running(&record, "")),
+            }
+        }
+    }
+
     /// `POST /v1/sandboxes/{id}/renew-expiration`: a new absolute expiry (may shorten it).
     pub fn renew(&self, id: &str, expires_at: DateTime<Utc>) -> Result<DateTime<Utc>, ApiError> {
         if expires_at <= Utc::now() {
@@ -511,7 +552,12 @@ impl Lifecycle {
 
     /// `GET /v1/sandboxes/{id}/endpoints/{port}`: a node-proxy route (signed when `expires`
     /// is given) or the server-proxy route; never the sandbox's own address.
-    pub fn endpoint(&self, id: &str, port: u16, q: &EndpointQuery) -> Result<Endpoint, ApiError> {
+    pub async fn endpoint(
+        &self,
+        id: &str,
+        port: u16,
+        q: &EndpointQuery,
+    ) -> Result<Endpoint, ApiError> {
         if port == 0 {
             return Err(ApiError::InvalidParameter("port must be 1..65535".into()));
         }
@@ -520,17 +566,7 @@ impl Lifecycle {
                 "use_server_proxy=true cannot be combined with expires".into(),
             ));
         }
-        let record = self.record(id)?;
-        match record.state() {
-            SandboxState::Running => {}
-            SandboxState::Pending | SandboxState::Resuming => {
-                return Err(ApiError::NotReady {
-                    id: id.to_string(),
-                    state: record.state().to_string(),
-                });
-            }
-            _ => return Err(not_running(&record, "")),
-        }
+        let record = self.running_within(id, self.cfg.endpoint_wait).await?;
         // The credential of the port, as OpenSandbox servers hand it out.
         let token = match port {
             EXECD_PORT => Some((EXECD_TOKEN_HEADER, &record.execd_token)),

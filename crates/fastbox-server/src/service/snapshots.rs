@@ -383,12 +383,37 @@ impl Lifecycle {
         tokio::spawn(async move {
             this.run_pause(&id).await;
             this.release(&id);
+            this.resume_if_asked(&id);
         });
         Ok(())
     }
 
-    /// `POST /v1/sandboxes/{id}/resume`: `Resuming` now; `Running` once restored.
+    /// `POST /v1/sandboxes/{id}/resume`: `Resuming` now; `Running` once restored. Asked while
+    /// the sandbox is `Pausing` (or `Paused` with its pause not yet let go), the resume is
+    /// accepted and runs once the pause ends.
     pub fn resume(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
+        let record = self.record(id)?;
+        let during_pause = record.state() == SandboxState::Pausing
+            || (record.state() == SandboxState::Paused && self.is_busy(id));
+        if during_pause {
+            let record = self.update(id, |r| {
+                let pausing = matches!(r.state(), SandboxState::Pausing | SandboxState::Paused);
+                if pausing && !r.resume_after_pause {
+                    r.resume_after_pause = true;
+                    r.event("ResumeRequested", "it resumes once its pause ends");
+                }
+                Ok(())
+            })?;
+            if record.resume_after_pause {
+                return Ok(());
+            }
+        }
+        self.start_resume(id)
+    }
+
+    /// A resume of a `Paused` sandbox that is not busy: `Resuming` now, restored in the
+    /// background.
+    fn start_resume(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
         self.begin(
             id,
             SandboxState::Paused,
@@ -400,6 +425,27 @@ impl Lifecycle {
         let id = id.to_string();
         tokio::spawn(async move { this.resume_and_release(&id).await });
         Ok(())
+    }
+
+    /// The resume asked for during a pause, once that pause ended (see
+    /// [`SandboxRecord::resume_after_pause`]): started when the sandbox is `Paused` and not
+    /// busy, dropped when the pause failed. Called when a pause lets the sandbox go, and by
+    /// the reconciler (a pause a restart finished, a race with a pause's end).
+    pub(super) fn resume_if_asked(self: &Arc<Self>, id: &str) {
+        let Ok(record) = self.record(id) else {
+            return;
+        };
+        if !record.resume_after_pause || record.state() == SandboxState::Pausing {
+            return;
+        }
+        if record.state() == SandboxState::Paused && self.start_resume(id).is_err() {
+            // Busy still: asked again later.
+            return;
+        }
+        let _ = self.update(id, |r| {
+            r.resume_after_pause = false;
+            Ok(())
+        });
     }
 
     /// [`Lifecycle::run_resume`] of a busy sandbox, then not busy. A resume its node's loss
