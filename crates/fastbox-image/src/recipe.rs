@@ -1,7 +1,9 @@
 //! Built-in recipes: root file systems made on this machine, for hosts without a registry.
 //!
-//! - `debian-bookworm-python3`: `debootstrap --variant=minbase --include=python3,ca-certificates`
-//!   from the machine's own Debian mirror (bash, coreutils, python3). Takes minutes once.
+//! - `debian-bookworm-python3`: `debootstrap --variant=minbase` from the machine's own Debian
+//!   mirror, with what users of the `python` image expect on the path (python3 and pip, curl,
+//!   wget, git, ca-certificates, procps). `pip install` works as on that image: Debian's
+//!   `EXTERNALLY-MANAGED` marker is removed. Takes minutes once.
 //! - `busybox`: the host's static busybox and its applet symlinks, `/etc/passwd`, `/etc/group`.
 //!   Takes milliseconds; used by tests as a minimal rootfs.
 //!
@@ -32,9 +34,17 @@ pub enum Recipe {
 
 const DEBIAN_SUITE: &str = "bookworm";
 const DEBIAN_VARIANT: &str = "minbase";
-const DEBIAN_INCLUDE: &[&str] = &["python3", "ca-certificates"];
+const DEBIAN_INCLUDE: &[&str] = &[
+    "python3",
+    "python3-pip",
+    "ca-certificates",
+    "curl",
+    "wget",
+    "git",
+    "procps",
+];
 /// Bump when the recipe's output changes, so caches rebuild.
-const RECIPE_VERSION: u32 = 1;
+const RECIPE_VERSION: u32 = 2;
 
 const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -227,6 +237,9 @@ fn build_debootstrap(
         .and_then(|n| n.strip_prefix("python"))
         .unwrap_or("3")
         .to_owned();
+    // As on the python image, `pip install` installs (PEP 668's marker refuses it).
+    let marker = format!("usr/lib/python{version}/EXTERNALLY-MANAGED");
+    remove_built_file(rootfs, &marker).map_err(|e| recipe_err(recipe, format!("{marker}: {e}")))?;
     progress.message(&format!(
         "built {} (python {version}) in {:.1}s, {}",
         recipe.name(),
@@ -241,6 +254,32 @@ fn build_debootstrap(
             ..ImageRuntimeConfig::default()
         },
     })
+}
+
+/// Removes file `rel` of a tree this recipe just built, when it is there. Every directory on
+/// the way must be a directory, not a symlink: nothing outside `rootfs` is ever touched.
+fn remove_built_file(rootfs: &Path, rel: &str) -> std::io::Result<()> {
+    let mut at = rootfs.to_path_buf();
+    let parts: Vec<&str> = rel.split('/').collect();
+    let (name, dirs) = parts.split_last().expect("a relative path");
+    for dir in dirs {
+        at.push(dir);
+        match fs::symlink_metadata(&at) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(std::io::Error::other(format!(
+                    "{} is not a directory",
+                    at.display()
+                )));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+    match fs::remove_file(at.join(name)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 fn tail_lines(path: &Path, n: usize) -> String {
@@ -399,6 +438,30 @@ fn build_busybox(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_built_file_is_removed_only_inside_the_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let (rootfs, outside) = (dir.path().join("rootfs"), dir.path().join("outside"));
+        fs::create_dir_all(rootfs.join("usr/lib/python3.11")).unwrap();
+        fs::create_dir_all(outside.join("python3.11")).unwrap();
+        fs::write(rootfs.join("usr/lib/python3.11/EXTERNALLY-MANAGED"), "x").unwrap();
+        fs::write(outside.join("python3.11/EXTERNALLY-MANAGED"), "x").unwrap();
+        remove_built_file(&rootfs, "usr/lib/python3.11/EXTERNALLY-MANAGED").unwrap();
+        assert!(
+            !rootfs
+                .join("usr/lib/python3.11/EXTERNALLY-MANAGED")
+                .exists()
+        );
+        // Absent: nothing to do.
+        remove_built_file(&rootfs, "usr/lib/python3.11/EXTERNALLY-MANAGED").unwrap();
+        remove_built_file(&rootfs, "usr/nowhere/x").unwrap();
+        // A symlinked directory on the way is refused, and what it points at stays.
+        fs::remove_dir_all(rootfs.join("usr/lib")).unwrap();
+        std::os::unix::fs::symlink(&outside, rootfs.join("usr/lib")).unwrap();
+        assert!(remove_built_file(&rootfs, "usr/lib/python3.11/EXTERNALLY-MANAGED").is_err());
+        assert!(outside.join("python3.11/EXTERNALLY-MANAGED").exists());
+    }
 
     #[test]
     fn recipe_names_round_trip() {

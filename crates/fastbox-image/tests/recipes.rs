@@ -194,14 +194,28 @@ fn debootstrap_recipe_serves_python_aliases() {
         first.served_by.as_deref(),
         Some("debian-bookworm-python3.11")
     );
+    // What users of the python image expect on the path.
     for tool in [
         "bin/bash",
         "usr/bin/python3",
+        "usr/bin/pip3",
+        "usr/bin/pip",
+        "usr/bin/curl",
+        "usr/bin/wget",
+        "usr/bin/git",
+        "usr/bin/ps",
         "bin/ls",
         "etc/ssl/certs/ca-certificates.crt",
     ] {
         assert!(first.rootfs.join(tool).exists(), "{tool} missing");
     }
+    assert!(
+        !first
+            .rootfs
+            .join("usr/lib/python3.11/EXTERNALLY-MANAGED")
+            .exists(),
+        "pip install would be refused"
+    );
     let out = std::process::Command::new("chroot")
         .arg(&first.rootfs)
         .args([
@@ -217,6 +231,21 @@ fn debootstrap_recipe_serves_python_aliases() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "(3, 11)");
+    // pip goes as far as looking for the package (no index here), never refusing to install
+    // into the system's Python.
+    let pip = std::process::Command::new("chroot")
+        .arg(&first.rootfs)
+        .args([
+            "/usr/bin/pip",
+            "install",
+            "--no-index",
+            "fastbox-no-such-package",
+        ])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&pip.stderr);
+    assert!(!said.contains("externally-managed"), "{said}");
+    assert!(said.contains("No matching distribution"), "{said}");
 
     let started = Instant::now();
     let second = cache.resolve("debian", None, &NoProgress).unwrap();
