@@ -144,6 +144,19 @@ def test_command_success_and_failure(flow: Flow) -> None:
     assert lines(ex.logs.stdout) == ["hello-env"]
 
 
+def test_the_python_image_has_what_its_users_expect(flow: Flow) -> None:
+    """python:3.12 carries the tools of the real image on the path, and pip installs into
+    the system's Python (no externally-managed-environment refusal)."""
+    run = flow.sb.commands.run
+    for tool in ["curl --version", "wget --version", "git --version", "ps -e", "pip --version"]:
+        ex = run(tool)
+        assert ex.exit_code == 0, (tool, lines(ex.logs.stdout), lines(ex.logs.stderr))
+    ex = run("pip install --no-index fastbox-no-such-package")
+    said = "\n".join(lines(ex.logs.stderr) + lines(ex.logs.stdout))
+    assert "externally-managed" not in said, said
+    assert "No matching distribution" in said, said
+
+
 def test_command_envs_cwd_argv_timeout(flow: Flow) -> None:
     run = flow.sb.commands.run
 
