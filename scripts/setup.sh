@@ -10,7 +10,8 @@
 # .deps/registry (no system service) -> CRIU >= 4.2 (scripts/install-criu.sh) -> the s3s-fs S3
 # test server built into .deps/s3s-fs (cargo install; about two minutes) -> cargo-fuzz built into
 # .deps/cargo-fuzz (cargo install; about two minutes; scripts/fuzz.sh) -> Python venv
-# .deps/venv (opensandbox SDK, pytest, moto's S3 test server) -> sysctls. At the end it prints the paths the tests use
+# .deps/venv (opensandbox SDK, pytest, moto's S3 test server) -> the JavaScript SDK
+# (`npm ci` in tests/js, when Node.js >= 20 is there) -> sysctls. At the end it prints the paths the tests use
 # and writes them to .deps/env (`source .deps/env`); it exports nothing itself.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
@@ -179,6 +180,33 @@ EOF
     printf '%s\n' "$want" >"$stamp"
 }
 
+step_js() {
+    # The official JavaScript SDK for tests/sdk/test_js_sdk.py, pinned by tests/js's lockfile;
+    # npm uses the machine's own registry configuration. It needs Node.js >= 20: without it
+    # that test is skipped and says why.
+    local dir=$FASTBOX_ROOT/tests/js version major stamp want
+    if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+        fb_warn "node/npm not installed: the JavaScript SDK test will be skipped (it needs Node.js >= 20)"
+        return 0
+    fi
+    version=$(node --version)
+    major=${version#v}
+    major=${major%%.*}
+    if [[ ! $major =~ ^[0-9]+$ ]] || ((major < 20)); then
+        fb_warn "node $version is older than 20: the JavaScript SDK test will be skipped"
+        return 0
+    fi
+    stamp=$dir/node_modules/.fastbox-lock
+    want=$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)
+    if ((FORCE == 0)) && [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+        fb_log "JavaScript SDK present in $dir/node_modules (node $version)"
+        return 0
+    fi
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+    printf '%s\n' "$want" >"$stamp"
+    fb_log "JavaScript SDK installed in $dir/node_modules (node $version)"
+}
+
 step_sysctl() {
     # Sandboxes reach the outside through the host's forwarding + NAT.
     if [[ "$(cat /proc/sys/net/ipv4/ip_forward 2>/dev/null)" != 1 ]]; then
@@ -194,6 +222,7 @@ fb_step criu step_criu
 fb_step s3s-fs step_s3s_fs
 fb_step cargo-fuzz step_cargo_fuzz
 fb_step venv step_venv
+fb_step js step_js
 fb_step sysctl step_sysctl
 
 {
