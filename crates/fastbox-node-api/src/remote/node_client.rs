@@ -113,9 +113,28 @@ pub(super) fn http_client(
     connect: Duration,
     pin: Option<CertPin>,
 ) -> Result<reqwest::Client, ClientError> {
+    client_builder(connect, pin)?
+        .pool_idle_timeout(Duration::from_secs(90))
+        .build()
+        .map_err(|e| ClientError::Http(chain(&e)))
+}
+
+/// The client of protocol upgrades to a node: as [`http_client`], but every request on a
+/// connection of its own, never returned to a pool (an upgrade the node declines must not
+/// leave a connection in a state the next call would inherit).
+fn upgrade_client(connect: Duration, pin: Option<CertPin>) -> Result<reqwest::Client, ClientError> {
+    client_builder(connect, pin)?
+        .pool_max_idle_per_host(0)
+        .build()
+        .map_err(|e| ClientError::Http(chain(&e)))
+}
+
+fn client_builder(
+    connect: Duration,
+    pin: Option<CertPin>,
+) -> Result<reqwest::ClientBuilder, ClientError> {
     let mut builder = reqwest::Client::builder()
         .connect_timeout(connect)
-        .pool_idle_timeout(Duration::from_secs(90))
         .tcp_nodelay(true)
         .no_proxy()
         .redirect(reqwest::redirect::Policy::none());
@@ -124,7 +143,7 @@ pub(super) fn http_client(
             tls::pinned_client_config(pin).map_err(|e| ClientError::Http(e.to_string()))?;
         builder = builder.use_preconfigured_tls(config).https_only(true);
     }
-    builder.build().map_err(|e| ClientError::Http(chain(&e)))
+    Ok(builder)
 }
 
 /// A transport failure as text: a timeout says so.
@@ -143,6 +162,8 @@ pub struct NodeClient {
     base: String,
     credential: Credential,
     http: reqwest::Client,
+    /// Protocol upgrades only ([`upgrade_client`]).
+    upgrades: reqwest::Client,
     timeouts: Timeouts,
     images: ImageConfig,
 }
@@ -162,6 +183,7 @@ impl NodeClient {
             base: base_url(url)?,
             credential,
             http: http_client(timeouts.connect, None)?,
+            upgrades: upgrade_client(timeouts.connect, None)?,
             timeouts,
             images: ImageConfig::default(),
         })
@@ -171,6 +193,7 @@ impl NodeClient {
     /// `https://`).
     pub fn with_pinned_cert(mut self, pin: CertPin) -> Result<Self, ClientError> {
         self.http = http_client(self.timeouts.connect, Some(pin))?;
+        self.upgrades = upgrade_client(self.timeouts.connect, Some(pin))?;
         Ok(self)
     }
 
@@ -631,12 +654,22 @@ impl NodeClient {
             .extensions
             .remove::<hyper::upgrade::OnUpgrade>()
             .ok_or_else(|| unreachable("the caller's connection cannot be upgraded".into()))?;
-        let response = self
-            .http
+        // An upgrade carries no body: none is sent, and no header says otherwise.
+        parts.headers.remove(header::CONTENT_LENGTH);
+        parts.headers.remove(header::TRANSFER_ENCODING);
+        let sent = self
+            .upgrades
             .request(parts.method, format!("{}{route}", self.base))
             .headers(parts.headers)
-            .send()
+            .send();
+        let response = tokio::time::timeout(self.timeouts.moderate, sent)
             .await
+            .map_err(|_| {
+                unreachable(format!(
+                    "no answer to the upgrade within {} s",
+                    self.timeouts.moderate.as_secs_f64()
+                ))
+            })?
             .map_err(|e| unreachable(chain(&e)))?;
         if response.headers().contains_key(REFUSAL_HEADER) {
             return Err(self.refusal(response).await);

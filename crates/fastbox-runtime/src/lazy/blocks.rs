@@ -205,8 +205,19 @@ impl LazyFile {
         self.size == 0
     }
 
-    /// Fetches (or waits for) every block that `range` touches.
+    /// Fetches (or waits for) every block that `range` touches, as a fault: while it waits,
+    /// the node's background fetches start nothing new (see [`super::demand`]).
     pub fn ensure(&self, range: Range<u64>) -> Result<(), BlockError> {
+        self.ensure_as(range, Caller::Reader)
+    }
+
+    /// As [`LazyFile::ensure`], for a reader that is no fault (the lazy-pages daemon copying
+    /// the rest in the background): it does not hold the background back.
+    pub fn ensure_in_background(&self, range: Range<u64>) -> Result<(), BlockError> {
+        self.ensure_as(range, Caller::Background)
+    }
+
+    fn ensure_as(&self, range: Range<u64>, caller: Caller) -> Result<(), BlockError> {
         if range.end > self.size {
             return Err(BlockError::OutOfRange {
                 path: self.path.clone(),
@@ -215,7 +226,7 @@ impl LazyFile {
             });
         }
         self.blocks_of(range)
-            .try_for_each(|i| self.ensure_block(i, Caller::Reader))
+            .try_for_each(|i| self.ensure_block(i, caller))
     }
 
     /// How many bytes from `offset` (at most `max`) are in blocks already here, without
@@ -580,6 +591,49 @@ pub(crate) mod tests {
         background.wait().unwrap();
         assert_eq!(std::fs::read(file.path()).unwrap(), data);
         assert_eq!(source.asked.lock().unwrap().len(), 6);
+    }
+
+    #[test]
+    fn a_background_reader_holds_nothing_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = pattern(6 * 4096);
+        let (inner, digests) = MemorySource::of(&data, 4096, Duration::ZERO);
+        let source = Arc::new(HeldSource {
+            inner,
+            asked: Mutex::new(Vec::new()),
+            held: Mutex::new(true),
+            let_go: Condvar::new(),
+        });
+        let file = Arc::new(
+            LazyFile::create(
+                &dir.path().join("pages-1.img"),
+                data.len() as u64,
+                4096,
+                digests,
+                source.clone(),
+            )
+            .unwrap(),
+        );
+        // The lazy-pages daemon copying block 3 in the background: its fetch is held, and the
+        // background fetch of the other blocks goes on meanwhile.
+        let copier = {
+            let file = Arc::clone(&file);
+            std::thread::spawn(move || file.ensure_in_background(3 * 4096..3 * 4096 + 16))
+        };
+        let background = file.prefetch(2);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while source.asked.lock().unwrap().len() < 6 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the background waited"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        *source.held.lock().unwrap() = false;
+        source.let_go.notify_all();
+        copier.join().unwrap().unwrap();
+        background.wait().unwrap();
+        assert_eq!(std::fs::read(file.path()).unwrap(), data);
     }
 
     #[test]

@@ -120,8 +120,15 @@ impl PageServer {
             .pagemap
             .locate(request.vaddr, asked)
             .ok_or_else(no_pages)?;
-        // The first page is waited for; the rest goes as far as the blocks already here.
-        task.pages.ensure(range.start..range.start + PAGE_SIZE)?;
+        // The first page is waited for; the rest goes as far as the blocks already here. CRIU
+        // asks one page for a fault and whole ranges when it copies the rest in the
+        // background: only a fault holds the node's background fetches back.
+        let first = range.start..range.start + PAGE_SIZE;
+        if request.nr_pages == 1 {
+            task.pages.ensure(first)?;
+        } else {
+            task.pages.ensure_in_background(first)?;
+        }
         let ready = task.pages.ready_len(range.start, range.end - range.start);
         let len = (ready / PAGE_SIZE).max(1) * PAGE_SIZE;
         let nr_pages = len / PAGE_SIZE;

@@ -331,12 +331,16 @@ impl Lifecycle {
             // decides alone (expiry, forgetting what holds nothing there) goes on.
             let lost = self.node_is_lost(record.node.as_deref());
             if !record.moved_from.is_empty() {
-                self.clean_moved(&record).await;
+                self.clean_moved(&record.id).await;
             }
             // A resume asked for during a pause that ended without starting it (a restart,
-            // or a race with the pause's end).
-            if record.resume_after_pause {
-                self.resume_if_asked(&record.id);
+            // or a race with the pause's end); not of a sandbox whose time is up. One that
+            // starts is the resume's from here on.
+            if record.resume_after_pause
+                && record.expires_at.is_none_or(|t| t > now)
+                && self.resume_if_asked(&record.id)
+            {
+                continue;
             }
             let id = record.id.as_str();
             match record.state() {

@@ -259,10 +259,6 @@ impl Lifecycle {
         self.busy.lock().expect("busy lock").remove(id);
     }
 
-    pub(super) fn is_busy(&self, id: &str) -> bool {
-        self.busy.lock().expect("busy lock").contains(id)
-    }
-
     /// The placement of every sandbox placed on node `node_id` (the node tells what it
     /// holds from them: a pooled sandbox keeps its pool name after a claim).
     pub fn placements(&self, node_id: &str) -> Vec<NodePlacement> {

@@ -81,7 +81,8 @@ impl Lifecycle {
             Timeouts::default(),
         )
         .map_err(|e| format!("url {:?}: {e}", record.url))?;
-        let client = match (&record.tls_pin, record.url.starts_with("https://")) {
+        // The URL as the client parsed it (its scheme in lower case).
+        let client = match (&record.tls_pin, client.url().starts_with("https://")) {
             (Some(pin), true) => {
                 let pin: CertPin = pin.parse().map_err(|e| format!("{e}"))?;
                 client.with_pinned_cert(pin).map_err(|e| e.to_string())?

@@ -376,7 +376,10 @@ impl Lifecycle {
             SandboxState::Running,
             SandboxState::Pausing,
             "pause requested",
-            |r| r.paused_checkpoint = Some(key),
+            |r| {
+                r.paused_checkpoint = Some(key);
+                r.resume_after_pause = false;
+            },
         )?;
         let this = self.clone();
         let id = id.to_string();
@@ -389,37 +392,36 @@ impl Lifecycle {
     }
 
     /// `POST /v1/sandboxes/{id}/resume`: `Resuming` now; `Running` once restored. Asked while
-    /// the sandbox is `Pausing` (or `Paused` with its pause not yet let go), the resume is
-    /// accepted and runs once the pause ends.
+    /// the sandbox is `Pausing`, the resume is accepted and runs once the pause ends.
     pub fn resume(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
-        let record = self.record(id)?;
-        let during_pause = record.state() == SandboxState::Pausing
-            || (record.state() == SandboxState::Paused && self.is_busy(id));
-        if during_pause {
+        if self.record(id)?.state() == SandboxState::Pausing {
+            // Set only while it is Pausing, in the same write that sees it so.
             let record = self.update(id, |r| {
-                let pausing = matches!(r.state(), SandboxState::Pausing | SandboxState::Paused);
-                if pausing && !r.resume_after_pause {
+                if r.state() == SandboxState::Pausing && !r.resume_after_pause {
                     r.resume_after_pause = true;
                     r.event("ResumeRequested", "it resumes once its pause ends");
                 }
                 Ok(())
             })?;
             if record.resume_after_pause {
+                // The pause may have ended since: then it starts now.
+                self.resume_if_asked(id);
                 return Ok(());
             }
+            // The pause ended between the look and the write: an ordinary resume.
         }
         self.start_resume(id)
     }
 
-    /// A resume of a `Paused` sandbox that is not busy: `Resuming` now, restored in the
-    /// background.
+    /// A resume of a `Paused` sandbox that is not busy: `Resuming` now (a resume asked during
+    /// its pause is thereby done), restored in the background.
     fn start_resume(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
         self.begin(
             id,
             SandboxState::Paused,
             SandboxState::Resuming,
             "resume requested",
-            |_| {},
+            |r| r.resume_after_pause = false,
         )?;
         let this = self.clone();
         let id = id.to_string();
@@ -429,23 +431,28 @@ impl Lifecycle {
 
     /// The resume asked for during a pause, once that pause ended (see
     /// [`SandboxRecord::resume_after_pause`]): started when the sandbox is `Paused` and not
-    /// busy, dropped when the pause failed. Called when a pause lets the sandbox go, and by
-    /// the reconciler (a pause a restart finished, a race with a pause's end).
-    pub(super) fn resume_if_asked(self: &Arc<Self>, id: &str) {
+    /// busy (whether it started), forgotten when the pause failed or the sandbox went
+    /// elsewhere. Called when a pause lets the sandbox go, after a resume is asked, and by
+    /// the reconciler (a pause a restart finished).
+    pub(super) fn resume_if_asked(self: &Arc<Self>, id: &str) -> bool {
         let Ok(record) = self.record(id) else {
-            return;
+            return false;
         };
-        if !record.resume_after_pause || record.state() == SandboxState::Pausing {
-            return;
+        match record.state() {
+            _ if !record.resume_after_pause => false,
+            // Not yet, or busy still: asked again later.
+            SandboxState::Pausing => false,
+            SandboxState::Paused => self.start_resume(id).is_ok(),
+            _ => {
+                let _ = self.update(id, |r| {
+                    if !matches!(r.state(), SandboxState::Pausing | SandboxState::Paused) {
+                        r.resume_after_pause = false;
+                    }
+                    Ok(())
+                });
+                false
+            }
         }
-        if record.state() == SandboxState::Paused && self.start_resume(id).is_err() {
-            // Busy still: asked again later.
-            return;
-        }
-        let _ = self.update(id, |r| {
-            r.resume_after_pause = false;
-            Ok(())
-        });
     }
 
     /// [`Lifecycle::run_resume`] of a busy sandbox, then not busy. A resume its node's loss
@@ -744,51 +751,67 @@ impl Lifecycle {
         })
     }
 
-    /// What a sandbox that moved off lost nodes left on each (its kept slot, its
-    /// checkpoint), removed once that node is back. Until then (or when that fails) it stays
-    /// recorded.
-    pub(super) async fn clean_moved(&self, record: &SandboxRecord) {
-        for moved in &record.moved_from {
-            if self.node_is_lost(moved.node.as_deref()) {
-                continue;
-            }
-            let Ok(node) = self.node(moved.node.as_deref()) else {
-                continue;
-            };
-            // Back on that node since: its files there are the running sandbox's now, only
-            // the slot it kept while paused there is given back.
-            let mut cleaned = if self.node_name(moved.node.as_deref())
-                == self.node_name(record.node.as_deref())
-            {
-                if let Some(slot) = moved.slot {
-                    node.release_slot(slot).await;
-                }
-                Ok(())
-            } else {
-                node.remove(&record.id, None, moved.slot)
-                    .await
-                    .map(drop)
-                    .map_err(|e| e.to_string())
-            };
-            if let (Ok(()), Some(key)) = (&cleaned, &moved.checkpoint) {
-                cleaned = node.remove_snapshot(key).await.map_err(|e| e.to_string());
-            }
-            match cleaned {
-                Ok(()) => {
-                    let _ = self.update(&record.id, |r| {
-                        r.moved_from.retain(|m| m != moved);
-                        r.event(
-                            "Cleaned",
-                            &format!("what it left on node {} is removed", node.node_id()),
-                        );
-                        Ok(())
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(sandbox = %record.id, node = node.node_id(), error = %e, "could not remove what a moved sandbox left")
-                }
+    /// What sandbox `id` left on each lost node it moved off (its kept slot, its checkpoint),
+    /// removed once that node is back; until then (or when that fails) it stays recorded. The
+    /// sandbox is taken for the whole cleaning, so nothing moves it meanwhile.
+    pub(super) async fn clean_moved(&self, id: &str) {
+        if !self.claim(id) {
+            return;
+        }
+        if let Ok(record) = self.record(id) {
+            for moved in &record.moved_from {
+                self.clean_one_move(&record, moved).await;
             }
         }
+        self.release(id);
+    }
+
+    async fn clean_one_move(&self, record: &SandboxRecord, moved: &MovedFrom) {
+        if self.node_is_lost(moved.node.as_deref()) {
+            return;
+        }
+        let Ok(node) = self.node(moved.node.as_deref()) else {
+            return;
+        };
+        let warn = |e: &dyn std::fmt::Display| {
+            tracing::warn!(sandbox = %record.id, node = node.node_id(), error = %e, "could not remove what a moved sandbox left");
+        };
+        let same = |m: &MovedFrom| m.node == moved.node && m.checkpoint == moved.checkpoint;
+        // 1. The slot it kept there, and what ran there. Back on that node since, its files
+        //    there are the running sandbox's: only the slot is given back.
+        let back_on_it =
+            self.node_name(moved.node.as_deref()) == self.node_name(record.node.as_deref());
+        if back_on_it {
+            if let Some(slot) = moved.slot {
+                node.release_slot(slot).await;
+            }
+        } else if let Err(e) = node.remove(&record.id, None, moved.slot).await {
+            return warn(&e);
+        }
+        // Recorded at once: a retry never gives back a slot another sandbox took since.
+        if moved.slot.is_some() {
+            let _ = self.update(&record.id, |r| {
+                r.moved_from
+                    .iter_mut()
+                    .filter(|m| same(m))
+                    .for_each(|m| m.slot = None);
+                Ok(())
+            });
+        }
+        // 2. Its checkpoint there.
+        if let Some(key) = &moved.checkpoint
+            && let Err(e) = node.remove_snapshot(key).await
+        {
+            return warn(&e);
+        }
+        let _ = self.update(&record.id, |r| {
+            r.moved_from.retain(|m| !same(m));
+            r.event(
+                "Cleaned",
+                &format!("what it left on node {} is removed", node.node_id()),
+            );
+            Ok(())
+        });
     }
 
     /// Removes the checkpoint a resumed (or removed) sandbox was paused in.
