@@ -184,14 +184,19 @@ pub fn pinned_client_config(pin: CertPin) -> Result<rustls::ClientConfig, TlsErr
 
 /// Serves `router` over TLS with `acceptor` (the callers' addresses as `ConnectInfo`, HTTP/1
 /// upgrades passed on) until `stop` turns true. A connection whose handshake fails or takes
-/// over 10 s is dropped.
+/// over 10 s is dropped, so is one that sends no request head within 30 s; at most
+/// [`MAX_CONNECTIONS`] are served at once (the others wait to be accepted).
 pub async fn serve_tls(
     listener: TcpListener,
     acceptor: tokio_rustls::TlsAcceptor,
     router: axum::Router,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> io::Result<()> {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            return Ok(());
+        };
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -207,6 +212,7 @@ pub async fn serve_tls(
         };
         let (acceptor, router) = (acceptor.clone(), router.clone());
         tokio::spawn(async move {
+            let _slot = slot;
             let _ = tcp.set_nodelay(true);
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
@@ -219,15 +225,24 @@ pub async fn serve_tls(
             let service = hyper_util::service::TowerToHyperService::new(
                 router.layer(axum::Extension(ConnectInfo::<SocketAddr>(peer))),
             );
-            let _ =
-                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
-                    .serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(tls), service)
-                    .await;
+            let mut builder =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            builder
+                .http1()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT);
+            let _ = builder
+                .serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(tls), service)
+                .await;
         });
     }
 }
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection may take to send a request's head.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections served at once by one listener.
+pub const MAX_CONNECTIONS: usize = 1024;
 
 /// The one crypto provider of these connections (ring), named explicitly: the process may
 /// hold several.
