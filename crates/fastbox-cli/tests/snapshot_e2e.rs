@@ -388,7 +388,9 @@ fn snapshots_make_independent_clones_and_survive_crashes() {
     let (status, listed) = server.get("/v1/snapshots?state=Bogus");
     assert_eq!(status, 200, "{listed}");
     assert_eq!(listed["items"].as_array().unwrap().len(), 0, "{listed}");
-    let (_, listed) = server.get("/v1/snapshots?state=Bogus&state=ready");
+    let (_, listed) = server.get(&format!(
+        "/v1/snapshots?sandboxId={id}&name=first&state=Bogus&state=ready"
+    ));
     assert_eq!(listed["items"].as_array().unwrap().len(), 1, "{listed}");
     assert_eq!(server.delete(&format!("/v1/snapshots/{sid}")), 204);
     assert_eq!(
