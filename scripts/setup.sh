@@ -4,10 +4,11 @@
 # second run checks and does nothing (a few hundred milliseconds). See docs/setup.md.
 #
 #   scripts/setup.sh            # everything
-#   scripts/setup.sh --force    # reinstall the private parts (.deps/criu, .deps/registry, .deps/s3s-fs, .deps/cargo-fuzz, .deps/venv)
+#   scripts/setup.sh --force    # reinstall the private parts (.deps/criu, .deps/registry, .deps/etcd, .deps/s3s-fs, .deps/cargo-fuzz, .deps/venv, tests/js/node_modules)
 #
 # Steps: Debian packages (apt-get only for missing ones) -> docker-registry binary unpacked into
-# .deps/registry (no system service) -> CRIU >= 4.2 (scripts/install-criu.sh) -> the s3s-fs S3
+# .deps/registry (no system service) -> CRIU >= 4.2 (scripts/install-criu.sh) -> etcd 3.4 and
+# etcdctl unpacked into .deps/etcd (no service) -> the s3s-fs S3
 # test server built into .deps/s3s-fs (cargo install; about two minutes) -> cargo-fuzz built into
 # .deps/cargo-fuzz (cargo install; about two minutes; scripts/fuzz.sh) -> Python venv
 # .deps/venv (opensandbox SDK, pytest, moto's S3 test server) -> the JavaScript SDK
@@ -52,6 +53,10 @@ PACKAGES=(
     ca-certificates
 )
 REGISTRY_PKG=docker-registry
+# etcd 3.4 (Debian's; not the 3.5.0-3.5.2 builds, which can lose consistency after a crash) and
+# etcdctl, unpacked into .deps/etcd for the tests, which start their own members on random
+# loopback ports (never a service).
+ETCD_PKGS=(etcd-server etcd-client)
 # moto[server]: an in-memory S3 server for the fastbox-s3 tests (started by the tests, never a
 # service).
 VENV_REQUIREMENTS=("opensandbox==1.1.1" "opensandbox-code-interpreter==1.1.1" "opensandbox-cli==1.1.1" "pytest" "moto[server]==5.2.5")
@@ -70,6 +75,8 @@ S3S_FS_BIN=$S3S_FS_DIR/bin/s3s-fs
 CARGO_FUZZ_DIR=$FASTBOX_DEPS/cargo-fuzz
 CARGO_FUZZ_BIN=$CARGO_FUZZ_DIR/bin/cargo-fuzz
 CRIU=$FASTBOX_DEPS/criu/bin/criu
+ETCD_DIR=$FASTBOX_DEPS/etcd
+ETCD_BIN=$ETCD_DIR/bin/etcd
 
 fb_require_root
 total_start=$(fb_now)
@@ -106,6 +113,31 @@ step_registry() {
     rm -rf "$tmp" "$REGISTRY_DIR"
     mv "$REGISTRY_DIR.new" "$REGISTRY_DIR"
     "$REGISTRY_BIN" --version
+}
+
+step_etcd() {
+    if ((FORCE == 0)) && [[ -x "$ETCD_BIN" ]] && "$ETCD_BIN" --version >/dev/null 2>&1; then
+        fb_log "etcd present: $("$ETCD_BIN" --version 2>&1 | head -n1)"
+        return 0
+    fi
+    local tmp deb
+    tmp=$(mktemp -d "$FASTBOX_DEPS/.etcd-dl.XXXXXX")
+    if ! (cd "$tmp" && apt-get -q -o APT::Sandbox::User=root download "${ETCD_PKGS[@]}") >/dev/null 2>&1; then
+        fb_apt_update
+        (cd "$tmp" && apt-get -q -o APT::Sandbox::User=root download "${ETCD_PKGS[@]}")
+    fi
+    rm -rf "$ETCD_DIR.new"
+    mkdir -p "$ETCD_DIR.new/bin"
+    : >"$ETCD_DIR.new/VERSIONS"
+    for deb in "$tmp"/*.deb; do
+        dpkg-deb -x "$deb" "$ETCD_DIR.new"
+        dpkg-deb -W --showformat='${Package} ${Version}\n' "$deb" >>"$ETCD_DIR.new/VERSIONS"
+    done
+    ln -s ../usr/bin/etcd "$ETCD_DIR.new/bin/etcd"
+    ln -s ../usr/bin/etcdctl "$ETCD_DIR.new/bin/etcdctl"
+    rm -rf "$tmp" "$ETCD_DIR"
+    mv "$ETCD_DIR.new" "$ETCD_DIR"
+    "$ETCD_BIN" --version | head -n1
 }
 
 step_criu() {
@@ -219,6 +251,7 @@ step_sysctl() {
 fb_step packages step_packages
 fb_step registry step_registry
 fb_step criu step_criu
+fb_step etcd step_etcd
 fb_step s3s-fs step_s3s_fs
 fb_step cargo-fuzz step_cargo_fuzz
 fb_step venv step_venv
@@ -234,6 +267,7 @@ fb_step sysctl step_sysctl
     echo "export FASTBOX_PYTHON='$VENV/bin/python'"
     echo "export FASTBOX_S3S_FS_BIN='$S3S_FS_BIN'"
     echo "export FASTBOX_MOTO_SERVER='$MOTO_SERVER'"
+    echo "export FASTBOX_ETCD_BIN='$ETCD_BIN'"
 } >"$FASTBOX_DEPS/env.new"
 mv "$FASTBOX_DEPS/env.new" "$FASTBOX_DEPS/env"
 
