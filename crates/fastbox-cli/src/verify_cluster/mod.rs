@@ -242,11 +242,11 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<i32> {
         Ok((Ok(report), _)) => !report.failures.is_empty(),
         _ => true,
     };
+    let run_dir = dir.keep();
     if failed {
-        let kept = dir.keep();
         eprintln!(
             "fastbox: the run failed: its logs are kept in {}",
-            kept.display()
+            run_dir.display()
         );
     }
     let (report, prefixes) = outcome?;
@@ -256,6 +256,11 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<i32> {
         .flat_map(|p| crate::local_sandbox::leftovers(p))
         .collect();
     leftovers.extend(scenario_net::leftovers(&prefix));
+    // The run's directory goes too. A fence guard outlives its stopped node for a moment and
+    // may still write its marker there, so the removal is tried again for a few seconds.
+    if !failed && let Err(e) = remove_run_dir(&run_dir) {
+        leftovers.push(format!("{}: {e}", run_dir.display()));
+    }
     let mut report = report?;
     if !leftovers.is_empty() {
         report.failures.push(format!("left behind: {leftovers:?}"));
@@ -267,6 +272,20 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<i32> {
         print!("{}", human(&report));
     }
     Ok(if report.passed { 0 } else { 1 })
+}
+
+/// Removes `dir`, trying again for up to 10 s while something still writes into it.
+fn remove_run_dir(dir: &Path) -> std::io::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match std::fs::remove_dir_all(dir) {
+            Err(_) if !dir.exists() => return Ok(()),
+            Err(_) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            other => return other,
+        }
+    }
 }
 
 struct Scenario<'a> {
