@@ -444,12 +444,18 @@ fn an_unarmed_guard_exits_with_its_agent() {
     let Some(mut node) = Node::new("unarmed", CgroupSource::Detect) else {
         return;
     };
-    drop(node.guard());
+    let guard = node.guard();
+    // Running: it holds its lock (a guard dropped before that may exit before taking it).
+    let lock = node.data.path().join(LOCK_FILE);
+    assert!(
+        wait_until(Duration::from_secs(5), || lock.exists()),
+        "the guard took no lock"
+    );
+    drop(guard);
     assert!(
         node.watched[0].exited_within(Duration::from_secs(5)),
         "the unarmed guard stayed"
     );
     assert!(!node.frozen());
     assert!(node.marker().is_none());
-    assert!(node.data.path().join(LOCK_FILE).exists());
 }
