@@ -736,6 +736,42 @@ fn egress_policies_through_the_api() {
         egress_call(&node, None, Some(&token), Method::GET, None).0,
         200
     );
+
+    // --- a resume on its own node keeps the sandbox's open connections: CRIU connects each
+    // again during the restore, which needs the sandbox's way out (its policy goes in
+    // before the restore; without a route the resume failed with "Network is unreachable")
+    deny_default.run(&format!(
+        "nohup python3 /tmp/probe.py hold /tmp/go-resume {opened_ip} > /tmp/held-resume 2>&1 &"
+    ));
+    let held_says = |want: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let out = deny_default.run("cat /tmp/held-resume");
+            if out.contains(want) {
+                return out;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the holder says {out:?}, not {want:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    held_says("ready");
+    for (verb, state) in [("pause", "Paused"), ("resume", "Running")] {
+        let (status, body) = server.post(
+            &format!("/v1/sandboxes/{}/{verb}", deny_default.id),
+            &json!({}),
+        );
+        assert_eq!(status, 202, "{verb}: {body}");
+        server.wait_state(&deny_default.id, state);
+    }
+    deny_default.run("touch /tmp/go-resume");
+    let out = held_says(&format!("{opened_ip} "));
+    assert!(
+        out.contains(&format!("{opened_ip} echo")),
+        "the connection held across the pause: {out:?}"
+    );
     eprintln!("egress e2e: {:.1} s", started.elapsed().as_secs_f64());
 
     drop(internet);

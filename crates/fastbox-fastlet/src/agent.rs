@@ -532,15 +532,19 @@ impl Fastlet {
         let _start = self.starts.begin();
         let remote_memory = self.remote_memory(template, &req.id, mode)?;
         let whole_after = remote_memory.as_ref().map(|_| template.checkpoint.clone());
+        // The same sandbox at the same address keeps its connections; clones close them.
+        let keep_tcp = mode == StartMode::Resume;
         let opts = StartOptions {
             id: req.id.clone(),
             limits: req.limits,
             disk_bytes: req.disk_bytes,
             execd_token: Some(template.golden_token.clone()),
-            // No way out until `configure` installed the request's policy.
-            deny_egress: true,
-            // The same sandbox at the same address keeps its connections; clones close them.
-            keep_tcp: mode == StartMode::Resume,
+            // No way out until `configure` installed the request's policy. A resume that
+            // keeps its connections needs its way out during the restore (CRIU connects
+            // each one again, which needs a route to its peer): its policy goes in first.
+            deny_egress: !keep_tcp,
+            policy: keep_tcp.then(|| req.policy.clone()),
+            keep_tcp,
             // Claims restore templates, which are small and restored whole.
             lazy_memory: mode != StartMode::Claim && self.restores_lazily(template),
             remote_memory,

@@ -122,6 +122,18 @@ impl Api {
         ))
     }
 
+    /// Sandbox `id`'s status message (why it is in its state), if it has one.
+    pub fn message(&self, id: &str) -> anyhow::Result<String> {
+        let (status, body) = self.get(&format!("/v1/sandboxes/{id}"))?;
+        if status != 200 {
+            bail!("GET sandbox {id}: {status} {body}");
+        }
+        Ok(body["status"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string())
+    }
+
     pub fn wait_state(&self, id: &str, state: &str, within: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + within;
         loop {

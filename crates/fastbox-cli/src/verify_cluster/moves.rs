@@ -117,8 +117,12 @@ pub(super) fn timed_resume(
     let deadline = clock + STEP_TIMEOUT;
     while !api.pings(id) {
         let (state, reason) = api.state(id)?;
-        if state == "Failed" || Instant::now() >= deadline {
-            bail!("resume {id}: {state} ({reason:?}), execd does not answer");
+        // Failed, or Paused again (the resume failed and the checkpoint is kept): it ends
+        // here, with the sandbox's own account of why.
+        let given_up = state == "Failed" || (state == "Paused" && reason.is_some());
+        if given_up || Instant::now() >= deadline {
+            let message = api.message(id).unwrap_or_default();
+            bail!("resume {id}: {state} ({reason:?}), execd does not answer: {message}");
         }
         std::thread::sleep(Duration::from_millis(5));
     }
