@@ -92,8 +92,8 @@ mod tests {
         std::thread::sleep(Duration::from_millis(100));
         assert!(!worker.is_finished(), "the worker went ahead of a fault");
         drop(fault);
+        // Let go by the fault's end, not by its bound.
         let waited = worker.join().unwrap();
-        assert!(waited >= Duration::from_millis(100), "{waited:?}");
         assert!(waited < Duration::from_secs(30), "{waited:?}");
     }
 
