@@ -553,8 +553,27 @@ pub(crate) mod tests {
         }
     }
 
-    #[test]
-    fn the_background_starts_no_fetch_while_a_reader_waits_for_its_block() {
+    impl HeldSource {
+        fn asked(&self) -> Vec<String> {
+            self.asked.lock().unwrap().clone()
+        }
+
+        /// The held fetch goes on.
+        fn let_go(&self) {
+            *self.held.lock().unwrap() = false;
+            self.let_go.notify_all();
+        }
+    }
+
+    /// A file of six 4 KiB blocks whose source holds the first fetch asked: its directory,
+    /// data, block digests, source and the file.
+    fn held_file() -> (
+        tempfile::TempDir,
+        Vec<u8>,
+        Vec<String>,
+        Arc<HeldSource>,
+        Arc<LazyFile>,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let data = pattern(6 * 4096);
         let (inner, digests) = MemorySource::of(&data, 4096, Duration::ZERO);
@@ -574,46 +593,33 @@ pub(crate) mod tests {
             )
             .unwrap(),
         );
+        (dir, data, digests, source, file)
+    }
+
+    #[test]
+    fn the_background_starts_no_fetch_while_a_reader_waits_for_its_block() {
+        let (_dir, data, digests, source, file) = held_file();
         // A fault on block 3: its fetch is held at the source.
         let reader = {
             let file = Arc::clone(&file);
             std::thread::spawn(move || file.read_at(3 * 4096, &mut [0u8; 16]))
         };
-        while source.asked.lock().unwrap().is_empty() {
+        while source.asked().is_empty() {
             std::thread::sleep(Duration::from_millis(5));
         }
         let background = file.prefetch(2);
         std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(*source.asked.lock().unwrap(), [digests[3].clone()]);
-        *source.held.lock().unwrap() = false;
-        source.let_go.notify_all();
+        assert_eq!(source.asked(), [digests[3].clone()]);
+        source.let_go();
         reader.join().unwrap().unwrap();
         background.wait().unwrap();
         assert_eq!(std::fs::read(file.path()).unwrap(), data);
-        assert_eq!(source.asked.lock().unwrap().len(), 6);
+        assert_eq!(source.asked().len(), 6);
     }
 
     #[test]
     fn a_background_reader_holds_nothing_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let data = pattern(6 * 4096);
-        let (inner, digests) = MemorySource::of(&data, 4096, Duration::ZERO);
-        let source = Arc::new(HeldSource {
-            inner,
-            asked: Mutex::new(Vec::new()),
-            held: Mutex::new(true),
-            let_go: Condvar::new(),
-        });
-        let file = Arc::new(
-            LazyFile::create(
-                &dir.path().join("pages-1.img"),
-                data.len() as u64,
-                4096,
-                digests,
-                source.clone(),
-            )
-            .unwrap(),
-        );
+        let (_dir, data, _, source, file) = held_file();
         // The lazy-pages daemon copying block 3 in the background: its fetch is held, and the
         // background fetch of the other blocks goes on meanwhile.
         let copier = {
@@ -622,15 +628,14 @@ pub(crate) mod tests {
         };
         let background = file.prefetch(2);
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while source.asked.lock().unwrap().len() < 6 {
+        while source.asked().len() < 6 {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the background waited"
             );
             std::thread::sleep(Duration::from_millis(5));
         }
-        *source.held.lock().unwrap() = false;
-        source.let_go.notify_all();
+        source.let_go();
         copier.join().unwrap().unwrap();
         background.wait().unwrap();
         assert_eq!(std::fs::read(file.path()).unwrap(), data);
