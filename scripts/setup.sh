@@ -92,26 +92,41 @@ step_packages() {
     fb_apt_install "${PACKAGES[@]}"
 }
 
-# docker-registry, as a binary only: `apt-get download` + `dpkg-deb -x`, so that no system
-# service is installed or started. Tests start it themselves on random loopback ports.
+# Debian packages unpacked, never installed: `apt-get download` + `dpkg-deb -x` of PKGS into DIR
+# (replaced whole, through DIR.new), with DIR/bin/NAME linking to usr/bin/NAME for each NAME in
+# BINS and the packages' versions in DIR/VERSIONS. No system service is registered or started.
+#   unpack_debs DIR "PKG..." "BIN..."
+unpack_debs() {
+    local dir=$1 tmp deb name
+    local -a pkgs bins
+    read -ra pkgs <<<"$2"
+    read -ra bins <<<"$3"
+    tmp=$(mktemp -d "$FASTBOX_DEPS/.$(basename "$dir")-dl.XXXXXX")
+    if ! (cd "$tmp" && apt-get -q -o APT::Sandbox::User=root download "${pkgs[@]}") >/dev/null 2>&1; then
+        fb_apt_update
+        (cd "$tmp" && apt-get -q -o APT::Sandbox::User=root download "${pkgs[@]}")
+    fi
+    rm -rf "$dir.new"
+    mkdir -p "$dir.new/bin"
+    : >"$dir.new/VERSIONS"
+    for deb in "$tmp"/*.deb; do
+        dpkg-deb -x "$deb" "$dir.new"
+        dpkg-deb -W --showformat='${Package} ${Version}\n' "$deb" >>"$dir.new/VERSIONS"
+    done
+    for name in "${bins[@]}"; do
+        ln -s "../usr/bin/$name" "$dir.new/bin/$name"
+    done
+    rm -rf "$tmp" "$dir"
+    mv "$dir.new" "$dir"
+}
+
+# docker-registry, as a binary only. Tests start it themselves on random loopback ports.
 step_registry() {
     if ((FORCE == 0)) && [[ -x "$REGISTRY_BIN" ]] && "$REGISTRY_BIN" --version >/dev/null 2>&1; then
         fb_log "docker-registry present: $("$REGISTRY_BIN" --version 2>&1 | head -n1)"
         return 0
     fi
-    local tmp
-    tmp=$(mktemp -d "$FASTBOX_DEPS/.registry-dl.XXXXXX")
-    if ! (cd "$tmp" && apt-get -q -o APT::Sandbox::User=root download "$REGISTRY_PKG") >/dev/null 2>&1; then
-        fb_apt_update
-        (cd "$tmp" && apt-get -q -o APT::Sandbox::User=root download "$REGISTRY_PKG")
-    fi
-    rm -rf "$REGISTRY_DIR.new"
-    mkdir -p "$REGISTRY_DIR.new/bin"
-    dpkg-deb -x "$tmp"/*.deb "$REGISTRY_DIR.new"
-    ln -s ../usr/bin/docker-registry "$REGISTRY_DIR.new/bin/docker-registry"
-    dpkg-deb -W --showformat='${Package} ${Version}\n' "$tmp"/*.deb >"$REGISTRY_DIR.new/VERSIONS"
-    rm -rf "$tmp" "$REGISTRY_DIR"
-    mv "$REGISTRY_DIR.new" "$REGISTRY_DIR"
+    unpack_debs "$REGISTRY_DIR" "$REGISTRY_PKG" docker-registry
     "$REGISTRY_BIN" --version
 }
 
@@ -120,23 +135,7 @@ step_etcd() {
         fb_log "etcd present: $("$ETCD_BIN" --version 2>&1 | head -n1)"
         return 0
     fi
-    local tmp deb
-    tmp=$(mktemp -d "$FASTBOX_DEPS/.etcd-dl.XXXXXX")
-    if ! (cd "$tmp" && apt-get -q -o APT::Sandbox::User=root download "${ETCD_PKGS[@]}") >/dev/null 2>&1; then
-        fb_apt_update
-        (cd "$tmp" && apt-get -q -o APT::Sandbox::User=root download "${ETCD_PKGS[@]}")
-    fi
-    rm -rf "$ETCD_DIR.new"
-    mkdir -p "$ETCD_DIR.new/bin"
-    : >"$ETCD_DIR.new/VERSIONS"
-    for deb in "$tmp"/*.deb; do
-        dpkg-deb -x "$deb" "$ETCD_DIR.new"
-        dpkg-deb -W --showformat='${Package} ${Version}\n' "$deb" >>"$ETCD_DIR.new/VERSIONS"
-    done
-    ln -s ../usr/bin/etcd "$ETCD_DIR.new/bin/etcd"
-    ln -s ../usr/bin/etcdctl "$ETCD_DIR.new/bin/etcdctl"
-    rm -rf "$tmp" "$ETCD_DIR"
-    mv "$ETCD_DIR.new" "$ETCD_DIR"
+    unpack_debs "$ETCD_DIR" "${ETCD_PKGS[*]}" "etcd etcdctl"
     "$ETCD_BIN" --version | head -n1
 }
 
