@@ -185,6 +185,9 @@ fn creates_answer_pending_while_the_image_is_prepared() {
             "--no-default-images",
             "--cache-dir",
             &cache_dir,
+            // The slow registry below is on loopback.
+            "--registry-allow-private",
+            "127.0.0.1/32",
         ],
     ) else {
         return;
@@ -205,7 +208,9 @@ fn creates_answer_pending_while_the_image_is_prepared() {
         }
         assert_eq!(
             (status, ep["code"].as_str()),
-            (404, Some("KUBERNETES::POD_IP_NOT_AVAILABLE"))
+            (404, Some("KUBERNETES::POD_IP_NOT_AVAILABLE")),
+            "{ep} {}",
+            server.get(&format!("/v1/sandboxes/{id}")).1
         );
         assert!(
             std::time::Instant::now() < deadline,

@@ -382,7 +382,10 @@ fn build_busybox(
     fs::write(&target, &binary).map_err(io("cannot write", &target))?;
     fs::set_permissions(&target, fs::Permissions::from_mode(0o755))
         .map_err(io("cannot chmod", &target))?;
-    let list = Command::new(&target)
+    // The applet list comes from the source binary: the copy was just written by this
+    // (threaded) process, and a child forked elsewhere meanwhile may still hold it open for
+    // writing, which makes running it fail with ETXTBSY.
+    let list = Command::new(&cfg.busybox)
         .arg("--list-full")
         .output()
         .map_err(|e| recipe_err(recipe, format!("cannot run busybox --list-full: {e}")))?;
