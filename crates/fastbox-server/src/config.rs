@@ -118,6 +118,19 @@ pub struct Settings {
     pub access_failures_per_source: Option<u32>,
     /// Failed credential checks per minute from all sources before 429.
     pub access_failures_global: Option<u32>,
+    /// Where the server's records are: a redb file path (default: `state.redb` in the data
+    /// directory) or `etcd://HOST:PORT,...[/PREFIX]` (`etcds://` for TLS).
+    pub state: Option<String>,
+    /// The CA (PEM) that signed the etcd members' certificates.
+    pub state_ca: Option<PathBuf>,
+    /// A client certificate (PEM) for etcd, with `state_key`.
+    pub state_cert: Option<PathBuf>,
+    pub state_key: Option<PathBuf>,
+    /// How long a state-store operation may go on trying the etcd members, milliseconds.
+    pub state_timeout_ms: Option<u64>,
+    /// The etcd password: environment (`FASTBOX_STATE_PASSWORD`) or the URL, never the file.
+    #[serde(skip)]
+    pub state_password: Option<String>,
 }
 
 impl Settings {
@@ -153,6 +166,12 @@ impl Settings {
             dart_listen: self.dart_listen.or(lower.dart_listen),
             dart_peers: self.dart_peers.or(lower.dart_peers),
             dart_key: self.dart_key.or(lower.dart_key),
+            state: self.state.or(lower.state),
+            state_ca: self.state_ca.or(lower.state_ca),
+            state_cert: self.state_cert.or(lower.state_cert),
+            state_key: self.state_key.or(lower.state_key),
+            state_timeout_ms: self.state_timeout_ms.or(lower.state_timeout_ms),
+            state_password: self.state_password.or(lower.state_password),
             artifact_gc_interval: self.artifact_gc_interval.or(lower.artifact_gc_interval),
             artifact_gc_grace: self.artifact_gc_grace.or(lower.artifact_gc_grace),
             allow_local_images: self.allow_local_images.or(lower.allow_local_images),
@@ -637,6 +656,64 @@ pub struct ServerConfig {
     /// A slot a node reports admitted and unused for this long, that no record and no start
     /// in flight holds, is given back (an admission whose answer never arrived).
     pub admission_grace: Duration,
+    /// Where the server's records are, and how to reach them.
+    pub state: StateConfig,
+}
+
+/// The state store: the embedded redb file or etcd.
+#[derive(Debug, Clone)]
+pub struct StateConfig {
+    pub url: fastbox_state::StateUrl,
+    pub options: fastbox_state::EtcdOptions,
+}
+
+impl StateConfig {
+    fn resolve(settings: &Settings, data_dir: &Path) -> Result<Self, ConfigError> {
+        use fastbox_state::StateUrl;
+        let invalid = |field, message: String| ConfigError::Invalid { field, message };
+        let mut url = match &settings.state {
+            None => StateUrl::Redb(data_dir.join("state.redb")),
+            Some(text) => StateUrl::parse(text).map_err(|e| invalid("state", e.to_string()))?,
+        };
+        if let StateUrl::Etcd(target) = &mut url {
+            if let Some(password) = &settings.state_password {
+                target.password = Some(password.clone());
+            }
+            if target.password.is_some() && target.user.is_none() {
+                return Err(invalid(
+                    "state",
+                    "an etcd password needs a user (etcd://USER@HOST:PORT)".into(),
+                ));
+            }
+        } else if settings.state_ca.is_some() || settings.state_cert.is_some() {
+            return Err(invalid(
+                "state_ca",
+                "certificates are for an etcds:// state store".into(),
+            ));
+        }
+        let client_cert = match (&settings.state_cert, &settings.state_key) {
+            (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+            (None, None) => None,
+            _ => {
+                return Err(invalid(
+                    "state_cert",
+                    "state_cert and state_key go together".into(),
+                ));
+            }
+        };
+        let mut options = fastbox_state::EtcdOptions {
+            ca: settings.state_ca.clone(),
+            client_cert,
+            ..Default::default()
+        };
+        if let Some(ms) = settings.state_timeout_ms {
+            if ms == 0 {
+                return Err(invalid("state_timeout_ms", "must be positive".into()));
+            }
+            options.timeout = Duration::from_millis(ms);
+        }
+        Ok(Self { url, options })
+    }
 }
 
 /// [`ServerConfig::admission_grace`] by default.
@@ -680,6 +757,7 @@ impl ServerConfig {
             .clone()
             .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
         let artifacts = ArtifactConfig::resolve(&settings, &data_dir)?;
+        let state = StateConfig::resolve(&settings, &data_dir)?;
         let resources = ResourcePolicy::resolve(&settings)?;
         let allow_local_images =
             canonical_dirs(settings.allow_local_images.as_deref().unwrap_or_default())?;
@@ -795,6 +873,7 @@ impl ServerConfig {
             access_failures,
             leases: LeaseConfig::of(settings.node_lease_ms.unwrap_or(DEFAULT_NODE_LEASE_MS)),
             admission_grace: DEFAULT_ADMISSION_GRACE,
+            state,
         })
     }
 }

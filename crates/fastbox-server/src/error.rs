@@ -79,6 +79,9 @@ pub enum ApiError {
     /// A node did not answer: whether the operation happened is unknown.
     #[error("node unavailable: {0}")]
     NodeUnavailable(String),
+    /// The state store did not answer: the change was not made.
+    #[error("{0}; the change was not made, retry later")]
+    StoreUnavailable(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -107,7 +110,9 @@ impl ApiError {
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             Self::Upstream(_) => StatusCode::BAD_GATEWAY,
-            Self::NodeUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NodeUnavailable(_) | Self::StoreUnavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -137,6 +142,7 @@ impl ApiError {
             Self::NotImplemented(_) => "SANDBOX::API_NOT_SUPPORTED",
             Self::Upstream(_) => "SANDBOX::UPSTREAM_UNAVAILABLE",
             Self::NodeUnavailable(_) => "SANDBOX::NODE_UNAVAILABLE",
+            Self::StoreUnavailable(_) => "GENERAL::STATE_STORE_UNAVAILABLE",
             Self::Internal(_) => "GENERAL::UNKNOWN_ERROR",
         }
     }
@@ -165,7 +171,15 @@ impl IntoResponse for ApiError {
 
 impl From<crate::store::StoreError> for ApiError {
     fn from(e: crate::store::StoreError) -> Self {
-        ApiError::Internal(e.to_string())
+        use crate::store::StoreError;
+        use fastbox_state::StateError;
+        match e {
+            StoreError::State(StateError::Unavailable(message)) => Self::StoreUnavailable(message),
+            StoreError::State(e @ StateError::Conflict { .. }) => Self::Conflict(format!(
+                "{e}: it was changed by another server at the same time; retry"
+            )),
+            e => Self::Internal(e.to_string()),
+        }
     }
 }
 

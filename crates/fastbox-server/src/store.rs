@@ -1,31 +1,34 @@
-//! The embedded state store (redb, one file in the data directory): sandbox records, written
-//! before the server acts on them and read back after a restart.
+//! The server's records in the state store (`fastbox_state`: the embedded redb file by
+//! default, or etcd): sandboxes, templates, snapshots and nodes as JSON, written before the
+//! server acts on them and read back after a restart.
+//!
+//! Nothing is written blind: the store remembers the revision of each record as this server
+//! last read or wrote it, and every write is a compare-and-swap against it. A write that
+//! meets a change it has not seen fails with [`StoreError::Conflict`]; the caller reads the
+//! record again ([`Store::reload`]) and decides anew.
 
+use std::collections::HashMap;
 use std::path::Path;
-
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use std::sync::{Arc, Mutex};
 
 use fastbox_api::templates::Template;
+use fastbox_state::{Entry, RedbBackend, Revision, StateBackend, StateError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::record::{NodeRecord, SandboxRecord, SnapshotRecord};
 
-const SANDBOXES: TableDefinition<&str, &[u8]> = TableDefinition::new("sandboxes");
-const TEMPLATES: TableDefinition<&str, &[u8]> = TableDefinition::new("templates");
-const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshots");
-const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("nodes");
+const SANDBOXES: &str = "sandboxes";
+const TEMPLATES: &str = "templates";
+const SNAPSHOTS: &str = "snapshots";
+const NODES: &str = "nodes";
 
-/// How long opening the store waits for a lock held by what a crashed run left.
-pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// The store's tables: id -> JSON.
-type Table = TableDefinition<'static, &'static str, &'static [u8]>;
+pub use fastbox_state::StateUrl;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("state store: {0}")]
-    Db(#[from] redb::Error),
+    #[error(transparent)]
+    State(StateError),
     #[error("state store: record {id} is unreadable: {source}")]
     Corrupt {
         id: String,
@@ -33,41 +36,45 @@ pub enum StoreError {
     },
 }
 
-/// redb has an error type per operation; they all convert into `redb::Error`.
-fn dbr<T, E: Into<redb::Error>>(r: Result<T, E>) -> Result<T, StoreError> {
-    r.map_err(|e| StoreError::Db(e.into()))
+impl StoreError {
+    /// Someone else changed the record since this server read it.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Self::State(StateError::Conflict { .. }))
+    }
+}
+
+impl From<StateError> for StoreError {
+    fn from(e: StateError) -> Self {
+        Self::State(e)
+    }
 }
 
 pub struct Store {
-    db: Database,
+    backend: Arc<dyn StateBackend>,
+    /// The revision of each record (table, id) as this server last read or wrote it.
+    revisions: Mutex<HashMap<(&'static str, String), Revision>>,
 }
 
 impl Store {
-    /// Opens (or creates) the store at `path`. After a crash, a child process of the previous
-    /// run caught between its fork and its exec may share the file's lock for a moment: the
-    /// open waits up to [`LOCK_WAIT`] for it.
+    /// Opens (or creates) the embedded store at `path`.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let deadline = std::time::Instant::now() + LOCK_WAIT;
-        let db = loop {
-            match Database::create(path) {
-                Err(redb::DatabaseError::DatabaseAlreadyOpen)
-                    if std::time::Instant::now() < deadline =>
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                other => break dbr(other)?,
-            }
-        };
-        let txn = dbr(db.begin_write())?;
-        dbr(txn.open_table(SANDBOXES))?;
-        dbr(txn.open_table(TEMPLATES))?;
-        dbr(txn.open_table(SNAPSHOTS))?;
-        dbr(txn.open_table(NODES))?;
-        dbr(txn.commit())?;
-        Ok(Self { db })
+        Ok(Self::with_backend(Arc::new(RedbBackend::open(path)?)))
     }
 
-    /// Writes `record` durably (replacing an earlier version).
+    /// The records in `backend`.
+    pub fn with_backend(backend: Arc<dyn StateBackend>) -> Self {
+        Self {
+            backend,
+            revisions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Where the records are, for logs.
+    pub fn describe(&self) -> String {
+        self.backend.describe()
+    }
+
+    /// Writes `record` durably (replacing the version this server last saw).
     pub fn put(&self, record: &SandboxRecord) -> Result<(), StoreError> {
         self.put_in(SANDBOXES, &record.id, record)
     }
@@ -79,6 +86,11 @@ impl Store {
     /// Every sandbox record.
     pub fn load(&self) -> Result<Vec<SandboxRecord>, StoreError> {
         self.load_from(SANDBOXES)
+    }
+
+    /// Sandbox `id` as the store has it now (None: gone), after a conflict.
+    pub fn reload(&self, id: &str) -> Result<Option<SandboxRecord>, StoreError> {
+        self.reload_from(SANDBOXES, id)
     }
 
     /// Writes a template durably.
@@ -123,39 +135,77 @@ impl Store {
         self.load_from(NODES)
     }
 
-    fn put_in<T: Serialize>(&self, def: Table, key: &str, value: &T) -> Result<(), StoreError> {
+    fn known(&self, table: &'static str, key: &str) -> Revision {
+        self.revisions
+            .lock()
+            .expect("revisions lock")
+            .get(&(table, key.to_string()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn remember(&self, table: &'static str, key: &str, revision: Option<Revision>) {
+        let mut revisions = self.revisions.lock().expect("revisions lock");
+        match revision {
+            Some(revision) => revisions.insert((table, key.to_string()), revision),
+            None => revisions.remove(&(table, key.to_string())),
+        };
+    }
+
+    fn put_in<T: Serialize>(
+        &self,
+        table: &'static str,
+        key: &str,
+        value: &T,
+    ) -> Result<(), StoreError> {
         let bytes = serde_json::to_vec(value).expect("records serialize");
-        let txn = dbr(self.db.begin_write())?;
-        {
-            let mut table = dbr(txn.open_table(def))?;
-            dbr(table.insert(key, bytes.as_slice()))?;
-        }
-        dbr(txn.commit())
+        let revision = self
+            .backend
+            .put(table, key, &bytes, self.known(table, key))?;
+        self.remember(table, key, Some(revision));
+        Ok(())
     }
 
-    fn remove_from(&self, def: Table, key: &str) -> Result<(), StoreError> {
-        let txn = dbr(self.db.begin_write())?;
-        {
-            let mut table = dbr(txn.open_table(def))?;
-            dbr(table.remove(key))?;
-        }
-        dbr(txn.commit())
+    fn remove_from(&self, table: &'static str, key: &str) -> Result<(), StoreError> {
+        self.backend.delete(table, key, self.known(table, key))?;
+        self.remember(table, key, None);
+        Ok(())
     }
 
-    fn load_from<T: DeserializeOwned>(&self, def: Table) -> Result<Vec<T>, StoreError> {
-        let txn = dbr(self.db.begin_read())?;
-        let table = dbr(txn.open_table(def))?;
-        let mut out = Vec::new();
-        for item in dbr(table.iter())? {
-            let (key, value) = dbr(item)?;
-            let record =
-                serde_json::from_slice(value.value()).map_err(|source| StoreError::Corrupt {
-                    id: key.value().to_string(),
-                    source,
-                })?;
-            out.push(record);
+    fn load_from<T: DeserializeOwned>(&self, table: &'static str) -> Result<Vec<T>, StoreError> {
+        self.backend
+            .list(table)?
+            .into_iter()
+            .map(|entry| self.decode(table, entry))
+            .collect()
+    }
+
+    fn reload_from<T: DeserializeOwned>(
+        &self,
+        table: &'static str,
+        key: &str,
+    ) -> Result<Option<T>, StoreError> {
+        match self.backend.get(table, key)? {
+            Some(entry) => self.decode(table, entry).map(Some),
+            None => {
+                self.remember(table, key, None);
+                Ok(None)
+            }
         }
-        Ok(out)
+    }
+
+    fn decode<T: DeserializeOwned>(
+        &self,
+        table: &'static str,
+        entry: Entry,
+    ) -> Result<T, StoreError> {
+        let record =
+            serde_json::from_slice(&entry.value).map_err(|source| StoreError::Corrupt {
+                id: entry.key.clone(),
+                source,
+            })?;
+        self.remember(table, &entry.key, Some(entry.revision));
+        Ok(record)
     }
 }
 
@@ -183,5 +233,32 @@ mod tests {
         all.sort_by(|x, y| x.id.cmp(&y.id));
         assert_eq!(all.len(), 2);
         assert_eq!(all[1].slot, Some(7));
+    }
+
+    #[test]
+    fn a_change_made_elsewhere_is_never_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        let store = Store::open(&path).unwrap();
+        let mut a = record("a");
+        store.put(&a).unwrap();
+        // Another writer of the same state (another server) changes it.
+        let other = Store::with_backend(store.backend.clone());
+        other.load().unwrap();
+        let mut theirs = a.clone();
+        theirs.slot = Some(9);
+        other.put(&theirs).unwrap();
+        // This server's write from the old version is refused, and a reload shows theirs.
+        a.slot = Some(1);
+        let error = store.put(&a).unwrap_err();
+        assert!(error.is_conflict(), "{error}");
+        let now = store.reload("a").unwrap().unwrap();
+        assert_eq!(now.slot, Some(9));
+        let mut next = now;
+        next.slot = Some(2);
+        store.put(&next).unwrap();
+        // A create of an id that exists is refused too.
+        let fresh = Store::with_backend(store.backend.clone());
+        assert!(fresh.put(&record("a")).unwrap_err().is_conflict());
     }
 }

@@ -77,20 +77,29 @@ impl EtcdCluster {
     /// Starts `members` members (1 or 3, usually) as one new cluster and waits until each
     /// reports healthy.
     pub fn start(members: usize) -> io::Result<EtcdCluster> {
+        let shm = PathBuf::from("/dev/shm");
+        Self::start_in(
+            members,
+            &if shm.is_dir() {
+                shm
+            } else {
+                std::env::temp_dir()
+            },
+        )
+    }
+
+    /// [`EtcdCluster::start`] with the members' data under `parent` (a disk, for
+    /// benchmarks that count etcd's fsyncs).
+    pub fn start_in(members: usize, parent: &std::path::Path) -> io::Result<EtcdCluster> {
         let binary = etcd_binary().ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::NotFound,
                 etcd_unavailable().unwrap_or_default(),
             )
         })?;
-        let shm = PathBuf::from("/dev/shm");
         let dir = tempfile::Builder::new()
             .prefix("fastbox-etcd-")
-            .tempdir_in(if shm.is_dir() {
-                shm
-            } else {
-                std::env::temp_dir()
-            })?;
+            .tempdir_in(parent)?;
         let mut taken = Vec::new();
         let mut port = || loop {
             let p = crate::server_port();
@@ -130,6 +139,33 @@ impl EtcdCluster {
     /// Member `i`'s client URL.
     pub fn endpoint(&self, i: usize) -> String {
         format!("http://127.0.0.1:{}", self.members[i].client_port)
+    }
+
+    /// The members as `--state` takes them: `etcd://127.0.0.1:P1,127.0.0.1:P2,...`.
+    pub fn state_url(&self) -> String {
+        let members: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.client_port))
+            .collect();
+        format!("etcd://{}", members.join(","))
+    }
+
+    /// The member that leads now, as the running members report it (None during an
+    /// election).
+    pub fn leader(&self) -> Option<usize> {
+        let field = |body: &str, name: &str| {
+            let at = body.find(&format!("\"{name}\":\""))? + name.len() + 4;
+            Some(body[at..].split('"').next()?.to_string())
+        };
+        (0..self.members.len()).find(|&i| {
+            self.members[i].child.is_some()
+                && self
+                    .post(i, "/v3/maintenance/status", "{}")
+                    .ok()
+                    .and_then(|body| Some(field(&body, "member_id")? == field(&body, "leader")?))
+                    .unwrap_or(false)
+        })
     }
 
     /// Kills member `i` (SIGKILL); its data stays for [`EtcdCluster::restart`].
@@ -241,7 +277,8 @@ impl EtcdCluster {
         }
     }
 
-    fn post(&self, i: usize, path: &str, body: &str) -> io::Result<String> {
+    /// Posts `body` (JSON) to `path` of member `i`'s gateway; the answer's body.
+    pub fn post(&self, i: usize, path: &str, body: &str) -> io::Result<String> {
         self.request(i, "POST", path, body)
     }
 

@@ -98,6 +98,8 @@ pub struct UpArgs {
     pub registry_allow_private: Vec<String>,
     #[command(flatten)]
     pub store: StoreArgs,
+    #[command(flatten)]
+    pub state: StateArgs,
     /// How often the artifact store's garbage is collected: `24h`, `30m`, ... or `off`
     /// [default: 24h for a local directory, off for an s3:// store].
     #[arg(long, env = "FASTBOX_ARTIFACT_GC_INTERVAL")]
@@ -185,6 +187,47 @@ pub struct UpArgs {
     /// after its lease ran out [default: 10000].
     #[arg(long, env = "FASTBOX_NODE_LEASE_MS")]
     pub node_lease_ms: Option<u64>,
+}
+
+/// Where the server keeps its records: the same for `fastbox up` and `fastbox state`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct StateArgs {
+    /// The state store: a redb file [default: DATA_DIR/state.redb], or
+    /// `etcd://[USER@]HOST:PORT,...[/PREFIX]` for several servers sharing one state
+    /// (`etcds://` over TLS; the password in FASTBOX_STATE_PASSWORD).
+    #[arg(long, env = "FASTBOX_STATE", value_name = "URL")]
+    pub state: Option<String>,
+    /// The CA (PEM) that signed the etcd members' certificates [default: the system's].
+    #[arg(long, env = "FASTBOX_STATE_CA", value_name = "FILE")]
+    pub state_ca: Option<PathBuf>,
+    /// A client certificate (PEM) for etcd, with --state-key.
+    #[arg(long, env = "FASTBOX_STATE_CERT", value_name = "FILE")]
+    pub state_cert: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long, env = "FASTBOX_STATE_KEY", value_name = "FILE")]
+    pub state_key: Option<PathBuf>,
+    /// How long a state-store operation may go on trying the etcd members before the API
+    /// answers 503, milliseconds [default: 10000].
+    #[arg(long, env = "FASTBOX_STATE_TIMEOUT_MS")]
+    pub state_timeout_ms: Option<u64>,
+    /// The etcd user's password (environment only: a flag shows in the process list).
+    #[arg(skip = std::env::var("FASTBOX_STATE_PASSWORD").ok())]
+    pub state_password: Option<String>,
+}
+
+impl StateArgs {
+    /// `settings` with these flags' values.
+    pub fn apply(&self, settings: Settings) -> Settings {
+        Settings {
+            state: self.state.clone(),
+            state_ca: self.state_ca.clone(),
+            state_cert: self.state_cert.clone(),
+            state_key: self.state_key.clone(),
+            state_timeout_ms: self.state_timeout_ms,
+            state_password: self.state_password.clone(),
+            ..settings
+        }
+    }
 }
 
 /// Where an instance publishes and fetches artifacts, and its DART delivery group: the same
@@ -277,51 +320,53 @@ impl InstanceArgs {
 
 impl UpArgs {
     fn settings(&self) -> Settings {
-        self.store.apply(Settings {
-            listen: self.listen,
-            node_proxy_listen: self.node_proxy_listen,
-            node_proxy_public: self.node_proxy_public.clone(),
-            api_key: self.api_key.clone(),
-            data_dir: self.instance.data_dir.clone(),
-            cache_dir: self.instance.cache_dir.clone(),
-            prefix: self.instance.prefix.clone(),
-            pool: self.instance.pool.clone(),
-            default_images: if self.no_default_images {
-                Some(Vec::new())
-            } else {
-                self.default_images.clone()
-            },
-            max_timeout_seconds: self.max_timeout_seconds,
-            retention_seconds: self.retention_seconds,
-            execd: self.instance.execd.clone(),
-            node_lease_ms: self.node_lease_ms,
-            create_image_wait_ms: self.create_image_wait_ms,
-            endpoint_wait_ms: self.endpoint_wait_ms,
-            pool_size: self.pool_size,
-            pool_min: self.pool_min,
-            pool_max: self.pool_max,
-            spare_slots: self.spare_slots,
-            lazy_restore_min_mib: self.lazy_restore_min_mib.clone(),
-            dns_upstreams: (!self.dns_upstreams.is_empty()).then(|| self.dns_upstreams.clone()),
-            sandbox_reach: self.instance.sandbox_reach(),
-            registry_allow_private: (!self.registry_allow_private.is_empty())
-                .then(|| self.registry_allow_private.clone()),
-            artifact_gc_interval: self.artifact_gc_interval.clone(),
-            artifact_gc_grace: self.artifact_gc_grace.clone(),
-            allow_local_images: self.allow_local_images.clone(),
-            default_cpu: self.default_cpu.clone(),
-            default_memory: self.default_memory.clone(),
-            default_disk: self.default_disk.clone(),
-            default_pids: self.default_pids,
-            max_cpu: self.max_cpu.clone(),
-            max_memory: self.max_memory.clone(),
-            max_disk: self.max_disk.clone(),
-            max_pids: self.max_pids,
-            route_max_lifetime: self.route_max_lifetime.clone(),
-            access_failures_per_source: self.access_failures_per_source,
-            access_failures_global: self.access_failures_global,
-            ..Settings::default()
-        })
+        self.state.apply(
+            self.store.apply(Settings {
+                listen: self.listen,
+                node_proxy_listen: self.node_proxy_listen,
+                node_proxy_public: self.node_proxy_public.clone(),
+                api_key: self.api_key.clone(),
+                data_dir: self.instance.data_dir.clone(),
+                cache_dir: self.instance.cache_dir.clone(),
+                prefix: self.instance.prefix.clone(),
+                pool: self.instance.pool.clone(),
+                default_images: if self.no_default_images {
+                    Some(Vec::new())
+                } else {
+                    self.default_images.clone()
+                },
+                max_timeout_seconds: self.max_timeout_seconds,
+                retention_seconds: self.retention_seconds,
+                execd: self.instance.execd.clone(),
+                node_lease_ms: self.node_lease_ms,
+                create_image_wait_ms: self.create_image_wait_ms,
+                endpoint_wait_ms: self.endpoint_wait_ms,
+                pool_size: self.pool_size,
+                pool_min: self.pool_min,
+                pool_max: self.pool_max,
+                spare_slots: self.spare_slots,
+                lazy_restore_min_mib: self.lazy_restore_min_mib.clone(),
+                dns_upstreams: (!self.dns_upstreams.is_empty()).then(|| self.dns_upstreams.clone()),
+                sandbox_reach: self.instance.sandbox_reach(),
+                registry_allow_private: (!self.registry_allow_private.is_empty())
+                    .then(|| self.registry_allow_private.clone()),
+                artifact_gc_interval: self.artifact_gc_interval.clone(),
+                artifact_gc_grace: self.artifact_gc_grace.clone(),
+                allow_local_images: self.allow_local_images.clone(),
+                default_cpu: self.default_cpu.clone(),
+                default_memory: self.default_memory.clone(),
+                default_disk: self.default_disk.clone(),
+                default_pids: self.default_pids,
+                max_cpu: self.max_cpu.clone(),
+                max_memory: self.max_memory.clone(),
+                max_disk: self.max_disk.clone(),
+                max_pids: self.max_pids,
+                route_max_lifetime: self.route_max_lifetime.clone(),
+                access_failures_per_source: self.access_failures_per_source,
+                access_failures_global: self.access_failures_global,
+                ..Settings::default()
+            }),
+        )
     }
 }
 

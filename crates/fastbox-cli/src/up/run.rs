@@ -118,6 +118,18 @@ pub(crate) struct RemoteNode {
     pub control_listen: std::net::SocketAddr,
 }
 
+/// Opens the state store `cfg` names (connecting to etcd, which checks it answers).
+async fn open_state(cfg: &ServerConfig) -> Result<Store, UpError> {
+    let state = cfg.state.clone();
+    let backend =
+        tokio::task::spawn_blocking(move || fastbox_state::open(&state.url, state.options))
+            .await
+            .expect("the state store opens without panicking")
+            .map_err(fastbox_server::store::StoreError::from)?;
+    tracing::info!(store = %backend.describe(), "state store");
+    Ok(Store::with_backend(Arc::from(backend)))
+}
+
 /// The in-process node's parts that `fastbox up` runs besides the server.
 struct InProcess {
     fastlet: Arc<Fastlet>,
@@ -135,7 +147,7 @@ pub(crate) async fn run(cfg: ServerConfig, mode: NodeMode) -> Result<(), UpError
     // runs, the older keys verify until retired.
     let keys = RouteKeys::load_or_create(&data_dir.join(ROUTE_KEY_FILE))?;
     let images = node_side::image_config(&cfg);
-    let store = Store::open(&data_dir.join("state.redb"))?;
+    let store = open_state(&cfg).await?;
     let mut accept_nodes = None;
     let (agent, local, remote): (Arc<dyn NodeAgent>, _, _) = match mode {
         NodeMode::Local {

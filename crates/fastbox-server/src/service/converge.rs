@@ -206,7 +206,7 @@ impl Lifecycle {
                         r.event("ImageReady", image_event);
                     }
                     r.slot = Some(placement.slot);
-                    r.placement = Some(placement);
+                    r.placement = Some(placement.clone());
                     r.event("Started", &report.summary);
                     if r.state() == SandboxState::Pending {
                         r.transition(

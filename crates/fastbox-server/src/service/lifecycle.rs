@@ -30,6 +30,9 @@ const LOSS_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 /// How often a caller waiting for a sandbox's state looks again.
 const STATE_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// How often a write that meets a change made elsewhere is decided again before it fails.
+const MAX_CONFLICTS: usize = 5;
+
 /// The execd header that carries the per-sandbox token.
 pub const EXECD_TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
 
@@ -221,17 +224,40 @@ impl Lifecycle {
     pub(super) fn update(
         &self,
         id: &str,
-        change: impl FnOnce(&mut SandboxRecord) -> Result<(), ApiError>,
+        mut change: impl FnMut(&mut SandboxRecord) -> Result<(), ApiError>,
     ) -> Result<SandboxRecord, ApiError> {
         let mut records = self.records.lock().expect("records lock");
-        let current = records
+        let mut current = records
             .get(id)
+            .cloned()
             .ok_or_else(|| ApiError::SandboxNotFound(id.to_string()))?;
-        let mut next = current.clone();
-        change(&mut next)?;
-        self.store.put(&next)?;
-        records.insert(id.to_string(), next.clone());
-        Ok(next)
+        let mut conflicts = 0;
+        loop {
+            let mut next = current.clone();
+            change(&mut next)?;
+            match self.store.put(&next) {
+                Ok(()) => {
+                    records.insert(id.to_string(), next.clone());
+                    return Ok(next);
+                }
+                // Changed elsewhere since this server read it: decide again on what the
+                // store has now.
+                Err(e) if e.is_conflict() && conflicts < MAX_CONFLICTS => {
+                    conflicts += 1;
+                    match self.store.reload(id)? {
+                        Some(fresh) => {
+                            records.insert(id.to_string(), fresh.clone());
+                            current = fresh;
+                        }
+                        None => {
+                            records.remove(id);
+                            return Err(ApiError::SandboxNotFound(id.to_string()));
+                        }
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// Writes a new record durably.
@@ -242,10 +268,22 @@ impl Lifecycle {
         Ok(())
     }
 
-    /// Forgets record `id` entirely.
+    /// Forgets record `id` entirely (whatever version the store has of it).
     pub(super) fn forget(&self, id: &str) -> Result<(), ApiError> {
         let mut records = self.records.lock().expect("records lock");
-        self.store.remove(id)?;
+        let mut conflicts = 0;
+        loop {
+            match self.store.remove(id) {
+                Ok(()) => break,
+                Err(e) if e.is_conflict() && conflicts < MAX_CONFLICTS => {
+                    conflicts += 1;
+                    if self.store.reload(id)?.is_none() {
+                        break;
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         records.remove(id);
         Ok(())
     }
@@ -522,7 +560,7 @@ impl Lifecycle {
                 return Err(not_running(r, ""));
             }
             let mut next: StringMap = r.metadata.clone();
-            for (key, value) in patch {
+            for (key, value) in patch.clone() {
                 match value {
                     serde_json::Value::Null => {
                         next.remove(&key);

@@ -377,7 +377,7 @@ impl Lifecycle {
             SandboxState::Pausing,
             "pause requested",
             |r| {
-                r.paused_checkpoint = Some(key);
+                r.paused_checkpoint = Some(key.clone());
                 r.resume_after_pause = false;
             },
         )?;
@@ -472,7 +472,7 @@ impl Lifecycle {
         from: SandboxState,
         to: SandboxState,
         message: &str,
-        also: impl FnOnce(&mut SandboxRecord),
+        mut also: impl FnMut(&mut SandboxRecord),
     ) -> Result<(), ApiError> {
         let record = self.record(id)?;
         if record.state() != from {
@@ -621,8 +621,10 @@ impl Lifecycle {
                 self.start_metrics.record(&report);
                 let mut dropped = None;
                 let updated = self.update(id, |r| {
+                    // Decided on this version of the record (a conflict runs this again).
+                    dropped = None;
                     if r.state() == SandboxState::Resuming {
-                        r.placement = Some(placement);
+                        r.placement = Some(placement.clone());
                         r.transition(SandboxState::Running, None, &report.summary);
                         dropped = r.paused_checkpoint.take();
                         r.resumed_from = dropped.clone();

@@ -1,0 +1,118 @@
+//! `fastbox up --state etcd://...`: the server's records in a real etcd. They survive a
+//! restart of the server; with etcd gone, mutations answer 503 and nothing is half done,
+//! reads go on from what the server knows, running sandboxes keep running; with etcd back,
+//! everything works again.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use common::server::{UpServer, busybox_request};
+use fastbox_testkit::etcd::{EtcdCluster, etcd_unavailable};
+
+/// How many sandbox records etcd holds under `prefix`.
+fn records_in_etcd(etcd: &EtcdCluster, prefix: &str) -> u64 {
+    let key = format!("{prefix}/sandboxes/");
+    let mut end = key.clone().into_bytes();
+    *end.last_mut().unwrap() += 1;
+    let body = etcd
+        .post(
+            0,
+            "/v3/kv/range",
+            &format!(
+                r#"{{"key":"{}","range_end":"{}","count_only":true}}"#,
+                B64.encode(&key),
+                B64.encode(&end)
+            ),
+        )
+        .expect("range");
+    let value: serde_json::Value = serde_json::from_str(&body).unwrap();
+    value["count"]
+        .as_str()
+        .map(|c| c.parse().unwrap())
+        .unwrap_or(0)
+}
+
+#[test]
+fn records_live_in_etcd_and_etcd_faults_are_503s() {
+    fastbox_testkit::skip_unless!(etcd_unavailable());
+    let mut etcd = EtcdCluster::start(1).expect("etcd starts");
+    let prefix = "/fbt-state-e2e";
+    let url = format!("{}{prefix}", etcd.state_url());
+    let run = fastbox_testkit::run_prefix_pair("st");
+    let Some(mut server) = UpServer::start_prefixed(
+        &run,
+        "10.217.51.0/24",
+        // Deleted sandboxes are listed for a second only: the test sees their records go.
+        &[
+            "--state",
+            &url,
+            "--state-timeout-ms",
+            "1500",
+            "--retention-seconds",
+            "1",
+        ],
+    ) else {
+        return;
+    };
+    assert!(
+        server.log_text().contains("etcd etcd://"),
+        "{}",
+        server.log_text()
+    );
+
+    let id = server.create_busybox();
+    server.wait_state(&id, "Running");
+    assert_eq!(records_in_etcd(&etcd, prefix), 1);
+    assert!(
+        !server.data_dir.join("state.redb").exists(),
+        "no redb file next to etcd"
+    );
+
+    // A restarted server finds its sandbox in etcd and adopts it.
+    server.stop();
+    server.spawn();
+    assert_eq!(server.state(&id).0, "Running");
+    assert_eq!(server.ping(&id), 200);
+
+    // etcd gone: a create is a clear 503 and leaves nothing behind; reads go on; the
+    // sandbox keeps running.
+    etcd.kill(0);
+    let started = Instant::now();
+    let (status, body) = server.post("/v1/sandboxes", &busybox_request(serde_json::json!({})));
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["code"], "GENERAL::STATE_STORE_UNAVAILABLE", "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("did not answer"),
+        "{body}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let (status, list) = server.get("/v1/sandboxes");
+    assert_eq!(status, 200);
+    assert_eq!(list["items"].as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(server.ping(&id), 200);
+    let status = server.delete(&format!("/v1/sandboxes/{id}"));
+    assert_eq!(status, 503, "a delete is refused too");
+    assert_eq!(server.state(&id).0, "Running");
+
+    // etcd back: the create works, and the refused one left no record.
+    etcd.restart(0).expect("etcd starts again");
+    let second = server.create_busybox();
+    server.wait_state(&second, "Running");
+    assert_eq!(records_in_etcd(&etcd, prefix), 2);
+    for id in [&id, &second] {
+        assert_eq!(server.delete(&format!("/v1/sandboxes/{id}")), 204);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while records_in_etcd(&etcd, prefix) > 0 {
+        assert!(Instant::now() < deadline, "records left in etcd");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    server.finish();
+}

@@ -1,0 +1,159 @@
+//! The etcd store, for several servers sharing one state.
+//!
+//! Record `key` of `table` is the etcd key `PREFIX/table/key`; its revision is etcd's
+//! `mod_revision`. A put is one transaction: compare the key's `mod_revision` (or, for a
+//! create, that the key does not exist), then write. A call that had to be retried after a
+//! failure that may have applied it and then meets a conflict reads the key back: finding
+//! its own value (or, for a delete, nothing) means the first attempt landed.
+
+mod client;
+
+use serde_json::{Value, json};
+
+pub use client::EtcdOptions;
+use client::{GatewayClient, b64, int, unb64};
+
+use crate::url::EtcdTarget;
+use crate::{Entry, Revision, StateBackend, StateError};
+
+pub struct EtcdBackend {
+    client: GatewayClient,
+}
+
+impl EtcdBackend {
+    /// Connects to `target` and checks that it answers (a range read of the prefix).
+    pub fn connect(target: EtcdTarget, options: EtcdOptions) -> Result<Self, StateError> {
+        let backend = Self {
+            client: GatewayClient::new(target, &options)?,
+        };
+        backend.client.call(
+            "/v3/kv/range",
+            &json!({"key": b64(backend.client.target().prefix.as_bytes()), "count_only": true}),
+        )?;
+        Ok(backend)
+    }
+
+    fn key(&self, table: &str, key: &str) -> String {
+        format!("{}/{table}/{key}", self.client.target().prefix)
+    }
+
+    /// The prefix of `table`'s keys.
+    fn table_prefix(&self, table: &str) -> String {
+        format!("{}/{table}/", self.client.target().prefix)
+    }
+
+    /// A compare-and-swap: `request` runs if `key` is at `expected`.
+    fn swap(
+        &self,
+        table: &str,
+        key: &str,
+        expected: Revision,
+        request: Value,
+        landed: impl Fn(Option<&Entry>) -> bool,
+    ) -> Result<Revision, StateError> {
+        let full = b64(self.key(table, key).as_bytes());
+        let compare = if expected == 0 {
+            json!({"key": full, "target": "CREATE", "create_revision": "0", "result": "EQUAL"})
+        } else {
+            json!({"key": full, "target": "MOD", "mod_revision": expected.to_string(), "result": "EQUAL"})
+        };
+        let answer = self.client.call(
+            "/v3/kv/txn",
+            &json!({"compare": [compare], "success": [request]}),
+        )?;
+        if answer.body.get("succeeded").and_then(Value::as_bool) == Some(true) {
+            return Ok(int(answer.body.pointer("/header/revision")));
+        }
+        if answer.retried {
+            let current = self.get(table, key)?;
+            if landed(current.as_ref()) {
+                return Ok(current.map_or(0, |e| e.revision));
+            }
+        }
+        Err(StateError::Conflict {
+            table: table.to_string(),
+            key: key.to_string(),
+            expected,
+        })
+    }
+
+    fn entries(&self, body: &Value, strip: &str) -> Result<Vec<Entry>, StateError> {
+        let mut out = Vec::new();
+        for kv in body
+            .get("kvs")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let key = String::from_utf8(unb64(&kv["key"])?)
+                .map_err(|_| StateError::Failed("etcd sent a key that is not UTF-8".into()))?;
+            let Some(key) = key.strip_prefix(strip) else {
+                continue;
+            };
+            out.push(Entry {
+                key: key.to_string(),
+                value: unb64(&kv["value"])?,
+                revision: int(kv.get("mod_revision")),
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl StateBackend for EtcdBackend {
+    fn list(&self, table: &str) -> Result<Vec<Entry>, StateError> {
+        let prefix = self.table_prefix(table);
+        let mut end = prefix.clone().into_bytes();
+        *end.last_mut().expect("prefix ends in /") += 1;
+        let answer = self.client.call(
+            "/v3/kv/range",
+            &json!({"key": b64(prefix.as_bytes()), "range_end": b64(&end)}),
+        )?;
+        self.entries(&answer.body, &prefix)
+    }
+
+    fn get(&self, table: &str, key: &str) -> Result<Option<Entry>, StateError> {
+        let full = self.key(table, key);
+        let answer = self
+            .client
+            .call("/v3/kv/range", &json!({"key": b64(full.as_bytes())}))?;
+        let prefix = self.table_prefix(table);
+        Ok(self.entries(&answer.body, &prefix)?.pop())
+    }
+
+    fn put(
+        &self,
+        table: &str,
+        key: &str,
+        value: &[u8],
+        expected: Revision,
+    ) -> Result<Revision, StateError> {
+        let full = b64(self.key(table, key).as_bytes());
+        let request = json!({"request_put": {"key": full, "value": b64(value)}});
+        self.swap(table, key, expected, request, |current| {
+            current.is_some_and(|e| e.value == value)
+        })
+    }
+
+    fn delete(&self, table: &str, key: &str, expected: Revision) -> Result<(), StateError> {
+        if expected == 0 {
+            // Absent is what the caller saw: nothing to remove, unless it appeared since.
+            return match self.get(table, key)? {
+                None => Ok(()),
+                Some(_) => Err(StateError::Conflict {
+                    table: table.to_string(),
+                    key: key.to_string(),
+                    expected,
+                }),
+            };
+        }
+        let full = b64(self.key(table, key).as_bytes());
+        let request = json!({"request_delete_range": {"key": full}});
+        self.swap(table, key, expected, request, |current| current.is_none())
+            .map(drop)
+    }
+
+    fn describe(&self) -> String {
+        format!("etcd {}", self.client.target())
+    }
+}

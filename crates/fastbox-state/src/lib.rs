@@ -1,0 +1,108 @@
+//! The state-store seam: where the server keeps its records (sandboxes, templates,
+//! snapshots, nodes).
+//!
+//! Two backends answer the same [`StateBackend`] trait:
+//! - [`RedbBackend`], the embedded default: one redb file in the data directory, for one
+//!   machine, no service to run.
+//! - [`EtcdBackend`], for several servers sharing one state (`--state etcd://...`): etcd's
+//!   JSON gateway over HTTP(S), with failover across the members, user/password auth and
+//!   TLS with a CA of the operator's choice.
+//!
+//! Records are opaque bytes in named tables. Every record carries a [`Revision`] and every
+//! write names the revision it replaces: [`StateBackend::put`] and [`StateBackend::delete`]
+//! are compare-and-swaps, so no writer ever overwrites a change it has not seen
+//! ([`StateError::Conflict`] tells it to read again). Revision 0 means "absent": a put
+//! expecting 0 creates, and fails if the record exists.
+//!
+//! ```
+//! use fastbox_state::{RedbBackend, StateBackend, StateError};
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = RedbBackend::open(&dir.path().join("state.redb")).unwrap();
+//! let first = store.put("sandboxes", "a", b"{}", 0).unwrap();
+//! // A second create of the same record, or a write from a stale revision, is refused.
+//! assert!(matches!(store.put("sandboxes", "a", b"{}", 0), Err(StateError::Conflict { .. })));
+//! let second = store.put("sandboxes", "a", br#"{"n":1}"#, first).unwrap();
+//! assert!(second > first);
+//! store.delete("sandboxes", "a", second).unwrap();
+//! assert!(store.get("sandboxes", "a").unwrap().is_none());
+//! ```
+
+mod etcd;
+mod redb_backend;
+mod url;
+
+pub use etcd::{EtcdBackend, EtcdOptions};
+pub use redb_backend::RedbBackend;
+pub use url::{DEFAULT_PREFIX, EtcdTarget, StateUrl, StateUrlError};
+
+/// A record's version: 0 is "absent"; every write gives the record a larger one.
+pub type Revision = u64;
+
+/// One stored record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub key: String,
+    pub value: Vec<u8>,
+    pub revision: Revision,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The record is not at the revision the writer expected: someone else changed it (or it
+    /// exists, for a create; or it is gone).
+    #[error("state store: {table}/{key} changed since it was read (expected revision {expected})")]
+    Conflict {
+        table: String,
+        key: String,
+        expected: Revision,
+    },
+    /// The store could not be reached, or did not answer in time: nothing is known to be
+    /// written.
+    #[error("state store unavailable: {0}")]
+    Unavailable(String),
+    /// The store answered with an error that a retry will not cure.
+    #[error("state store: {0}")]
+    Failed(String),
+}
+
+impl StateError {
+    /// True when the store could not be reached (an API answers 503 for it).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+}
+
+/// A store of records in named tables, every write a compare-and-swap.
+pub trait StateBackend: Send + Sync {
+    /// Every record of `table`.
+    fn list(&self, table: &str) -> Result<Vec<Entry>, StateError>;
+
+    /// Record `key` of `table`, if any.
+    fn get(&self, table: &str, key: &str) -> Result<Option<Entry>, StateError>;
+
+    /// Writes `value` as record `key` if its revision is `expected` (0: it must not exist).
+    /// Returns the record's new revision.
+    fn put(
+        &self,
+        table: &str,
+        key: &str,
+        value: &[u8],
+        expected: Revision,
+    ) -> Result<Revision, StateError>;
+
+    /// Removes record `key` if its revision is `expected`. Removing an absent record with
+    /// `expected` 0 is a no-op.
+    fn delete(&self, table: &str, key: &str, expected: Revision) -> Result<(), StateError>;
+
+    /// Where the records are, for logs and errors (never a credential).
+    fn describe(&self) -> String;
+}
+
+/// Opens the store `url` names: a path (or `redb:PATH`) for the embedded file, or
+/// `etcd://`/`etcds://` for etcd ([`StateUrl`]).
+pub fn open(url: &StateUrl, options: EtcdOptions) -> Result<Box<dyn StateBackend>, StateError> {
+    match url {
+        StateUrl::Redb(path) => Ok(Box::new(RedbBackend::open(path)?)),
+        StateUrl::Etcd(target) => Ok(Box::new(EtcdBackend::connect(target.clone(), options)?)),
+    }
+}
