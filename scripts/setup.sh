@@ -267,6 +267,7 @@ fb_step sysctl step_sysctl
     echo "export FASTBOX_S3S_FS_BIN='$S3S_FS_BIN'"
     echo "export FASTBOX_MOTO_SERVER='$MOTO_SERVER'"
     echo "export FASTBOX_ETCD_BIN='$ETCD_BIN'"
+    echo "export FASTBOX_ETCDCTL_BIN='$ETCD_DIR/bin/etcdctl'"
 } >"$FASTBOX_DEPS/env.new"
 mv "$FASTBOX_DEPS/env.new" "$FASTBOX_DEPS/env"
 

@@ -14,6 +14,7 @@ pub mod route_key;
 pub mod sandbox_run;
 pub mod scenario_net;
 pub mod scenario_origin;
+pub mod state;
 pub mod up;
 pub mod verify_cluster;
 pub mod verify_p2p;

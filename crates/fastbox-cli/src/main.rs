@@ -59,6 +59,11 @@ enum Command {
         #[command(subcommand)]
         command: route_key::RouteKeyCommand,
     },
+    /// The server's state store: migrate a one-machine state into etcd, back up, restore.
+    State {
+        #[command(subcommand)]
+        command: fastbox_cli::state::StateCommand,
+    },
 }
 
 #[derive(Subcommand)]
@@ -198,6 +203,7 @@ fn main() {
             command: ArtifactsCommand::Gc(args),
         } => artifacts::gc(args),
         Command::RouteKey { command } => route_key::run(command),
+        Command::State { command } => fastbox_cli::state::run(command),
         Command::Up(args) => up::up(*args),
         Command::Node(args) => node::node(*args),
         Command::NodeFenceGuard(args) => node::fence_guard::run(args).map_err(Into::into),

@@ -668,7 +668,8 @@ pub struct StateConfig {
 }
 
 impl StateConfig {
-    fn resolve(settings: &Settings, data_dir: &Path) -> Result<Self, ConfigError> {
+    /// The state store `settings` name (`state.redb` in `data_dir` by default).
+    pub fn resolve(settings: &Settings, data_dir: &Path) -> Result<Self, ConfigError> {
         use fastbox_state::StateUrl;
         let invalid = |field, message: String| ConfigError::Invalid { field, message };
         let mut url = match &settings.state {

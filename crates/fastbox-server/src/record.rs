@@ -16,6 +16,10 @@ pub const MAX_EVENTS: usize = 200;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SandboxRecord {
     pub id: String,
+    /// The state store's revision of this version of the record (0: not stored yet); a
+    /// write of a change names it ([`crate::store::Store::put`]). Not part of the record.
+    #[serde(skip)]
+    pub revision: fastbox_state::Revision,
     /// The image, with its credentials (kept so an interrupted create can be retried; the
     /// state directory is root-only and the credentials are never logged or returned).
     pub image: ImageSpec,
@@ -352,6 +356,7 @@ pub(crate) mod tests {
     pub fn record(id: &str) -> SandboxRecord {
         SandboxRecord {
             id: id.into(),
+            revision: 0,
             image: ImageSpec {
                 uri: "python:3.12".into(),
                 auth: Some(fastbox_api::lifecycle::ImageAuth {

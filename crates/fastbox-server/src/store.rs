@@ -2,10 +2,12 @@
 //! default, or etcd): sandboxes, templates, snapshots and nodes as JSON, written before the
 //! server acts on them and read back after a restart.
 //!
-//! Nothing is written blind: the store remembers the revision of each record as this server
-//! last read or wrote it, and every write is a compare-and-swap against it. A write that
-//! meets a change it has not seen fails with [`StoreError::Conflict`]; the caller reads the
-//! record again ([`Store::reload`]) and decides anew.
+//! Nothing is written blind: every write is a compare-and-swap against the revision of the
+//! version it replaces. A sandbox record carries its revision (`SandboxRecord::revision`);
+//! for the other records the store remembers the revision of each as this server last read
+//! or wrote it. A write that meets a change it has not seen fails (see
+//! [`StoreError::is_conflict`]); the caller reads the record again ([`Store::reload`]) and
+//! decides anew.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -22,6 +24,8 @@ const SANDBOXES: &str = "sandboxes";
 const TEMPLATES: &str = "templates";
 const SNAPSHOTS: &str = "snapshots";
 const NODES: &str = "nodes";
+/// Every table of the server's records (what `fastbox state migrate` copies).
+pub const TABLES: [&str; 4] = [SANDBOXES, TEMPLATES, SNAPSHOTS, NODES];
 
 pub use fastbox_state::StateUrl;
 
@@ -74,23 +78,34 @@ impl Store {
         self.backend.describe()
     }
 
-    /// Writes `record` durably (replacing the version this server last saw).
-    pub fn put(&self, record: &SandboxRecord) -> Result<(), StoreError> {
-        self.put_in(SANDBOXES, &record.id, record)
+    /// Writes `record` durably if the store still has it at `record.revision` (0: a new
+    /// record); returns its new revision.
+    pub fn put(&self, record: &SandboxRecord) -> Result<Revision, StoreError> {
+        let bytes = serde_json::to_vec(record).expect("records serialize");
+        Ok(self
+            .backend
+            .put(SANDBOXES, &record.id, &bytes, record.revision)?)
     }
 
-    pub fn remove(&self, id: &str) -> Result<(), StoreError> {
-        self.remove_from(SANDBOXES, id)
+    /// Removes `record` if the store still has it at `record.revision`.
+    pub fn remove(&self, record: &SandboxRecord) -> Result<(), StoreError> {
+        Ok(self
+            .backend
+            .delete(SANDBOXES, &record.id, record.revision)?)
     }
 
-    /// Every sandbox record.
+    /// Every sandbox record, each with its revision.
     pub fn load(&self) -> Result<Vec<SandboxRecord>, StoreError> {
-        self.load_from(SANDBOXES)
+        self.backend
+            .list(SANDBOXES)?
+            .into_iter()
+            .map(sandbox)
+            .collect()
     }
 
     /// Sandbox `id` as the store has it now (None: gone), after a conflict.
     pub fn reload(&self, id: &str) -> Result<Option<SandboxRecord>, StoreError> {
-        self.reload_from(SANDBOXES, id)
+        self.backend.get(SANDBOXES, id)?.map(sandbox).transpose()
     }
 
     /// Writes a template durably.
@@ -180,20 +195,6 @@ impl Store {
             .collect()
     }
 
-    fn reload_from<T: DeserializeOwned>(
-        &self,
-        table: &'static str,
-        key: &str,
-    ) -> Result<Option<T>, StoreError> {
-        match self.backend.get(table, key)? {
-            Some(entry) => self.decode(table, entry).map(Some),
-            None => {
-                self.remember(table, key, None);
-                Ok(None)
-            }
-        }
-    }
-
     fn decode<T: DeserializeOwned>(
         &self,
         table: &'static str,
@@ -209,6 +210,17 @@ impl Store {
     }
 }
 
+/// A stored sandbox record, with its revision.
+fn sandbox(entry: Entry) -> Result<SandboxRecord, StoreError> {
+    let mut record: SandboxRecord =
+        serde_json::from_slice(&entry.value).map_err(|source| StoreError::Corrupt {
+            id: entry.key.clone(),
+            source,
+        })?;
+    record.revision = entry.revision;
+    Ok(record)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,11 +234,12 @@ mod tests {
             let store = Store::open(&path).unwrap();
             store.put(&record("a")).unwrap();
             let mut b = record("b");
-            store.put(&b).unwrap();
+            b.revision = store.put(&b).unwrap();
             b.slot = Some(7);
             store.put(&b).unwrap();
-            store.put(&record("c")).unwrap();
-            store.remove("c").unwrap();
+            let mut c = record("c");
+            c.revision = store.put(&c).unwrap();
+            store.remove(&c).unwrap();
         }
         let store = Store::open(&path).unwrap();
         let mut all = store.load().unwrap();
@@ -241,24 +254,37 @@ mod tests {
         let path = dir.path().join("state.redb");
         let store = Store::open(&path).unwrap();
         let mut a = record("a");
-        store.put(&a).unwrap();
+        a.revision = store.put(&a).unwrap();
         // Another writer of the same state (another server) changes it.
         let other = Store::with_backend(store.backend.clone());
-        other.load().unwrap();
-        let mut theirs = a.clone();
+        let mut theirs = other.load().unwrap().pop().unwrap();
+        assert_eq!(theirs.revision, a.revision);
         theirs.slot = Some(9);
         other.put(&theirs).unwrap();
         // This server's write from the old version is refused, and a reload shows theirs.
         a.slot = Some(1);
         let error = store.put(&a).unwrap_err();
         assert!(error.is_conflict(), "{error}");
+        assert!(store.remove(&a).unwrap_err().is_conflict());
         let now = store.reload("a").unwrap().unwrap();
         assert_eq!(now.slot, Some(9));
         let mut next = now;
         next.slot = Some(2);
         store.put(&next).unwrap();
         // A create of an id that exists is refused too.
-        let fresh = Store::with_backend(store.backend.clone());
-        assert!(fresh.put(&record("a")).unwrap_err().is_conflict());
+        assert!(store.put(&record("a")).unwrap_err().is_conflict());
+        // Templates, snapshots and nodes: this server's last seen revision.
+        let template: Template = serde_json::from_value(serde_json::json!({
+            "templateId": "t", "image": "x", "publish": "p", "format": "f",
+            "status": {"phase": "Succeeded"},
+            "createdAt": "2026-01-01T00:00:00Z", "updatedAt": "2026-01-01T00:00:00Z",
+        }))
+        .unwrap();
+        store.put_template(&template).unwrap();
+        other.load_templates().unwrap();
+        other.put_template(&template).unwrap();
+        assert!(store.put_template(&template).unwrap_err().is_conflict());
+        store.load_templates().unwrap();
+        store.put_template(&template).unwrap();
     }
 }

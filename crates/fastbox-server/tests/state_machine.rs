@@ -550,6 +550,46 @@ fn delete_ends_every_state_terminated_or_failed_and_leaves_nothing_on_the_node()
 // Creates.
 
 #[test]
+fn concurrent_changes_of_one_sandbox_are_all_kept() {
+    // Writes of a record run without a lock, each a compare-and-swap on the version it was
+    // made from: racing writers retry on what the store has, and none is lost.
+    const WRITERS: usize = 4;
+    const EACH: usize = 10;
+    let h = Harness::new(1);
+    let id = h.life(async |lc| {
+        let id = running(&lc).await;
+        let threads: Vec<_> = (0..WRITERS)
+            .map(|w| {
+                let (lc, id) = (lc.clone(), id.clone());
+                std::thread::spawn(move || {
+                    for i in 0..EACH {
+                        let patch = serde_json::json!({format!("w{w}-{i}"): "x"});
+                        lc.patch_metadata(&id, patch.as_object().expect("an object").clone())
+                            .expect("patch");
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("writer");
+        }
+        assert_eq!(
+            lc.get(&id).expect("get").metadata.unwrap().len(),
+            WRITERS * EACH
+        );
+        id
+    });
+    // And the store has them all.
+    h.restart(Restart::KeepSandboxes);
+    h.life(async |lc| {
+        assert_eq!(
+            lc.get(&id).expect("get").metadata.unwrap().len(),
+            WRITERS * EACH
+        );
+    });
+}
+
+#[test]
 fn a_create_starts_in_its_admitted_slot_and_runs() {
     let h = Harness::new(2);
     h.life(async |lc| {

@@ -31,7 +31,7 @@ const LOSS_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 const STATE_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// How often a write that meets a change made elsewhere is decided again before it fails.
-const MAX_CONFLICTS: usize = 5;
+const MAX_CONFLICTS: usize = 32;
 
 /// The execd header that carries the per-sandbox token.
 pub const EXECD_TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
@@ -226,66 +226,100 @@ impl Lifecycle {
         id: &str,
         mut change: impl FnMut(&mut SandboxRecord) -> Result<(), ApiError>,
     ) -> Result<SandboxRecord, ApiError> {
-        let mut records = self.records.lock().expect("records lock");
-        let mut current = records
-            .get(id)
-            .cloned()
-            .ok_or_else(|| ApiError::SandboxNotFound(id.to_string()))?;
+        let mut current = self.record(id)?;
         let mut conflicts = 0;
         loop {
             let mut next = current.clone();
             change(&mut next)?;
+            // The write runs without the records lock: it is a compare-and-swap on the
+            // version `next` was made from, so a change that landed meanwhile (here or on
+            // another server) makes it fail instead of being overwritten.
             match self.store.put(&next) {
-                Ok(()) => {
-                    records.insert(id.to_string(), next.clone());
+                Ok(revision) => {
+                    next.revision = revision;
+                    self.cache(&next, false);
                     return Ok(next);
                 }
-                // Changed elsewhere since this server read it: decide again on what the
+                // Changed elsewhere since this version was read: decide again on what the
                 // store has now.
                 Err(e) if e.is_conflict() && conflicts < MAX_CONFLICTS => {
                     conflicts += 1;
-                    match self.store.reload(id)? {
-                        Some(fresh) => {
-                            records.insert(id.to_string(), fresh.clone());
-                            current = fresh;
-                        }
-                        None => {
-                            records.remove(id);
-                            return Err(ApiError::SandboxNotFound(id.to_string()));
-                        }
-                    }
+                    current = self.refresh(id)?;
                 }
                 Err(e) => return Err(e.into()),
             }
         }
     }
 
-    /// Writes a new record durably.
-    pub(super) fn insert(&self, record: SandboxRecord) -> Result<(), ApiError> {
-        let mut records = self.records.lock().expect("records lock");
-        self.store.put(&record)?;
-        records.insert(record.id.clone(), record);
+    /// Writes a new record durably (a conflict: its id exists already).
+    pub(super) fn insert(&self, mut record: SandboxRecord) -> Result<(), ApiError> {
+        record.revision = 0;
+        record.revision = self.store.put(&record)?;
+        self.cache(&record, true);
         Ok(())
     }
 
     /// Forgets record `id` entirely (whatever version the store has of it).
     pub(super) fn forget(&self, id: &str) -> Result<(), ApiError> {
-        let mut records = self.records.lock().expect("records lock");
+        let mut current = match self.record(id) {
+            Ok(record) => record,
+            Err(ApiError::SandboxNotFound(_)) => return Ok(()),
+            Err(e) => return Err(e),
+        };
         let mut conflicts = 0;
         loop {
-            match self.store.remove(id) {
+            match self.store.remove(&current) {
                 Ok(()) => break,
                 Err(e) if e.is_conflict() && conflicts < MAX_CONFLICTS => {
                     conflicts += 1;
-                    if self.store.reload(id)?.is_none() {
-                        break;
+                    match self.refresh(id) {
+                        Ok(fresh) => current = fresh,
+                        Err(ApiError::SandboxNotFound(_)) => return Ok(()),
+                        Err(e) => return Err(e),
                     }
                 }
                 Err(e) => return Err(e.into()),
             }
         }
-        records.remove(id);
+        let mut records = self.records.lock().expect("records lock");
+        if records
+            .get(id)
+            .is_some_and(|r| r.revision <= current.revision)
+        {
+            records.remove(id);
+        }
         Ok(())
+    }
+
+    /// Puts `record` in the cache unless the cache holds a later version (writes may finish
+    /// out of order); a record no longer cached (forgotten meanwhile) comes back only when
+    /// `new`.
+    fn cache(&self, record: &SandboxRecord, new: bool) {
+        let mut records = self.records.lock().expect("records lock");
+        match records.get(&record.id) {
+            Some(cached) if cached.revision >= record.revision => {}
+            None if !new => {}
+            _ => {
+                records.insert(record.id.clone(), record.clone());
+            }
+        }
+    }
+
+    /// Record `id` as the store has it now, into the cache (after a conflict).
+    fn refresh(&self, id: &str) -> Result<SandboxRecord, ApiError> {
+        match self.store.reload(id)? {
+            Some(fresh) => {
+                let mut records = self.records.lock().expect("records lock");
+                if records.get(id).is_none_or(|r| r.revision < fresh.revision) {
+                    records.insert(id.to_string(), fresh.clone());
+                }
+                Ok(fresh)
+            }
+            None => {
+                self.records.lock().expect("records lock").remove(id);
+                Err(ApiError::SandboxNotFound(id.to_string()))
+            }
+        }
     }
 
     /// Marks `id` busy; false if it already was.
@@ -360,6 +394,7 @@ impl Lifecycle {
         let now = Utc::now();
         let mut record = SandboxRecord {
             id: id.clone(),
+            revision: 0,
             image: plan.image.clone(),
             entrypoint: plan.entrypoint.clone(),
             env: plan.env.clone(),

@@ -149,6 +149,56 @@ impl GatewayClient {
         }
     }
 
+    /// Posts `body` to the streaming `path` of one member and hands each JSON message of the
+    /// answer to `each`, with no deadline (a snapshot of a large keyspace takes a while).
+    pub fn stream(
+        &self,
+        path: &str,
+        body: &Value,
+        mut each: impl FnMut(&Value) -> Result<(), StateError>,
+    ) -> Result<(), StateError> {
+        let unavailable = |e: String| StateError::Unavailable(format!("etcd {}: {e}", self.target));
+        let member = self.current.load(Ordering::Relaxed) % self.bases.len();
+        let token = match self.token(member) {
+            Ok(token) => token,
+            Err(Attempt::Fatal(message)) => return Err(StateError::Failed(message)),
+            Err(Attempt::Retry { reason, .. }) => return Err(unavailable(reason)),
+            Err(Attempt::Reauthenticate) => return Err(unavailable("login refused".into())),
+        };
+        let mut request = self
+            .agent
+            .post(format!("{}{path}", self.bases[member]))
+            .config()
+            .timeout_global(None)
+            .build();
+        if let Some(token) = &token {
+            request = request.header("Authorization", token);
+        }
+        let response = request
+            .send_json(body)
+            .map_err(|e| unavailable(e.to_string()))?;
+        let status = response.status().as_u16();
+        let reader = response.into_body().into_reader();
+        for message in serde_json::Deserializer::from_reader(reader).into_iter::<Value>() {
+            let message = message.map_err(|e| unavailable(format!("reading the stream: {e}")))?;
+            if let Some(error) = message.get("error") {
+                let text = error
+                    .get("message")
+                    .or(Some(error))
+                    .and_then(Value::as_str)
+                    .unwrap_or("an error");
+                return Err(StateError::Failed(format!("etcd: {text}")));
+            }
+            if status != 200 {
+                return Err(StateError::Failed(format!(
+                    "etcd: HTTP {status}: {message}"
+                )));
+            }
+            each(&message)?;
+        }
+        Ok(())
+    }
+
     fn attempt(&self, member: usize, path: &str, body: &Value) -> Result<Value, Attempt> {
         let token = self.token(member)?;
         let mut request = self.agent.post(format!("{}{path}", self.bases[member]));
