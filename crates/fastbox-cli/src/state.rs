@@ -121,12 +121,14 @@ fn migrate(args: MigrateArgs) -> anyhow::Result<i32> {
         bail!("--state etcd://HOST:PORT,... names the etcd to fill");
     }
     let target = state_config(&args.to, &data_dir(&args.data_dir))?;
-    let StateUrl::Etcd(etcd) = target.url else {
+    let StateUrl::Etcd(etcd) = &target.url else {
         bail!("--state must name etcd (etcd:// or etcds://)");
     };
     let source = open_redb(&from)?;
     let described = etcd.to_string();
-    let sink = EtcdBackend::connect(etcd, target.options)
+    // Sealed as the servers will read it.
+    let sink = target
+        .open()
         .with_context(|| format!("connecting to {described}"))?;
     for table in TABLES {
         let there = sink.list(table)?.len();

@@ -3,17 +3,29 @@
 //! with `etcdctl` into a new member holds the same records, and a redb backup is a copy
 //! that opens.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fastbox_state::{EtcdBackend, EtcdOptions, RedbBackend, StateBackend, StateUrl};
+use fastbox_state::{
+    EtcdBackend, EtcdOptions, RedbBackend, SealKey, SealedBackend, StateBackend, StateUrl,
+};
 use fastbox_testkit::etcd::{EtcdCluster, etcd_unavailable};
+
+/// The data directory of the commands (where migrate makes the seal key): the test's own.
+fn data_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| tempfile::tempdir().unwrap())
+        .path()
+        .to_path_buf()
+}
 
 fn fastbox(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_fastbox"))
         .args(args)
         .env_remove("FASTBOX_STATE")
+        .env_remove("FASTBOX_STATE_SEAL_KEY")
+        .env("FASTBOX_DATA_DIR", data_dir())
         .output()
         .expect("run fastbox")
 }
@@ -81,8 +93,14 @@ fn a_redb_state_migrates_into_etcd_once_and_backups_restore() {
     let target = etcd_at(&url);
     assert_eq!(keys(&target, "sandboxes"), ["s1", "s2"]);
     assert_eq!(keys(&target, "nodes"), ["n1"]);
+    // Sealed in etcd with the key made in the data directory, as the servers read them.
+    let raw = target.get("templates", "t1").unwrap().unwrap().value;
+    assert!(!raw.windows(4).any(|w| w == b"\"t1\""), "stored in clear");
+    let (key, made) = SealKey::load_or_create(&data_dir().join("state-seal.key")).unwrap();
+    assert!(!made, "migrate made the key");
+    let sealed = SealedBackend::new(etcd_at(&url), key);
     assert_eq!(
-        target.get("templates", "t1").unwrap().unwrap().value,
+        sealed.get("templates", "t1").unwrap().unwrap().value,
         br#"{"id":"t1"}"#
     );
     // Once only.

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use common::server::{UpServer, busybox_request};
+use fastbox_state::{EtcdBackend, EtcdOptions, StateBackend, StateUrl};
 use fastbox_testkit::etcd::{EtcdCluster, etcd_unavailable};
 
 /// How many sandbox records etcd holds under `prefix`.
@@ -66,6 +67,20 @@ fn records_live_in_etcd_and_etcd_faults_are_503s() {
     let id = server.create_busybox();
     server.wait_state(&id, "Running");
     assert_eq!(records_in_etcd(&etcd, prefix), 1);
+    // Sealed: etcd holds no token, no id, nothing of the record in clear.
+    let StateUrl::Etcd(target) = StateUrl::parse(&url).unwrap() else {
+        unreachable!()
+    };
+    let raw = EtcdBackend::connect(target, EtcdOptions::default())
+        .expect("etcd")
+        .get("sandboxes", &id)
+        .unwrap()
+        .expect("the record")
+        .value;
+    assert_eq!(&raw[..4], b"fbs1");
+    for clear in [&b"execd"[..], b"busybox", id.as_bytes()] {
+        assert!(!raw.windows(clear.len()).any(|w| w == clear), "in clear");
+    }
     assert!(
         !server.data_dir.join("state.redb").exists(),
         "no redb file next to etcd"

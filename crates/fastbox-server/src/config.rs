@@ -128,6 +128,9 @@ pub struct Settings {
     pub state_key: Option<PathBuf>,
     /// How long a state-store operation may go on trying the etcd members, milliseconds.
     pub state_timeout_ms: Option<u64>,
+    /// The key that seals records in etcd (64 hex digits; made on first use when missing),
+    /// the same file on every server [default: DATA_DIR/state-seal.key].
+    pub state_seal_key: Option<PathBuf>,
     /// The etcd password: environment (`FASTBOX_STATE_PASSWORD`) or the URL, never the file.
     #[serde(skip)]
     pub state_password: Option<String>,
@@ -171,6 +174,7 @@ impl Settings {
             state_cert: self.state_cert.or(lower.state_cert),
             state_key: self.state_key.or(lower.state_key),
             state_timeout_ms: self.state_timeout_ms.or(lower.state_timeout_ms),
+            state_seal_key: self.state_seal_key.or(lower.state_seal_key),
             state_password: self.state_password.or(lower.state_password),
             artifact_gc_interval: self.artifact_gc_interval.or(lower.artifact_gc_interval),
             artifact_gc_grace: self.artifact_gc_grace.or(lower.artifact_gc_grace),
@@ -665,6 +669,9 @@ pub struct ServerConfig {
 pub struct StateConfig {
     pub url: fastbox_state::StateUrl,
     pub options: fastbox_state::EtcdOptions,
+    /// The key file that seals the records (etcd only; the redb file stays in the root-only
+    /// data directory).
+    pub seal_key: Option<PathBuf>,
 }
 
 impl StateConfig {
@@ -676,7 +683,14 @@ impl StateConfig {
             None => StateUrl::Redb(data_dir.join("state.redb")),
             Some(text) => StateUrl::parse(text).map_err(|e| invalid("state", e.to_string()))?,
         };
+        let mut seal_key = None;
         if let StateUrl::Etcd(target) = &mut url {
+            seal_key = Some(
+                settings
+                    .state_seal_key
+                    .clone()
+                    .unwrap_or_else(|| data_dir.join("state-seal.key")),
+            );
             if let Some(password) = &settings.state_password {
                 target.password = Some(password.clone());
             }
@@ -690,6 +704,11 @@ impl StateConfig {
             return Err(invalid(
                 "state_ca",
                 "certificates are for an etcds:// state store".into(),
+            ));
+        } else if settings.state_seal_key.is_some() {
+            return Err(invalid(
+                "state_seal_key",
+                "the seal key is for an etcd state store".into(),
             ));
         }
         let client_cert = match (&settings.state_cert, &settings.state_key) {
@@ -713,7 +732,32 @@ impl StateConfig {
             }
             options.timeout = Duration::from_millis(ms);
         }
-        Ok(Self { url, options })
+        Ok(Self {
+            url,
+            options,
+            seal_key,
+        })
+    }
+
+    /// Opens the store (connecting to etcd, which checks it answers), its records sealed
+    /// with the seal key, which is made when missing. Blocks.
+    pub fn open(&self) -> Result<Box<dyn fastbox_state::StateBackend>, fastbox_state::StateError> {
+        let seal = match &self.seal_key {
+            None => None,
+            Some(path) => {
+                let (key, made) = fastbox_state::SealKey::load_or_create(path)?;
+                if made {
+                    tracing::warn!(
+                        file = %path.display(),
+                        key = key.id_hex(),
+                        "made a new seal key for the records in etcd: every server of this \
+                         state needs a copy of this file"
+                    );
+                }
+                Some(key)
+            }
+        };
+        fastbox_state::open(&self.url, self.options.clone(), seal)
     }
 }
 

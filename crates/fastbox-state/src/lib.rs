@@ -8,6 +8,9 @@
 //!   JSON gateway over HTTP(S), with failover across the members, user/password auth and
 //!   TLS with a CA of the operator's choice.
 //!
+//! Over etcd, values are sealed ([`SealedBackend`]): encrypted under a key only the servers
+//! hold, so etcd's operators and backups never see the tokens and credentials in them.
+//!
 //! Records are opaque bytes in named tables. Every record carries a [`Revision`] and every
 //! write names the revision it replaces: [`StateBackend::put`] and [`StateBackend::delete`]
 //! are compare-and-swaps, so no writer ever overwrites a change it has not seen
@@ -29,10 +32,12 @@
 
 mod etcd;
 mod redb_backend;
+mod sealed;
 mod url;
 
 pub use etcd::{EtcdBackend, EtcdOptions};
 pub use redb_backend::RedbBackend;
+pub use sealed::{SealKey, SealedBackend};
 pub use url::{DEFAULT_PREFIX, EtcdTarget, StateUrl, StateUrlError};
 
 /// A record's version: 0 is "absent"; every write gives the record a larger one.
@@ -99,10 +104,22 @@ pub trait StateBackend: Send + Sync {
 }
 
 /// Opens the store `url` names: a path (or `redb:PATH`) for the embedded file, or
-/// `etcd://`/`etcds://` for etcd ([`StateUrl`]).
-pub fn open(url: &StateUrl, options: EtcdOptions) -> Result<Box<dyn StateBackend>, StateError> {
-    match url {
-        StateUrl::Redb(path) => Ok(Box::new(RedbBackend::open(path)?)),
-        StateUrl::Etcd(target) => Ok(Box::new(EtcdBackend::connect(target.clone(), options)?)),
-    }
+/// `etcd://`/`etcds://` for etcd ([`StateUrl`]), its values sealed with `seal` when given.
+pub fn open(
+    url: &StateUrl,
+    options: EtcdOptions,
+    seal: Option<SealKey>,
+) -> Result<Box<dyn StateBackend>, StateError> {
+    let backend: Box<dyn StateBackend> = match (url, seal) {
+        (StateUrl::Redb(path), None) => Box::new(RedbBackend::open(path)?),
+        (StateUrl::Redb(path), Some(key)) => {
+            Box::new(SealedBackend::new(RedbBackend::open(path)?, key))
+        }
+        (StateUrl::Etcd(target), None) => Box::new(EtcdBackend::connect(target.clone(), options)?),
+        (StateUrl::Etcd(target), Some(key)) => Box::new(SealedBackend::new(
+            EtcdBackend::connect(target.clone(), options)?,
+            key,
+        )),
+    };
+    Ok(backend)
 }

@@ -210,6 +210,10 @@ pub struct StateArgs {
     /// answers 503, milliseconds [default: 10000].
     #[arg(long, env = "FASTBOX_STATE_TIMEOUT_MS")]
     pub state_timeout_ms: Option<u64>,
+    /// The key that seals the records in etcd, the same file on every server (made on
+    /// first use when missing) [default: DATA_DIR/state-seal.key].
+    #[arg(long, env = "FASTBOX_STATE_SEAL_KEY", value_name = "FILE")]
+    pub state_seal_key: Option<PathBuf>,
     /// The etcd user's password (environment only: a flag shows in the process list).
     #[arg(skip = std::env::var("FASTBOX_STATE_PASSWORD").ok())]
     pub state_password: Option<String>,
@@ -224,6 +228,7 @@ impl StateArgs {
             state_cert: self.state_cert.clone(),
             state_key: self.state_key.clone(),
             state_timeout_ms: self.state_timeout_ms,
+            state_seal_key: self.state_seal_key.clone(),
             state_password: self.state_password.clone(),
             ..settings
         }

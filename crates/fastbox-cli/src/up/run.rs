@@ -121,11 +121,10 @@ pub(crate) struct RemoteNode {
 /// Opens the state store `cfg` names (connecting to etcd, which checks it answers).
 async fn open_state(cfg: &ServerConfig) -> Result<Store, UpError> {
     let state = cfg.state.clone();
-    let backend =
-        tokio::task::spawn_blocking(move || fastbox_state::open(&state.url, state.options))
-            .await
-            .expect("the state store opens without panicking")
-            .map_err(fastbox_server::store::StoreError::from)?;
+    let backend = tokio::task::spawn_blocking(move || state.open())
+        .await
+        .expect("the state store opens without panicking")
+        .map_err(fastbox_server::store::StoreError::from)?;
     tracing::info!(store = %backend.describe(), "state store");
     Ok(Store::with_backend(Arc::from(backend)))
 }
