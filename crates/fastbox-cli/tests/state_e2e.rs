@@ -108,8 +108,16 @@ fn records_live_in_etcd_and_etcd_faults_are_503s() {
         "{:?}",
         started.elapsed()
     );
-    let (status, list) = server.get("/v1/sandboxes");
-    assert_eq!(status, 200);
+    let list = server.raw_get("/v1/sandboxes");
+    assert_eq!(list.status(), 200);
+    assert_eq!(
+        list.headers()
+            .get("x-fastbox-stale")
+            .map(|v| v.to_str().unwrap()),
+        Some("true"),
+        "a read answered from the server's last known state says so"
+    );
+    let list: serde_json::Value = list.json().unwrap();
     assert_eq!(list["items"].as_array().unwrap().len(), 1, "{list}");
     assert_eq!(server.ping(&id), 200);
     let status = server.delete(&format!("/v1/sandboxes/{id}"));
@@ -118,6 +126,15 @@ fn records_live_in_etcd_and_etcd_faults_are_503s() {
 
     // etcd back: the create works, and the refused one left no record.
     etcd.restart(0).expect("etcd starts again");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while server
+        .raw_get("/v1/sandboxes")
+        .headers()
+        .contains_key("x-fastbox-stale")
+    {
+        assert!(Instant::now() < deadline, "still stale with etcd back");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let second = server.create_busybox();
     server.wait_state(&second, "Running");
     assert_eq!(records_in_etcd(&etcd, prefix), 2);

@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use fastbox_api::templates::Template;
@@ -26,6 +27,8 @@ const SNAPSHOTS: &str = "snapshots";
 const NODES: &str = "nodes";
 /// Every table of the server's records (what `fastbox state migrate` copies).
 pub const TABLES: [&str; 4] = [SANDBOXES, TEMPLATES, SNAPSHOTS, NODES];
+/// The key the reachability probe reads (never written).
+const PROBE_KEY: &str = "-probe-";
 
 pub use fastbox_state::StateUrl;
 
@@ -55,6 +58,9 @@ impl From<StateError> for StoreError {
 
 pub struct Store {
     backend: Arc<dyn StateBackend>,
+    /// The last operation found the store unreachable (what the server answers from its
+    /// cache meanwhile may be stale).
+    unreachable: Arc<AtomicBool>,
     /// The revision of each record (table, id) as this server last read or wrote it.
     revisions: Mutex<HashMap<(&'static str, String), Revision>>,
 }
@@ -69,8 +75,50 @@ impl Store {
     pub fn with_backend(backend: Arc<dyn StateBackend>) -> Self {
         Self {
             backend,
+            unreachable: Arc::new(AtomicBool::new(false)),
             revisions: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// True while the store cannot be reached: reads answer from the server's last known
+    /// state (`X-Fastbox-Stale`).
+    pub fn is_unreachable(&self) -> bool {
+        self.unreachable.load(Ordering::Relaxed)
+    }
+
+    /// Looks at the store every `every` on a thread of its own (so the server notices an
+    /// unreachable store without a write failing, and its return), for as long as the
+    /// process runs.
+    pub fn watch_reachability(&self, every: std::time::Duration) {
+        let (backend, unreachable) = (self.backend.clone(), self.unreachable.clone());
+        std::thread::Builder::new()
+            .name("state-probe".into())
+            .spawn(move || {
+                loop {
+                    let reached = !matches!(
+                        backend.get(SANDBOXES, PROBE_KEY),
+                        Err(StateError::Unavailable(_))
+                    );
+                    if unreachable.swap(!reached, Ordering::Relaxed) == reached {
+                        match reached {
+                            true => tracing::info!("the state store answers again"),
+                            false => tracing::warn!(
+                                "the state store does not answer: changes are refused (503) \
+                                 and reads are answered from what this server knows"
+                            ),
+                        }
+                    }
+                    std::thread::sleep(every);
+                }
+            })
+            .expect("spawn the state probe");
+    }
+
+    /// Notes whether `result` reached the store.
+    fn noted<T>(&self, result: Result<T, StateError>) -> Result<T, StoreError> {
+        let unreachable = matches!(result, Err(StateError::Unavailable(_)));
+        self.unreachable.store(unreachable, Ordering::Relaxed);
+        Ok(result?)
     }
 
     /// Where the records are, for logs.
@@ -82,22 +130,20 @@ impl Store {
     /// record); returns its new revision.
     pub fn put(&self, record: &SandboxRecord) -> Result<Revision, StoreError> {
         let bytes = serde_json::to_vec(record).expect("records serialize");
-        Ok(self
-            .backend
-            .put(SANDBOXES, &record.id, &bytes, record.revision)?)
+        self.noted(
+            self.backend
+                .put(SANDBOXES, &record.id, &bytes, record.revision),
+        )
     }
 
     /// Removes `record` if the store still has it at `record.revision`.
     pub fn remove(&self, record: &SandboxRecord) -> Result<(), StoreError> {
-        Ok(self
-            .backend
-            .delete(SANDBOXES, &record.id, record.revision)?)
+        self.noted(self.backend.delete(SANDBOXES, &record.id, record.revision))
     }
 
     /// Every sandbox record, each with its revision.
     pub fn load(&self) -> Result<Vec<SandboxRecord>, StoreError> {
-        self.backend
-            .list(SANDBOXES)?
+        self.noted(self.backend.list(SANDBOXES))?
             .into_iter()
             .map(sandbox)
             .collect()
@@ -105,7 +151,9 @@ impl Store {
 
     /// Sandbox `id` as the store has it now (None: gone), after a conflict.
     pub fn reload(&self, id: &str) -> Result<Option<SandboxRecord>, StoreError> {
-        self.backend.get(SANDBOXES, id)?.map(sandbox).transpose()
+        self.noted(self.backend.get(SANDBOXES, id))?
+            .map(sandbox)
+            .transpose()
     }
 
     /// Writes a template durably.
@@ -174,22 +222,19 @@ impl Store {
         value: &T,
     ) -> Result<(), StoreError> {
         let bytes = serde_json::to_vec(value).expect("records serialize");
-        let revision = self
-            .backend
-            .put(table, key, &bytes, self.known(table, key))?;
+        let revision = self.noted(self.backend.put(table, key, &bytes, self.known(table, key)))?;
         self.remember(table, key, Some(revision));
         Ok(())
     }
 
     fn remove_from(&self, table: &'static str, key: &str) -> Result<(), StoreError> {
-        self.backend.delete(table, key, self.known(table, key))?;
+        self.noted(self.backend.delete(table, key, self.known(table, key)))?;
         self.remember(table, key, None);
         Ok(())
     }
 
     fn load_from<T: DeserializeOwned>(&self, table: &'static str) -> Result<Vec<T>, StoreError> {
-        self.backend
-            .list(table)?
+        self.noted(self.backend.list(table))?
             .into_iter()
             .map(|entry| self.decode(table, entry))
             .collect()

@@ -118,6 +118,9 @@ pub(crate) struct RemoteNode {
     pub control_listen: std::net::SocketAddr,
 }
 
+/// How often a server looks whether its etcd answers.
+const STATE_PROBE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Opens the state store `cfg` names (connecting to etcd, which checks it answers).
 async fn open_state(cfg: &ServerConfig) -> Result<Store, UpError> {
     let state = cfg.state.clone();
@@ -126,7 +129,11 @@ async fn open_state(cfg: &ServerConfig) -> Result<Store, UpError> {
         .expect("the state store opens without panicking")
         .map_err(fastbox_server::store::StoreError::from)?;
     tracing::info!(store = %backend.describe(), "state store");
-    Ok(Store::with_backend(Arc::from(backend)))
+    let store = Store::with_backend(Arc::from(backend));
+    if matches!(cfg.state.url, fastbox_state::StateUrl::Etcd(_)) {
+        store.watch_reachability(STATE_PROBE_EVERY);
+    }
+    Ok(store)
 }
 
 /// The in-process node's parts that `fastbox up` runs besides the server.

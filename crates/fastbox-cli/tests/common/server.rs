@@ -257,6 +257,12 @@ impl UpServer {
         (status, r.json().unwrap_or(Value::Null))
     }
 
+    /// GET a path: the whole response (headers too).
+    #[allow(dead_code)]
+    pub fn raw_get(&self, path: &str) -> reqwest::blocking::Response {
+        self.http.get(self.url(path)).send().expect("GET")
+    }
+
     /// GET a path whose body is text: (status, body).
     pub fn get_text(&self, path: &str) -> (u16, String) {
         let r = self.http.get(self.url(path)).send().expect("GET");

@@ -28,6 +28,23 @@ pub async fn request_id(req: Request, next: Next) -> Response {
     response
 }
 
+/// Set on answers made from the server's last known state while the state store cannot be
+/// reached.
+pub const STALE: HeaderName = HeaderName::from_static("x-fastbox-stale");
+
+/// Marks the answers to reads `X-Fastbox-Stale: true` while the state store is unreachable
+/// (changes are refused with 503 meanwhile).
+pub async fn stale(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let read = req.method() == axum::http::Method::GET;
+    let mut response = next.run(req).await;
+    if read && state.lifecycle.state_unreachable() {
+        response
+            .headers_mut()
+            .insert(STALE, HeaderValue::from_static("true"));
+    }
+    response
+}
+
 /// Paths anyone may call.
 fn is_public(path: &str) -> bool {
     let path = path.strip_prefix("/v1").unwrap_or(path);

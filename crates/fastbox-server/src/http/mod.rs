@@ -94,6 +94,10 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
+            middleware::stale,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
             middleware::auth,
         ))
         .layer(axum::middleware::from_fn(middleware::request_id))

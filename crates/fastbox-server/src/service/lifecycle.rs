@@ -210,6 +210,12 @@ impl Lifecycle {
         *self.health.write().expect("health lock") = health;
     }
 
+    /// True while the state store cannot be reached (reads answer from this server's last
+    /// known state).
+    pub fn state_unreachable(&self) -> bool {
+        self.store.is_unreachable()
+    }
+
     /// A copy of record `id`.
     pub(super) fn record(&self, id: &str) -> Result<SandboxRecord, ApiError> {
         self.records
