@@ -143,7 +143,7 @@ fn migrate(args: MigrateArgs) -> anyhow::Result<i32> {
     for table in TABLES {
         let entries = source.list(table)?;
         for entry in &entries {
-            sink.put(table, &entry.key, &entry.value, 0)
+            sink.put(table, &entry.key, &entry.value, 0, None)
                 .with_context(|| format!("writing {table}/{}", entry.key))?;
         }
         eprintln!("{table}: {} record(s) copied", entries.len());

@@ -47,8 +47,14 @@ fn redb_state(path: &Path) {
         ("snapshots", "p1"),
         ("nodes", "n1"),
     ] {
-        redb.put(table, key, format!(r#"{{"id":"{key}"}}"#).as_bytes(), 0)
-            .unwrap();
+        redb.put(
+            table,
+            key,
+            format!(r#"{{"id":"{key}"}}"#).as_bytes(),
+            0,
+            None,
+        )
+        .unwrap();
     }
 }
 

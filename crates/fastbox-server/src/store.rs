@@ -132,13 +132,16 @@ impl Store {
         let bytes = serde_json::to_vec(record).expect("records serialize");
         self.noted(
             self.backend
-                .put(SANDBOXES, &record.id, &bytes, record.revision),
+                .put(SANDBOXES, &record.id, &bytes, record.revision, None),
         )
     }
 
     /// Removes `record` if the store still has it at `record.revision`.
     pub fn remove(&self, record: &SandboxRecord) -> Result<(), StoreError> {
-        self.noted(self.backend.delete(SANDBOXES, &record.id, record.revision))
+        self.noted(
+            self.backend
+                .delete(SANDBOXES, &record.id, record.revision, None),
+        )
     }
 
     /// Every sandbox record, each with its revision.
@@ -222,13 +225,20 @@ impl Store {
         value: &T,
     ) -> Result<(), StoreError> {
         let bytes = serde_json::to_vec(value).expect("records serialize");
-        let revision = self.noted(self.backend.put(table, key, &bytes, self.known(table, key)))?;
+        let revision =
+            self.noted(
+                self.backend
+                    .put(table, key, &bytes, self.known(table, key), None),
+            )?;
         self.remember(table, key, Some(revision));
         Ok(())
     }
 
     fn remove_from(&self, table: &'static str, key: &str) -> Result<(), StoreError> {
-        self.noted(self.backend.delete(table, key, self.known(table, key)))?;
+        self.noted(
+            self.backend
+                .delete(table, key, self.known(table, key), None),
+        )?;
         self.remember(table, key, None);
         Ok(())
     }

@@ -21,24 +21,31 @@
 //! use fastbox_state::{RedbBackend, StateBackend, StateError};
 //! let dir = tempfile::tempdir().unwrap();
 //! let store = RedbBackend::open(&dir.path().join("state.redb")).unwrap();
-//! let first = store.put("sandboxes", "a", b"{}", 0).unwrap();
+//! let first = store.put("sandboxes", "a", b"{}", 0, None).unwrap();
 //! // A second create of the same record, or a write from a stale revision, is refused.
-//! assert!(matches!(store.put("sandboxes", "a", b"{}", 0), Err(StateError::Conflict { .. })));
-//! let second = store.put("sandboxes", "a", br#"{"n":1}"#, first).unwrap();
+//! assert!(matches!(
+//!     store.put("sandboxes", "a", b"{}", 0, None),
+//!     Err(StateError::Conflict { .. })
+//! ));
+//! let second = store.put("sandboxes", "a", br#"{"n":1}"#, first, None).unwrap();
 //! assert!(second > first);
-//! store.delete("sandboxes", "a", second).unwrap();
+//! store.delete("sandboxes", "a", second, None).unwrap();
 //! assert!(store.get("sandboxes", "a").unwrap().is_none());
 //! ```
 
+mod cluster;
 mod etcd;
 mod redb_backend;
 mod sealed;
 mod url;
+mod watch;
 
+pub use cluster::{CLUSTER_TABLE, Coordinator, Fence, Holder, LeaseId};
 pub use etcd::{EtcdBackend, EtcdOptions};
 pub use redb_backend::RedbBackend;
 pub use sealed::{SealKey, SealedBackend};
 pub use url::{DEFAULT_PREFIX, EtcdTarget, StateUrl, StateUrlError};
+pub use watch::{Watch, WatchEvent};
 
 /// A record's version: 0 is "absent"; every write gives the record a larger one.
 pub type Revision = u64;
@@ -65,6 +72,9 @@ pub enum StateError {
     /// written.
     #[error("state store unavailable: {0}")]
     Unavailable(String),
+    /// A write made as the leader after the leadership passed on (its fence is gone).
+    #[error("state store: {table}/{key}: refused, this server is no longer the leader")]
+    Fenced { table: String, key: String },
     /// The store answered with an error that a retry will not cure.
     #[error("state store: {0}")]
     Failed(String),
@@ -85,22 +95,42 @@ pub trait StateBackend: Send + Sync {
     /// Record `key` of `table`, if any.
     fn get(&self, table: &str, key: &str) -> Result<Option<Entry>, StateError>;
 
-    /// Writes `value` as record `key` if its revision is `expected` (0: it must not exist).
-    /// Returns the record's new revision.
+    /// Writes `value` as record `key` if its revision is `expected` (0: it must not exist),
+    /// and, with a `fence`, only while the leadership it names holds. Returns the record's
+    /// new revision.
     fn put(
         &self,
         table: &str,
         key: &str,
         value: &[u8],
         expected: Revision,
+        fence: Option<&Fence>,
     ) -> Result<Revision, StateError>;
 
-    /// Removes record `key` if its revision is `expected`. Removing an absent record with
-    /// `expected` 0 is a no-op.
-    fn delete(&self, table: &str, key: &str, expected: Revision) -> Result<(), StateError>;
+    /// Removes record `key` if its revision is `expected` (and the `fence` holds).
+    /// Removing an absent record with `expected` 0 is a no-op.
+    fn delete(
+        &self,
+        table: &str,
+        key: &str,
+        expected: Revision,
+        fence: Option<&Fence>,
+    ) -> Result<(), StateError>;
 
     /// Where the records are, for logs and errors (never a credential).
     fn describe(&self) -> String;
+
+    /// Every change from revision `from` on (None: the store has no other writer to watch
+    /// for, as the embedded file, whose lock keeps other processes out).
+    fn watch(&self, from: Revision) -> Result<Option<Watch>, StateError> {
+        let _ = from;
+        Ok(None)
+    }
+
+    /// Leases and claims, for servers sharing the store (None: one server alone).
+    fn coordinator(&self) -> Option<&dyn Coordinator> {
+        None
+    }
 }
 
 /// Opens the store `url` names: a path (or `redb:PATH`) for the embedded file, or

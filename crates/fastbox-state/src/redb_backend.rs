@@ -3,14 +3,16 @@
 //! Each table holds `key -> value`; a `revisions` table holds each record's revision
 //! (`table NUL key -> u64`) and `meta` the last revision given out. A record written before
 //! revisions existed has none stored and reads as revision 1 (the counter starts above it).
-//! Every put and delete checks and bumps the revision in one write transaction.
+//! Every put and delete checks and bumps the revision in one write transaction. The file's
+//! lock keeps every other process out, so there is no other writer to watch for and never
+//! a second leader: fences are not needed here and are ignored.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableError};
 
-use crate::{Entry, Revision, StateBackend, StateError};
+use crate::{Entry, Fence, Revision, StateBackend, StateError};
 
 const REVISIONS: TableDefinition<&str, u64> = TableDefinition::new("revisions");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -168,11 +170,18 @@ impl StateBackend for RedbBackend {
         key: &str,
         value: &[u8],
         expected: Revision,
+        _fence: Option<&Fence>,
     ) -> Result<Revision, StateError> {
         self.swap(name, key, expected, Some(value))
     }
 
-    fn delete(&self, name: &str, key: &str, expected: Revision) -> Result<(), StateError> {
+    fn delete(
+        &self,
+        name: &str,
+        key: &str,
+        expected: Revision,
+        _fence: Option<&Fence>,
+    ) -> Result<(), StateError> {
         if expected == 0 && self.get(name, key)?.is_none() {
             return Ok(());
         }

@@ -15,13 +15,20 @@ use std::path::Path;
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use ring::rand::{SecureRandom, SystemRandom};
 
-use crate::{Entry, Revision, StateBackend, StateError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::{
+    CLUSTER_TABLE, Coordinator, Entry, Fence, Revision, StateBackend, StateError, Watch, WatchEvent,
+};
 
 const MAGIC: &[u8; 4] = b"fbs1";
 const ID_LEN: usize = 8;
 const HEADER: usize = MAGIC.len() + ID_LEN + NONCE_LEN;
 
 /// The servers' sealing key (32 bytes).
+#[derive(Clone)]
 pub struct SealKey {
     key: LessSafeKey,
     id: [u8; ID_LEN],
@@ -189,13 +196,20 @@ impl<B: StateBackend> StateBackend for SealedBackend<B> {
         key: &str,
         value: &[u8],
         expected: Revision,
+        fence: Option<&Fence>,
     ) -> Result<Revision, StateError> {
         let sealed = self.key.seal(table, key, value)?;
-        self.inner.put(table, key, &sealed, expected)
+        self.inner.put(table, key, &sealed, expected, fence)
     }
 
-    fn delete(&self, table: &str, key: &str, expected: Revision) -> Result<(), StateError> {
-        self.inner.delete(table, key, expected)
+    fn delete(
+        &self,
+        table: &str,
+        key: &str,
+        expected: Revision,
+        fence: Option<&Fence>,
+    ) -> Result<(), StateError> {
+        self.inner.delete(table, key, expected, fence)
     }
 
     fn describe(&self) -> String {
@@ -204,6 +218,52 @@ impl<B: StateBackend> StateBackend for SealedBackend<B> {
             self.inner.describe(),
             self.key.id_hex()
         )
+    }
+
+    /// The inner watch's changes, records opened (coordination keys are not sealed). A
+    /// record that does not open is logged and read again as a [`WatchEvent::Reset`].
+    fn watch(&self, from: Revision) -> Result<Option<Watch>, StateError> {
+        let Some(inner) = self.inner.watch(from)? else {
+            return Ok(None);
+        };
+        let key = self.key.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::Builder::new()
+            .name("state-watch-open".into())
+            .spawn(move || {
+                while !stopped.load(Ordering::Relaxed) && !inner.stopped() {
+                    let Some(event) = inner.next(Duration::from_millis(200)) else {
+                        continue;
+                    };
+                    let event = match event {
+                        WatchEvent::Put { table, entry } if table != CLUSTER_TABLE => {
+                            match key.open(&table, &entry.key, &entry.value) {
+                                Ok(value) => WatchEvent::Put {
+                                    table,
+                                    entry: Entry { value, ..entry },
+                                },
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "a changed record does not open");
+                                    WatchEvent::Reset
+                                }
+                            }
+                        }
+                        other => other,
+                    };
+                    if tx.send(event).is_err() {
+                        break;
+                    }
+                }
+                stopped.store(true, Ordering::Relaxed);
+            })
+            .map_err(|e| StateError::Failed(format!("cannot start a watch thread: {e}")))?;
+        Ok(Some(Watch::new(rx, stop)))
+    }
+
+    fn coordinator(&self) -> Option<&dyn Coordinator> {
+        self.inner.coordinator()
     }
 }
 
@@ -218,7 +278,9 @@ mod tests {
         let path = dir.path().join("s.redb");
         let key = SealKey::from_bytes(&[7; 32]);
         let sealed = SealedBackend::new(RedbBackend::open(&path).unwrap(), key);
-        let r = sealed.put("sandboxes", "a", b"token=hunter2", 0).unwrap();
+        let r = sealed
+            .put("sandboxes", "a", b"token=hunter2", 0, None)
+            .unwrap();
         assert_eq!(
             sealed.get("sandboxes", "a").unwrap().unwrap().value,
             b"token=hunter2"
@@ -239,7 +301,10 @@ mod tests {
         *altered.last_mut().unwrap() ^= 1;
         assert!(key.open("sandboxes", "a", &altered).is_err());
         // A record written in clear is refused.
-        sealed.inner.put("sandboxes", "a", b"clear", r).unwrap();
+        sealed
+            .inner
+            .put("sandboxes", "a", b"clear", r, None)
+            .unwrap();
         assert!(sealed.get("sandboxes", "a").is_err());
     }
 

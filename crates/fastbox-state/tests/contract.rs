@@ -14,27 +14,33 @@ fn conflict<T: std::fmt::Debug>(r: Result<T, StateError>) -> bool {
 /// What every backend must do.
 fn contract(store: &dyn StateBackend) {
     // Create, and only once.
-    let r1 = store.put("sandboxes", "a", b"one", 0).unwrap();
+    let r1 = store.put("sandboxes", "a", b"one", 0, None).unwrap();
     assert!(r1 > 0);
-    assert!(conflict(store.put("sandboxes", "a", b"again", 0)));
+    assert!(conflict(store.put("sandboxes", "a", b"again", 0, None)));
     let got = store.get("sandboxes", "a").unwrap().unwrap();
     assert_eq!((got.value.as_slice(), got.revision), (&b"one"[..], r1));
 
     // Writes name the revision they replace.
-    assert!(conflict(store.put("sandboxes", "a", b"stale", r1 + 1000)));
-    let r2 = store.put("sandboxes", "a", b"two", r1).unwrap();
+    assert!(conflict(store.put(
+        "sandboxes",
+        "a",
+        b"stale",
+        r1 + 1000,
+        None
+    )));
+    let r2 = store.put("sandboxes", "a", b"two", r1, None).unwrap();
     assert!(r2 > r1);
-    assert!(conflict(store.put("sandboxes", "a", b"stale", r1)));
+    assert!(conflict(store.put("sandboxes", "a", b"stale", r1, None)));
     assert_eq!(store.get("sandboxes", "a").unwrap().unwrap().value, b"two");
 
     // Any bytes.
     let bytes: Vec<u8> = (0..=255u8).collect();
-    store.put("sandboxes", "b", &bytes, 0).unwrap();
+    store.put("sandboxes", "b", &bytes, 0, None).unwrap();
     assert_eq!(store.get("sandboxes", "b").unwrap().unwrap().value, bytes);
 
     // Tables are apart, even when one's name starts another's.
-    store.put("snap", "a", b"snap", 0).unwrap();
-    store.put("snapshots", "x", b"x", 0).unwrap();
+    store.put("snap", "a", b"snap", 0, None).unwrap();
+    store.put("snapshots", "x", b"x", 0, None).unwrap();
     let mut keys: Vec<String> = store
         .list("sandboxes")
         .unwrap()
@@ -53,14 +59,14 @@ fn contract(store: &dyn StateBackend) {
     assert!(store.get("nothing-here", "a").unwrap().is_none());
 
     // Deletes too.
-    assert!(conflict(store.delete("sandboxes", "a", r1)));
-    store.delete("sandboxes", "a", r2).unwrap();
+    assert!(conflict(store.delete("sandboxes", "a", r1, None)));
+    store.delete("sandboxes", "a", r2, None).unwrap();
     assert!(store.get("sandboxes", "a").unwrap().is_none());
-    assert!(conflict(store.delete("sandboxes", "a", r2)));
-    store.delete("sandboxes", "never", 0).unwrap();
-    assert!(conflict(store.delete("snap", "a", 0)), "it exists");
+    assert!(conflict(store.delete("sandboxes", "a", r2, None)));
+    store.delete("sandboxes", "never", 0, None).unwrap();
+    assert!(conflict(store.delete("snap", "a", 0, None)), "it exists");
     // A record created again starts over from "absent".
-    let r3 = store.put("sandboxes", "a", b"three", 0).unwrap();
+    let r3 = store.put("sandboxes", "a", b"three", 0, None).unwrap();
     assert!(r3 > r2);
 }
 
@@ -69,7 +75,7 @@ fn contract(store: &dyn StateBackend) {
 fn counter_race(store: Arc<dyn StateBackend>) {
     const WRITERS: usize = 4;
     const EACH: usize = 15;
-    store.put("counters", "n", b"0", 0).unwrap();
+    store.put("counters", "n", b"0", 0, None).unwrap();
     let threads: Vec<_> = (0..WRITERS)
         .map(|_| {
             let store = store.clone();
@@ -79,8 +85,13 @@ fn counter_race(store: Arc<dyn StateBackend>) {
                     loop {
                         let e = store.get("counters", "n").unwrap().unwrap();
                         let n: usize = std::str::from_utf8(&e.value).unwrap().parse().unwrap();
-                        match store.put("counters", "n", (n + 1).to_string().as_bytes(), e.revision)
-                        {
+                        match store.put(
+                            "counters",
+                            "n",
+                            (n + 1).to_string().as_bytes(),
+                            e.revision,
+                            None,
+                        ) {
                             Ok(_) => break,
                             Err(StateError::Conflict { .. }) => conflicts += 1,
                             Err(e) => panic!("{e}"),
@@ -119,8 +130,14 @@ fn redb_keeps_the_contract() {
     // Everything is still there after reopening, revisions included.
     let store = RedbBackend::open(&path).unwrap();
     let n = store.get("counters", "n").unwrap().unwrap();
-    assert!(conflict(store.put("counters", "n", b"x", n.revision - 1)));
-    store.put("counters", "n", b"x", n.revision).unwrap();
+    assert!(conflict(store.put(
+        "counters",
+        "n",
+        b"x",
+        n.revision - 1,
+        None
+    )));
+    store.put("counters", "n", b"x", n.revision, None).unwrap();
 }
 
 #[test]
@@ -142,7 +159,7 @@ fn redb_records_written_before_revisions_read_as_revision_one() {
     let old = store.list("sandboxes").unwrap();
     assert_eq!(old.len(), 1);
     assert_eq!(old[0].revision, 1);
-    let next = store.put("sandboxes", "old", b"{}", 1).unwrap();
+    let next = store.put("sandboxes", "old", b"{}", 1, None).unwrap();
     assert!(next > 1);
 }
 
@@ -197,7 +214,7 @@ fn etcd_writes_ride_out_the_loss_of_the_leader() {
     fastbox_testkit::skip_unless!(etcd_unavailable());
     let mut etcd = EtcdCluster::start(3).expect("etcd starts");
     let store = Arc::new(etcd_backend(&etcd, "fbt-leader"));
-    let mut revision = store.put("sandboxes", "s", b"0", 0).unwrap();
+    let mut revision = store.put("sandboxes", "s", b"0", 0, None).unwrap();
     let leader = (0..100)
         .find_map(|_| {
             etcd.leader().or_else(|| {
@@ -215,7 +232,7 @@ fn etcd_writes_ride_out_the_loss_of_the_leader() {
             for i in 1..=60u32 {
                 let started = Instant::now();
                 revision = store
-                    .put("sandboxes", "s", i.to_string().as_bytes(), revision)
+                    .put("sandboxes", "s", i.to_string().as_bytes(), revision, None)
                     .unwrap_or_else(|e| panic!("write {i} failed: {e}"));
                 slowest = slowest.max(started.elapsed());
                 std::thread::sleep(Duration::from_millis(50));

@@ -150,15 +150,21 @@ impl GatewayClient {
     }
 
     /// Posts `body` to the streaming `path` of one member and hands each JSON message of the
-    /// answer to `each`, with no deadline (a snapshot of a large keyspace takes a while).
+    /// answer to `each`, with no deadline (a snapshot of a large keyspace takes a while);
+    /// with `idle`, a read waiting longer than that fails the stream.
     pub fn stream(
         &self,
         path: &str,
         body: &Value,
+        idle: Option<Duration>,
         mut each: impl FnMut(&Value) -> Result<(), StateError>,
     ) -> Result<(), StateError> {
         let unavailable = |e: String| StateError::Unavailable(format!("etcd {}: {e}", self.target));
         let member = self.current.load(Ordering::Relaxed) % self.bases.len();
+        // The next stream goes to the next member (a failed one is not asked again at once).
+        let rotate = || {
+            self.current.store(member + 1, Ordering::Relaxed);
+        };
         let token = match self.token(member) {
             Ok(token) => token,
             Err(Attempt::Fatal(message)) => return Err(StateError::Failed(message)),
@@ -170,17 +176,22 @@ impl GatewayClient {
             .post(format!("{}{path}", self.bases[member]))
             .config()
             .timeout_global(None)
+            .timeout_per_read(idle)
             .build();
         if let Some(token) = &token {
             request = request.header("Authorization", token);
         }
-        let response = request
-            .send_json(body)
-            .map_err(|e| unavailable(e.to_string()))?;
+        let response = request.send_json(body).map_err(|e| {
+            rotate();
+            unavailable(e.to_string())
+        })?;
         let status = response.status().as_u16();
         let reader = response.into_body().into_reader();
         for message in serde_json::Deserializer::from_reader(reader).into_iter::<Value>() {
-            let message = message.map_err(|e| unavailable(format!("reading the stream: {e}")))?;
+            let message = message.map_err(|e| {
+                rotate();
+                unavailable(format!("reading the stream: {e}"))
+            })?;
             if let Some(error) = message.get("error") {
                 let text = error
                     .get("message")

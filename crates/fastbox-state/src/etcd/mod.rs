@@ -7,6 +7,10 @@
 //! its own value (or, for a delete, nothing) means the first attempt landed.
 
 mod client;
+mod coordinate;
+mod watch;
+
+use std::sync::Arc;
 
 use serde_json::{Value, json};
 
@@ -14,17 +18,17 @@ pub use client::EtcdOptions;
 use client::{GatewayClient, b64, int, unb64};
 
 use crate::url::EtcdTarget;
-use crate::{Entry, Revision, StateBackend, StateError};
+use crate::{CLUSTER_TABLE, Coordinator, Entry, Fence, Revision, StateBackend, StateError, Watch};
 
 pub struct EtcdBackend {
-    client: GatewayClient,
+    client: Arc<GatewayClient>,
 }
 
 impl EtcdBackend {
     /// Connects to `target` and checks that it answers (a range read of the prefix).
     pub fn connect(target: EtcdTarget, options: EtcdOptions) -> Result<Self, StateError> {
         let backend = Self {
-            client: GatewayClient::new(target, &options)?,
+            client: Arc::new(GatewayClient::new(target, &options)?),
         };
         backend.client.call(
             "/v3/kv/range",
@@ -40,7 +44,7 @@ impl EtcdBackend {
         let mut written = 0u64;
         let mut last_remaining = None;
         self.client
-            .stream("/v3/maintenance/snapshot", &json!({}), |message| {
+            .stream("/v3/maintenance/snapshot", &json!({}), None, |message| {
                 let result = message.get("result").unwrap_or(message);
                 let blob = unb64(result.get("blob").unwrap_or(&Value::Null))?;
                 out.write_all(&blob)
@@ -62,32 +66,59 @@ impl EtcdBackend {
         format!("{}/{table}/{key}", self.client.target().prefix)
     }
 
+    /// The etcd key of coordination claim `name`.
+    fn claim_key(&self, name: &str) -> String {
+        self.key(CLUSTER_TABLE, name)
+    }
+
     /// The prefix of `table`'s keys.
     fn table_prefix(&self, table: &str) -> String {
         format!("{}/{table}/", self.client.target().prefix)
     }
 
-    /// A compare-and-swap: `request` runs if `key` is at `expected`.
+    /// A compare-and-swap: `request` runs if `key` is at `expected` (and the `fence` holds).
     fn swap(
         &self,
         table: &str,
         key: &str,
         expected: Revision,
+        fence: Option<&Fence>,
         request: Value,
         landed: impl Fn(Option<&Entry>) -> bool,
     ) -> Result<Revision, StateError> {
         let full = b64(self.key(table, key).as_bytes());
-        let compare = if expected == 0 {
+        let mut compare = vec![if expected == 0 {
             json!({"key": full, "target": "CREATE", "create_revision": "0", "result": "EQUAL"})
         } else {
             json!({"key": full, "target": "MOD", "mod_revision": expected.to_string(), "result": "EQUAL"})
-        };
+        }];
+        let mut failure = Vec::new();
+        if let Some(fence) = fence {
+            let fence_key = b64(self.claim_key(&fence.name).as_bytes());
+            compare.push(json!({
+                "key": fence_key, "target": "CREATE",
+                "create_revision": fence.token.to_string(), "result": "EQUAL"
+            }));
+            // What the fence key is now, to tell a lost leadership from a conflict.
+            failure.push(json!({"request_range": {"key": fence_key}}));
+        }
         let answer = self.client.call(
             "/v3/kv/txn",
-            &json!({"compare": [compare], "success": [request]}),
+            &json!({"compare": compare, "success": [request], "failure": failure}),
         )?;
         if answer.body.get("succeeded").and_then(Value::as_bool) == Some(true) {
             return Ok(int(answer.body.pointer("/header/revision")));
+        }
+        if let Some(fence) = fence {
+            let created = answer
+                .body
+                .pointer("/responses/0/response_range/kvs/0/create_revision");
+            if int(created) != fence.token {
+                return Err(StateError::Fenced {
+                    table: table.to_string(),
+                    key: key.to_string(),
+                });
+            }
         }
         if answer.retried {
             let current = self.get(table, key)?;
@@ -152,15 +183,22 @@ impl StateBackend for EtcdBackend {
         key: &str,
         value: &[u8],
         expected: Revision,
+        fence: Option<&Fence>,
     ) -> Result<Revision, StateError> {
         let full = b64(self.key(table, key).as_bytes());
         let request = json!({"request_put": {"key": full, "value": b64(value)}});
-        self.swap(table, key, expected, request, |current| {
+        self.swap(table, key, expected, fence, request, |current| {
             current.is_some_and(|e| e.value == value)
         })
     }
 
-    fn delete(&self, table: &str, key: &str, expected: Revision) -> Result<(), StateError> {
+    fn delete(
+        &self,
+        table: &str,
+        key: &str,
+        expected: Revision,
+        fence: Option<&Fence>,
+    ) -> Result<(), StateError> {
         if expected == 0 {
             // Absent is what the caller saw: nothing to remove, unless it appeared since.
             return match self.get(table, key)? {
@@ -174,11 +212,21 @@ impl StateBackend for EtcdBackend {
         }
         let full = b64(self.key(table, key).as_bytes());
         let request = json!({"request_delete_range": {"key": full}});
-        self.swap(table, key, expected, request, |current| current.is_none())
-            .map(drop)
+        self.swap(table, key, expected, fence, request, |current| {
+            current.is_none()
+        })
+        .map(drop)
     }
 
     fn describe(&self) -> String {
         format!("etcd {}", self.client.target())
+    }
+
+    fn watch(&self, from: Revision) -> Result<Option<Watch>, StateError> {
+        watch::start(self.client.clone(), from).map(Some)
+    }
+
+    fn coordinator(&self) -> Option<&dyn Coordinator> {
+        Some(self)
     }
 }
