@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 use crate::{Entry, Revision};
@@ -41,10 +41,7 @@ impl Watch {
 
     /// The next event, waiting at most `wait` (None: none came, or the watch ended).
     pub fn next(&self, wait: Duration) -> Option<WatchEvent> {
-        match self.rx.recv_timeout(wait) {
-            Ok(event) => Some(event),
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
-        }
+        self.rx.recv_timeout(wait).ok()
     }
 
     /// Whether the watch ended (its feeder stopped).
