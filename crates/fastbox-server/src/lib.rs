@@ -4,6 +4,7 @@
 //! one).
 
 pub mod artifact_gc;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod http;

@@ -20,6 +20,11 @@ pub struct SandboxRecord {
     /// write of a change names it ([`crate::store::Store::put`]). Not part of the record.
     #[serde(skip)]
     pub revision: fastbox_state::Revision,
+    /// The server whose operation on it is in flight (a create, pause, resume or removal):
+    /// set as the record enters such a state, cleared as it leaves. The leader takes the
+    /// operation over when that server is gone (`service::converge`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acting: Option<String>,
     /// The image, with its credentials (kept so an interrupted create can be retried; the
     /// state directory is root-only and the credentials are never logged or returned).
     pub image: ImageSpec,
@@ -357,6 +362,7 @@ pub(crate) mod tests {
         SandboxRecord {
             id: id.into(),
             revision: 0,
+            acting: None,
             image: ImageSpec {
                 uri: "python:3.12".into(),
                 auth: Some(fastbox_api::lifecycle::ImageAuth {

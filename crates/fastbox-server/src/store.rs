@@ -21,10 +21,10 @@ use serde::de::DeserializeOwned;
 
 use crate::record::{NodeRecord, SandboxRecord, SnapshotRecord};
 
-const SANDBOXES: &str = "sandboxes";
-const TEMPLATES: &str = "templates";
-const SNAPSHOTS: &str = "snapshots";
-const NODES: &str = "nodes";
+pub const SANDBOXES: &str = "sandboxes";
+pub const TEMPLATES: &str = "templates";
+pub const SNAPSHOTS: &str = "snapshots";
+pub const NODES: &str = "nodes";
 /// Every table of the server's records (what `fastbox state migrate` copies).
 pub const TABLES: [&str; 4] = [SANDBOXES, TEMPLATES, SNAPSHOTS, NODES];
 /// The key the reachability probe reads (never written).
@@ -121,6 +121,24 @@ impl Store {
         Ok(result?)
     }
 
+    /// The store's current revision (0 for a store no other server shares).
+    pub fn revision(&self) -> Result<Revision, StoreError> {
+        match self.backend.coordinator() {
+            Some(c) => self.noted(c.revision()),
+            None => Ok(0),
+        }
+    }
+
+    /// Every change from revision `from` on (None: no other server shares the store).
+    pub fn watch(&self, from: Revision) -> Result<Option<fastbox_state::Watch>, StoreError> {
+        self.noted(self.backend.watch(from))
+    }
+
+    /// The backend (for the cluster's leases and claims).
+    pub fn backend(&self) -> Arc<dyn StateBackend> {
+        self.backend.clone()
+    }
+
     /// Where the records are, for logs.
     pub fn describe(&self) -> String {
         self.backend.describe()
@@ -130,17 +148,20 @@ impl Store {
     /// record); returns its new revision.
     pub fn put(&self, record: &SandboxRecord) -> Result<Revision, StoreError> {
         let bytes = serde_json::to_vec(record).expect("records serialize");
-        self.noted(
-            self.backend
-                .put(SANDBOXES, &record.id, &bytes, record.revision, None),
-        )
+        self.noted(self.backend.put(
+            SANDBOXES,
+            &record.id,
+            &bytes,
+            record.revision,
+            fence().as_ref(),
+        ))
     }
 
     /// Removes `record` if the store still has it at `record.revision`.
     pub fn remove(&self, record: &SandboxRecord) -> Result<(), StoreError> {
         self.noted(
             self.backend
-                .delete(SANDBOXES, &record.id, record.revision, None),
+                .delete(SANDBOXES, &record.id, record.revision, fence().as_ref()),
         )
     }
 
@@ -201,6 +222,35 @@ impl Store {
         self.load_from(NODES)
     }
 
+    /// A record of `table` another server wrote (a watch's change), when it is newer than
+    /// the version this server knows: decoded, its revision remembered. None when this
+    /// server knows that version or a later one.
+    pub fn changed<T: DeserializeOwned>(
+        &self,
+        table: &'static str,
+        entry: Entry,
+    ) -> Result<Option<T>, StoreError> {
+        if self.known(table, &entry.key) >= entry.revision {
+            return Ok(None);
+        }
+        self.decode(table, entry).map(Some)
+    }
+
+    /// Whether record `key` of `table`, removed at `revision` by another server, is newer
+    /// than what this server knows (then it forgets the revision).
+    pub fn removed(&self, table: &'static str, key: &str, revision: Revision) -> bool {
+        let newer = self.known(table, key) < revision;
+        if newer {
+            self.remember(table, key, None);
+        }
+        newer
+    }
+
+    /// A sandbox record of a watch's change.
+    pub fn sandbox_of(entry: Entry) -> Result<SandboxRecord, StoreError> {
+        sandbox(entry)
+    }
+
     fn known(&self, table: &'static str, key: &str) -> Revision {
         self.revisions
             .lock()
@@ -225,11 +275,13 @@ impl Store {
         value: &T,
     ) -> Result<(), StoreError> {
         let bytes = serde_json::to_vec(value).expect("records serialize");
-        let revision =
-            self.noted(
-                self.backend
-                    .put(table, key, &bytes, self.known(table, key), None),
-            )?;
+        let revision = self.noted(self.backend.put(
+            table,
+            key,
+            &bytes,
+            self.known(table, key),
+            fence().as_ref(),
+        ))?;
         self.remember(table, key, Some(revision));
         Ok(())
     }
@@ -237,7 +289,7 @@ impl Store {
     fn remove_from(&self, table: &'static str, key: &str) -> Result<(), StoreError> {
         self.noted(
             self.backend
-                .delete(table, key, self.known(table, key), None),
+                .delete(table, key, self.known(table, key), fence().as_ref()),
         )?;
         self.remember(table, key, None);
         Ok(())
@@ -263,6 +315,17 @@ impl Store {
         self.remember(table, &entry.key, Some(entry.revision));
         Ok(record)
     }
+}
+
+tokio::task_local! {
+    /// The leadership the writes of this task are made under (the reconciler's), refused
+    /// once it passed on.
+    pub static FENCE: Option<fastbox_state::Fence>;
+}
+
+/// The fence of the running task's writes, if any.
+fn fence() -> Option<fastbox_state::Fence> {
+    FENCE.try_with(Clone::clone).ok().flatten()
 }
 
 /// A stored sandbox record, with its revision.

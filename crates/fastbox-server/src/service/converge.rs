@@ -327,6 +327,16 @@ impl Lifecycle {
             if self.busy.lock().expect("busy lock").contains(&record.id) {
                 continue;
             }
+            // Another server's operation: its own, while that server lives; the leader's
+            // to finish once it is gone.
+            if let Some(actor) = record.acting.as_deref()
+                && actor != self.cluster.id()
+            {
+                if !self.cluster.is_alive(actor) {
+                    self.take_over(&record).await;
+                }
+                continue;
+            }
             // Nothing is asked of a lost node until it renews its lease; what the server
             // decides alone (expiry, forgetting what holds nothing there) goes on.
             let lost = self.node_is_lost(record.node.as_deref());
@@ -415,21 +425,62 @@ impl Lifecycle {
         }
     }
 
-    /// Runs [`Lifecycle::reconcile`] forever.
+    /// Runs [`Lifecycle::reconcile`] forever, while this server leads the reconcilers, its
+    /// writes fenced by the leadership (refused once it passed on).
     pub async fn reconcile_forever(self: Arc<Self>) {
         let mut tick = tokio::time::interval(self.cfg.reconcile_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            self.reconcile().await;
+            if !self.cluster.is_leader() {
+                continue;
+            }
+            let fence = self.cluster.fence();
+            crate::store::FENCE.scope(fence, self.reconcile()).await;
+        }
+    }
+
+    /// Finishes the operation a server that is gone left in flight on `record` (a create,
+    /// pause, resume or removal), as a restart of that server would.
+    async fn take_over(self: &Arc<Self>, record: &SandboxRecord) {
+        let (id, gone) = (
+            record.id.as_str(),
+            record.acting.clone().unwrap_or_default(),
+        );
+        let me = self.cluster.id().to_string();
+        let taken = self.update(id, |r| {
+            if r.acting.as_deref() != Some(gone.as_str()) {
+                return Err(ApiError::Conflict(format!("{id} changed hands")));
+            }
+            r.acting = Some(me.clone());
+            r.event(
+                "TakenOver",
+                &format!("server {gone} is gone: server {me} finishes its operation"),
+            );
+            Ok(())
+        });
+        let Ok(record) = taken else {
+            return;
+        };
+        tracing::warn!(sandbox = %id, server = %gone, state = %record.state(), "taking over the operation of a server that is gone");
+        match record.state() {
+            SandboxState::Stopping => self.start_removal(id),
+            _ => {
+                self.recover_records(|r| r.id == id).await;
+            }
         }
     }
 
     /// After a restart: re-adopts sandboxes whose processes are alive, fails those whose
     /// processes are gone (`PROCESS_LOST`), and restarts interrupted creates from a clean
     /// slot. Returns (adopted, lost, restarted).
+    /// Another server's operations in flight are left to it (or, once it is gone, to the
+    /// leader).
     pub async fn recover(self: &Arc<Self>) -> (usize, usize, usize) {
-        let counts = self.recover_records(|_| true).await;
+        let me = self.cluster.id().to_string();
+        let counts = self
+            .recover_records(|r| r.acting.as_deref().is_none_or(|a| a == me))
+            .await;
         self.recover_templates();
         counts
     }

@@ -16,6 +16,7 @@ use fastbox_node_api::wire::NodePlacement;
 use fastbox_node_api::{NodeAgent, NodeErrorKind};
 use fastbox_proxy::{RouteKeys, RouteSigner, to_b36};
 
+use crate::cluster::Cluster;
 use crate::config::ServerConfig;
 use crate::error::ApiError;
 use crate::nodes::Nodes;
@@ -77,6 +78,11 @@ pub struct Lifecycle {
     pub(super) join_token: RwLock<Option<fastbox_node_api::remote::Credential>>,
     /// Held while a registration or revocation changes the members, so they never interleave.
     pub(super) membership_changes: Mutex<()>,
+    /// This server among those sharing the state store.
+    pub(super) cluster: Arc<Cluster>,
+    /// The store's revision before the records were loaded: the watch goes on from the
+    /// next one ([`Lifecycle::follow_store`]).
+    pub(super) loaded_at: fastbox_state::Revision,
 }
 
 /// `GET /v1/sandboxes` filters.
@@ -112,7 +118,7 @@ impl Lifecycle {
         Self::with_nodes(cfg, store, Nodes::single(node), images, keys)
     }
 
-    /// A server with the nodes `nodes`.
+    /// A server alone with the nodes `nodes`.
     pub fn with_nodes(
         cfg: ServerConfig,
         store: Store,
@@ -120,6 +126,19 @@ impl Lifecycle {
         images: ImageConfig,
         keys: RouteKeys,
     ) -> Result<Arc<Self>, ApiError> {
+        Self::in_cluster(cfg, store, nodes, images, keys, Arc::new(Cluster::alone()))
+    }
+
+    /// A server with the nodes `nodes`, one of `cluster`'s servers sharing `store`.
+    pub fn in_cluster(
+        cfg: ServerConfig,
+        store: Store,
+        nodes: Nodes,
+        images: ImageConfig,
+        keys: RouteKeys,
+        cluster: Arc<Cluster>,
+    ) -> Result<Arc<Self>, ApiError> {
+        let loaded_at = store.revision()?;
         let records = store
             .load()?
             .into_iter()
@@ -150,6 +169,8 @@ impl Lifecycle {
             members: Mutex::new(HashMap::new()),
             join_token: RwLock::new(None),
             membership_changes: Mutex::new(()),
+            cluster,
+            loaded_at,
             images,
             keys,
             health: RwLock::new(Health::Starting("starting".into())),
@@ -237,6 +258,9 @@ impl Lifecycle {
         loop {
             let mut next = current.clone();
             change(&mut next)?;
+            if next.state() != current.state() {
+                next.acting = self.acting_in(next.state());
+            }
             // The write runs without the records lock: it is a compare-and-swap on the
             // version `next` was made from, so a change that landed meanwhile (here or on
             // another server) makes it fail instead of being overwritten.
@@ -260,6 +284,7 @@ impl Lifecycle {
     /// Writes a new record durably (a conflict: its id exists already).
     pub(super) fn insert(&self, mut record: SandboxRecord) -> Result<(), ApiError> {
         record.revision = 0;
+        record.acting = self.acting_in(record.state());
         record.revision = self.store.put(&record)?;
         self.cache(&record, true);
         Ok(())
@@ -295,6 +320,24 @@ impl Lifecycle {
             records.remove(id);
         }
         Ok(())
+    }
+
+    /// Who acts on a sandbox entering `state`: this server while an operation of its runs
+    /// (create, pause, resume, removal), nobody in a settled state.
+    fn acting_in(&self, state: SandboxState) -> Option<String> {
+        matches!(
+            state,
+            SandboxState::Pending
+                | SandboxState::Pausing
+                | SandboxState::Resuming
+                | SandboxState::Stopping
+        )
+        .then(|| self.cluster.id().to_string())
+    }
+
+    /// This server among those sharing the state store.
+    pub fn cluster(&self) -> &Arc<Cluster> {
+        &self.cluster
     }
 
     /// Puts `record` in the cache unless the cache holds a later version (writes may finish
@@ -401,6 +444,7 @@ impl Lifecycle {
         let mut record = SandboxRecord {
             id: id.clone(),
             revision: 0,
+            acting: None,
             image: plan.image.clone(),
             entrypoint: plan.entrypoint.clone(),
             env: plan.env.clone(),

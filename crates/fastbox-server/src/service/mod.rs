@@ -6,6 +6,7 @@ mod artifact_refs;
 mod converge;
 mod egress;
 mod execd_logs;
+mod follow;
 mod lifecycle;
 pub mod local_images;
 mod membership;

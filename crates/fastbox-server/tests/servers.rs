@@ -1,0 +1,227 @@
+//! Several servers sharing one state store (a real etcd) and one fake node: what one server
+//! changes, the others see; one leads the reconcilers; when a server dies in the middle of
+//! an operation, the leader finishes it; a leadership that passed on writes nothing more.
+//!
+//! Each server runs on a runtime of its own; dropping it (with its cluster rounds halted)
+//! is a crash: every task it had in flight ends where it was.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fastbox_api::lifecycle::{CreateSandboxRequest, ImageSpec, SandboxState};
+use fastbox_node_api::NodeAgent;
+use fastbox_node_api::testkit::{FakeNode, Verb};
+use fastbox_server::cluster::Cluster;
+use fastbox_server::config::{ServerConfig, Settings};
+use fastbox_server::nodes::Nodes;
+use fastbox_server::service::Lifecycle;
+use fastbox_server::store::{FENCE, Store};
+use fastbox_state::{EtcdBackend, EtcdOptions, StateBackend, StateUrl};
+use fastbox_testkit::etcd::{EtcdCluster, etcd_unavailable};
+
+const IMAGE: &str = "registry.test/app:1";
+/// The servers' leases (etcd raises a shorter one to its minimum, about 4 s here).
+const LEASE: Duration = Duration::from_secs(4);
+const PATIENCE: Duration = Duration::from_secs(30);
+
+struct Server {
+    lc: Arc<Lifecycle>,
+    cluster: Arc<Cluster>,
+    runtime: tokio::runtime::Runtime,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start(id: &str, etcd: &EtcdCluster, prefix: &str, fake: &Arc<FakeNode>) -> Server {
+        let StateUrl::Etcd(target) =
+            StateUrl::parse(&format!("{}/{prefix}", etcd.state_url())).unwrap()
+        else {
+            unreachable!()
+        };
+        let backend: Arc<dyn StateBackend> =
+            Arc::new(EtcdBackend::connect(target, EtcdOptions::default()).expect("etcd"));
+        let cluster = Arc::new(Cluster::join(id, backend.clone(), LEASE).expect("join"));
+        cluster.round().expect("first round");
+        cluster.run();
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = ServerConfig::resolve(Settings {
+            data_dir: Some(dir.path().to_path_buf()),
+            cache_dir: Some(dir.path().join("cache")),
+            ..Default::default()
+        })
+        .expect("config");
+        cfg.create_wait = Duration::from_millis(50);
+        cfg.reconcile_every = Duration::from_millis(200);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let keys = fastbox_proxy::RouteKeys::load_or_create(&dir.path().join("route-key"))
+            .expect("route keys");
+        let lc = runtime.block_on(async {
+            Lifecycle::in_cluster(
+                cfg,
+                Store::with_backend(backend),
+                Nodes::new(vec![fake.clone() as Arc<dyn NodeAgent>]).expect("nodes"),
+                fastbox_image::ImageConfig::default(),
+                keys,
+                cluster.clone(),
+            )
+            .expect("lifecycle")
+        });
+        lc.follow_store().expect("follow");
+        runtime.spawn(lc.clone().reconcile_forever());
+        Server {
+            lc,
+            cluster,
+            runtime,
+            _dir: dir,
+        }
+    }
+
+    fn create(&self) -> String {
+        let request = CreateSandboxRequest {
+            image: Some(ImageSpec {
+                uri: IMAGE.into(),
+                auth: None,
+            }),
+            entrypoint: Some(vec!["sleep".into(), "infinity".into()]),
+            ..Default::default()
+        };
+        self.runtime
+            .block_on(self.lc.create(request))
+            .expect("create")
+            .id
+    }
+
+    fn delete(&self, id: &str) {
+        let _in_runtime = self.runtime.enter();
+        self.lc.delete(id).expect("delete");
+    }
+
+    fn state(&self, id: &str) -> Option<SandboxState> {
+        self.lc.get(id).ok().map(|s| s.status.state)
+    }
+
+    /// A crash: the rounds stop (the lease runs out), every task ends where it is.
+    fn crash(self) {
+        self.cluster.halt();
+        self.runtime.shutdown_background();
+    }
+}
+
+fn until(what: &str, mut done: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !done() {
+        assert!(
+            started.elapsed() < PATIENCE,
+            "{what}: not within {PATIENCE:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    started.elapsed()
+}
+
+fn fake() -> Arc<FakeNode> {
+    Arc::new(FakeNode::new(8).with_image(IMAGE))
+}
+
+#[test]
+fn what_one_server_changes_the_other_sees_and_one_leads() {
+    fastbox_testkit::skip_unless!(etcd_unavailable());
+    let etcd = EtcdCluster::start(1).expect("etcd");
+    let node = fake();
+    let a = Server::start("a", &etcd, "fbt-servers-1", &node);
+    let b = Server::start("b", &etcd, "fbt-servers-1", &node);
+    until("one leader", || {
+        a.cluster.is_leader() != b.cluster.is_leader()
+    });
+    until("a sees b", || a.cluster.is_alive("b"));
+
+    let id = a.create();
+    until("running on a", || {
+        a.state(&id) == Some(SandboxState::Running)
+    });
+    until("seen running on b", || {
+        b.state(&id) == Some(SandboxState::Running)
+    });
+    let patch = serde_json::json!({"team": "blue"});
+    b.lc.patch_metadata(&id, patch.as_object().unwrap().clone())
+        .expect("patch on b");
+    until("the patch seen on a", || {
+        a.lc.get(&id)
+            .ok()
+            .and_then(|s| s.metadata)
+            .is_some_and(|m| m.get("team").map(String::as_str) == Some("blue"))
+    });
+    // A change from a's stale copy is decided again on b's version, not written over it.
+    let patch = serde_json::json!({"owner": "x"});
+    a.lc.patch_metadata(&id, patch.as_object().unwrap().clone())
+        .expect("patch on a");
+    until("both patches on b", || {
+        b.lc.get(&id)
+            .ok()
+            .and_then(|s| s.metadata)
+            .is_some_and(|m| m.len() == 2)
+    });
+
+    b.delete(&id);
+    until("terminated on a", || {
+        a.state(&id) == Some(SandboxState::Terminated)
+    });
+    assert_eq!(node.count(Verb::Place), 1, "placed once");
+    assert!(node.violations().is_empty(), "{:?}", node.violations());
+    a.cluster.leave();
+    b.cluster.leave();
+}
+
+#[test]
+fn the_leader_finishes_what_a_dead_server_left_and_an_old_leader_writes_nothing() {
+    fastbox_testkit::skip_unless!(etcd_unavailable());
+    let etcd = EtcdCluster::start(1).expect("etcd");
+    let node = fake();
+    let a = Server::start("a", &etcd, "fbt-servers-2", &node);
+    until("a leads", || a.cluster.is_leader());
+    let b = Server::start("b", &etcd, "fbt-servers-2", &node);
+    let id = a.create();
+    until("running", || b.state(&id) == Some(SandboxState::Running));
+
+    // a deletes, and dies while its node call is held: the record stays Stopping, a's.
+    node.hold(Verb::Remove);
+    a.delete(&id);
+    until("the removal held", || node.held(Verb::Remove) > 0);
+    until("stopping on b", || {
+        b.state(&id) == Some(SandboxState::Stopping)
+    });
+    let old_fence = a.cluster.fence().expect("a led");
+    a.crash();
+    let crashed = Instant::now();
+    node.release(Verb::Remove);
+
+    // b leads once a's lease ran out, and finishes the removal.
+    let took = until("terminated through b", || {
+        b.state(&id) == Some(SandboxState::Terminated)
+    });
+    assert!(b.cluster.is_leader());
+    let events = b.lc.diagnostics_events(&id, "all").expect("events");
+    assert!(format!("{events:?}").contains("TakenOver"), "{events:?}");
+    eprintln!(
+        "a crashed; b finished its removal {:?} later ({took:?} of waiting)",
+        crashed.elapsed()
+    );
+
+    // A write under a's old leadership is refused.
+    let other = b.create();
+    until("running", || b.state(&other) == Some(SandboxState::Running));
+    let patch = serde_json::json!({"late": "write"});
+    let late = b.runtime.block_on(FENCE.scope(Some(old_fence), async {
+        b.lc.patch_metadata(&other, patch.as_object().unwrap().clone())
+    }));
+    let error = late.expect_err("fenced");
+    assert!(
+        error.to_string().contains("no longer the leader"),
+        "{error}"
+    );
+    b.cluster.leave();
+}
