@@ -39,7 +39,9 @@ pub struct MigrateArgs {
     /// The data directory whose state.redb is copied [default: /var/lib/fastbox].
     #[arg(long, env = "FASTBOX_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// The etcd state to fill: `--state etcd://...` and its TLS options.
+    /// The etcd state to fill: `--state etcd://...`, its TLS options, and the id of the
+    /// server that will run this state's node (`--server-id`, default the host name): the
+    /// one-machine server's node, `local`, goes by it among servers sharing etcd.
     #[command(flatten)]
     pub to: StateArgs,
 }
@@ -143,7 +145,8 @@ fn migrate(args: MigrateArgs) -> anyhow::Result<i32> {
     for table in TABLES {
         let entries = source.list(table)?;
         for entry in &entries {
-            sink.put(table, &entry.key, &entry.value, 0, None)
+            let value = renamed_node(&entry.value, &target.server_id);
+            sink.put(table, &entry.key, &value, 0, None)
                 .with_context(|| format!("writing {table}/{}", entry.key))?;
         }
         eprintln!("{table}: {} record(s) copied", entries.len());
@@ -155,6 +158,39 @@ fn migrate(args: MigrateArgs) -> anyhow::Result<i32> {
     );
     Ok(0)
 }
+
+/// `value` (a record) with the one-machine server's node, `local`, renamed `server_id`
+/// wherever a record names its node; anything else as it is.
+fn renamed_node(value: &[u8], server_id: &str) -> Vec<u8> {
+    let Ok(serde_json::Value::Object(mut record)) = serde_json::from_slice(value) else {
+        return value.to_vec();
+    };
+    let local = serde_json::Value::String(LOCAL_NODE.into());
+    let mut renamed = false;
+    let mut rename = |slot: &mut serde_json::Value| {
+        if *slot == local {
+            *slot = serde_json::Value::String(server_id.into());
+            renamed = true;
+        }
+    };
+    if let Some(node) = record.get_mut("node") {
+        rename(node);
+    }
+    if let Some(serde_json::Value::Array(moves)) = record.get_mut("moved_from") {
+        for moved in moves {
+            if let Some(node) = moved.get_mut("node") {
+                rename(node);
+            }
+        }
+    }
+    if !renamed {
+        return value.to_vec();
+    }
+    serde_json::to_vec(&record).expect("JSON")
+}
+
+/// The node of a one-machine server.
+const LOCAL_NODE: &str = "local";
 
 fn backup(args: BackupArgs) -> anyhow::Result<i32> {
     let state = state_config(&args.state, &data_dir(&args.data_dir))?;

@@ -56,6 +56,9 @@ fn redb_state(path: &Path) {
         )
         .unwrap();
     }
+    // On the one-machine server's node.
+    let s3 = br#"{"id":"s3","moved_from":[{"node":"local"},{"node":"n9"}],"node":"local"}"#;
+    redb.put("sandboxes", "s3", s3, 0, None).unwrap();
 }
 
 fn keys(store: &dyn StateBackend, table: &str) -> Vec<String> {
@@ -89,15 +92,24 @@ fn a_redb_state_migrates_into_etcd_once_and_backups_restore() {
     let url = format!("{}/fbt-migrated", etcd.state_url());
     let file_arg = file.display().to_string();
 
-    let out = fastbox(&["state", "migrate", "--from", &file_arg, "--state", &url]);
+    let out = fastbox(&[
+        "state",
+        "migrate",
+        "--from",
+        &file_arg,
+        "--state",
+        &url,
+        "--server-id",
+        "srv1",
+    ]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("migrated 5 record(s)"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("migrated 6 record(s)"));
     let target = etcd_at(&url);
-    assert_eq!(keys(&target, "sandboxes"), ["s1", "s2"]);
+    assert_eq!(keys(&target, "sandboxes"), ["s1", "s2", "s3"]);
     assert_eq!(keys(&target, "nodes"), ["n1"]);
     // Sealed in etcd with the key made in the data directory, as the servers read them.
     let raw = target.get("templates", "t1").unwrap().unwrap().value;
@@ -108,6 +120,15 @@ fn a_redb_state_migrates_into_etcd_once_and_backups_restore() {
     assert_eq!(
         sealed.get("templates", "t1").unwrap().unwrap().value,
         br#"{"id":"t1"}"#
+    );
+    // The one-machine server's node goes by the server's id.
+    assert_eq!(
+        sealed.get("sandboxes", "s3").unwrap().unwrap().value,
+        br#"{"id":"s3","moved_from":[{"node":"srv1"},{"node":"n9"}],"node":"srv1"}"#
+    );
+    assert_eq!(
+        sealed.get("sandboxes", "s1").unwrap().unwrap().value,
+        br#"{"id":"s1"}"#
     );
     // Once only.
     let again = fastbox(&["state", "migrate", "--from", &file_arg, "--state", &url]);
@@ -200,7 +221,7 @@ fn a_redb_state_migrates_into_etcd_once_and_backups_restore() {
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert_eq!(keys(&restored, "sandboxes"), ["s1", "s2"]);
+    assert_eq!(keys(&restored, "sandboxes"), ["s1", "s2", "s3"]);
     assert_eq!(keys(&restored, "snapshots"), ["p1"]);
 
     // A redb backup is a copy that opens, with the same records.
@@ -219,5 +240,5 @@ fn a_redb_state_migrates_into_etcd_once_and_backups_restore() {
         String::from_utf8_lossy(&out.stderr)
     );
     let copy = RedbBackend::open(&copy).unwrap();
-    assert_eq!(keys(&copy, "sandboxes"), ["s1", "s2"]);
+    assert_eq!(keys(&copy, "sandboxes"), ["s1", "s2", "s3"]);
 }

@@ -134,6 +134,11 @@ pub struct Settings {
     /// The etcd password: environment (`FASTBOX_STATE_PASSWORD`) or the URL, never the file.
     #[serde(skip)]
     pub state_password: Option<String>,
+    /// This server's id among the servers sharing an etcd state (default: the host name).
+    pub server_id: Option<String>,
+    /// How long a server's lease in etcd lasts, milliseconds: a server that dies loses its
+    /// leadership and its operations in flight to another within it.
+    pub server_lease_ms: Option<u64>,
 }
 
 impl Settings {
@@ -176,6 +181,8 @@ impl Settings {
             state_timeout_ms: self.state_timeout_ms.or(lower.state_timeout_ms),
             state_seal_key: self.state_seal_key.or(lower.state_seal_key),
             state_password: self.state_password.or(lower.state_password),
+            server_id: self.server_id.or(lower.server_id),
+            server_lease_ms: self.server_lease_ms.or(lower.server_lease_ms),
             artifact_gc_interval: self.artifact_gc_interval.or(lower.artifact_gc_interval),
             artifact_gc_grace: self.artifact_gc_grace.or(lower.artifact_gc_grace),
             allow_local_images: self.allow_local_images.or(lower.allow_local_images),
@@ -672,6 +679,22 @@ pub struct StateConfig {
     /// The key file that seals the records (etcd only; the redb file stays in the root-only
     /// data directory).
     pub seal_key: Option<PathBuf>,
+    /// This server's id among the servers sharing the store.
+    pub server_id: String,
+    /// The time to live of the server's lease (etcd counts whole seconds).
+    pub server_lease: Duration,
+}
+
+/// A server's lease in etcd, by default.
+pub const DEFAULT_SERVER_LEASE_MS: u64 = 5000;
+
+/// This host's name (the default server id), or `server`.
+pub fn host_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "server".to_string())
 }
 
 impl StateConfig {
@@ -732,10 +755,19 @@ impl StateConfig {
             }
             options.timeout = Duration::from_millis(ms);
         }
+        let server_lease_ms = settings.server_lease_ms.unwrap_or(DEFAULT_SERVER_LEASE_MS);
+        if server_lease_ms < 2000 {
+            return Err(invalid(
+                "server_lease_ms",
+                "at least 2000 (etcd leases count whole seconds)".into(),
+            ));
+        }
         Ok(Self {
             url,
             options,
             seal_key,
+            server_id: settings.server_id.clone().unwrap_or_else(host_name),
+            server_lease: Duration::from_millis(server_lease_ms),
         })
     }
 

@@ -214,6 +214,14 @@ pub struct StateArgs {
     /// first use when missing) [default: DATA_DIR/state-seal.key].
     #[arg(long, env = "FASTBOX_STATE_SEAL_KEY", value_name = "FILE")]
     pub state_seal_key: Option<PathBuf>,
+    /// This server's id among the servers sharing an etcd state (1-64 of [A-Za-z0-9._-]);
+    /// its in-process node goes by it too [default: the host name].
+    #[arg(long, env = "FASTBOX_SERVER_ID")]
+    pub server_id: Option<String>,
+    /// How long a server's lease in etcd lasts, milliseconds: a server that dies hands its
+    /// leadership and its operations in flight to another within it [default: 5000].
+    #[arg(long, env = "FASTBOX_SERVER_LEASE_MS")]
+    pub server_lease_ms: Option<u64>,
     /// The etcd user's password (environment only: a flag shows in the process list).
     #[arg(skip = std::env::var("FASTBOX_STATE_PASSWORD").ok())]
     pub state_password: Option<String>,
@@ -229,6 +237,8 @@ impl StateArgs {
             state_key: self.state_key.clone(),
             state_timeout_ms: self.state_timeout_ms,
             state_seal_key: self.state_seal_key.clone(),
+            server_id: self.server_id.clone(),
+            server_lease_ms: self.server_lease_ms,
             state_password: self.state_password.clone(),
             ..settings
         }

@@ -39,9 +39,11 @@ use fastbox_node_api::remote::{NodeClient, SingleNode, Timeouts, control_router}
 use fastbox_node_api::wire::NodePlacement;
 use fastbox_proxy::RouteKeys;
 use fastbox_server::artifact_gc::{self, ArtifactCollector};
+use fastbox_server::cluster::{Cluster, ClusterError};
 use fastbox_server::config::ServerConfig;
 use fastbox_server::http::{self, AppState};
 use fastbox_server::metrics::{self, NodeMetrics, StoreStats};
+use fastbox_server::nodes::Nodes;
 use fastbox_server::service::{Health, Lifecycle};
 use fastbox_server::store::Store;
 
@@ -82,6 +84,8 @@ pub enum UpError {
     JoinToken(String),
     #[error("control API TLS: {0}")]
     ControlTls(#[from] fastbox_node_api::remote::tls::TlsError),
+    #[error("state store: {0}")]
+    Cluster(#[from] ClusterError),
 }
 
 /// The route signing keys in the data directory (`fastbox route-key` rotates them).
@@ -121,6 +125,36 @@ pub(crate) struct RemoteNode {
 /// How often a server looks whether its etcd answers.
 const STATE_PROBE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// This server among those sharing its state store: alone on the redb file; on etcd, its
+/// lease, presence and (when free) the leadership taken before anything else runs.
+async fn join_cluster(cfg: &ServerConfig, store: &Store) -> Result<Arc<Cluster>, UpError> {
+    let (id, ttl, backend) = (
+        cfg.state.server_id.clone(),
+        cfg.state.server_lease,
+        store.backend(),
+    );
+    let cluster = tokio::task::spawn_blocking(move || -> Result<Cluster, ClusterError> {
+        let cluster = Cluster::join(&id, backend, ttl)?;
+        cluster.round()?;
+        Ok(cluster)
+    })
+    .await
+    .expect("joining does not panic")?;
+    if cluster.is_shared() {
+        println!(
+            "fastbox: server {} of the state in {}; {}",
+            cluster.id(),
+            store.describe(),
+            if cluster.is_leader() {
+                "it leads the reconcilers"
+            } else {
+                "another server leads the reconcilers"
+            }
+        );
+    }
+    Ok(Arc::new(cluster))
+}
+
 /// Opens the state store `cfg` names (connecting to etcd, which checks it answers).
 async fn open_state(cfg: &ServerConfig) -> Result<Store, UpError> {
     let state = cfg.state.clone();
@@ -154,6 +188,13 @@ pub(crate) async fn run(cfg: ServerConfig, mode: NodeMode) -> Result<(), UpError
     let keys = RouteKeys::load_or_create(&data_dir.join(ROUTE_KEY_FILE))?;
     let images = node_side::image_config(&cfg);
     let store = open_state(&cfg).await?;
+    let cluster = join_cluster(&cfg, &store).await?;
+    // Alone, the node in this process is `local`; among servers sharing a state, it goes
+    // by the server's id (records name their node).
+    let local_node_id = match cluster.is_shared() {
+        true => cluster.id().to_string(),
+        false => LOCAL_NODE_ID.to_string(),
+    };
     let mut accept_nodes = None;
     let (agent, local, remote): (Arc<dyn NodeAgent>, _, _) = match mode {
         NodeMode::Local {
@@ -165,7 +206,7 @@ pub(crate) async fn run(cfg: ServerConfig, mode: NodeMode) -> Result<(), UpError
             let fastlet = node_side::start_fastlet(&cfg, binaries, &node_store).await?;
             let node = Arc::new(node_side::local_node(
                 fastlet.clone(),
-                LOCAL_NODE_ID.to_string(),
+                local_node_id.clone(),
                 &node_store,
             ));
             let local = InProcess {
@@ -194,7 +235,16 @@ pub(crate) async fn run(cfg: ServerConfig, mode: NodeMode) -> Result<(), UpError
             (Arc::new(client), None, Some(remote))
         }
     };
-    let lifecycle = Lifecycle::new(cfg.clone(), store, agent.clone(), images, keys.clone())?;
+    let lifecycle = Lifecycle::in_cluster(
+        cfg.clone(),
+        store,
+        Nodes::single(agent.clone()),
+        images,
+        keys.clone(),
+        cluster.clone(),
+    )?;
+    lifecycle.follow_store()?;
+    cluster.run();
     if accept_nodes.is_some() {
         let (token, made) =
             crate::node::credentials::load_or_create_one(&data_dir.join(JOIN_TOKEN_FILE))
@@ -217,7 +267,7 @@ pub(crate) async fn run(cfg: ServerConfig, mode: NodeMode) -> Result<(), UpError
         }
     }
     if let Some(local) = &local {
-        let claimed = runtime_ids(&lifecycle.placements(LOCAL_NODE_ID));
+        let claimed = runtime_ids(&lifecycle.placements(&local_node_id));
         node_side::recover_and_start(&local.fastlet, &claimed, UnheldSlots::Purge);
     }
     if adopted + lost + restarted > 0 {
@@ -351,6 +401,9 @@ pub(crate) async fn run(cfg: ServerConfig, mode: NodeMode) -> Result<(), UpError
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), &mut servers).await;
         }
     }
+    // Another server may lead, and take over, at once.
+    let leaving = cluster.clone();
+    let _ = tokio::task::spawn_blocking(move || leaving.leave()).await;
     if let Some(InProcess {
         fastlet,
         node_store,
