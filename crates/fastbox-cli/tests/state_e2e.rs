@@ -148,3 +148,112 @@ fn records_live_in_etcd_and_etcd_faults_are_503s() {
     }
     server.finish();
 }
+
+#[test]
+fn two_servers_share_one_etcd_and_the_leadership_moves_when_the_leader_dies() {
+    fastbox_testkit::skip_unless!(etcd_unavailable());
+    let etcd = EtcdCluster::start(1).expect("etcd starts");
+    let url = format!("{}/fbt-two-servers", etcd.state_url());
+    // Every server of one state holds the same seal key; one with another is refused.
+    let keys = tempfile::tempdir().unwrap();
+    let seal_key = keys.path().join("seal.key").display().to_string();
+    let args = |id: &'static str| {
+        vec![
+            "--state".to_string(),
+            url.clone(),
+            "--state-seal-key".into(),
+            seal_key.clone(),
+            "--server-id".into(),
+            id.into(),
+            "--server-lease-ms".into(),
+            "4000".into(),
+            "--retention-seconds".into(),
+            "1".into(),
+        ]
+    };
+    let start = |tag: &str, pool: &str, id: &'static str| {
+        let args = args(id);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        UpServer::start_prefixed(&fastbox_testkit::run_prefix_pair(tag), pool, &args)
+    };
+    let Some(mut a) = start("sb", "10.217.52.0/24", "srv-a") else {
+        return;
+    };
+    let mut alien = std::process::Command::new(env!("CARGO_BIN_EXE_fastbox"))
+        .args(["up", "--data-dir"])
+        .arg(keys.path().join("alien"))
+        .args([
+            "--state",
+            &url,
+            "--server-id",
+            "alien",
+            "--prefix",
+            "fbtalien",
+        ])
+        .output()
+        .expect("run fastbox up");
+    assert!(!alien.status.success());
+    alien.stderr.extend_from_slice(&alien.stdout);
+    let said = String::from_utf8_lossy(&alien.stderr);
+    assert!(said.contains("same seal key"), "{said}");
+    let Some(b) = start("sc", "10.217.53.0/24", "srv-b") else {
+        return;
+    };
+    assert!(
+        a.log_text().contains("it leads the reconcilers"),
+        "{}",
+        a.log_text()
+    );
+    assert!(
+        b.log_text().contains("another server leads"),
+        "{}",
+        b.log_text()
+    );
+
+    // One state: what a creates, b lists.
+    let on_a = a.create_busybox();
+    a.wait_state(&on_a, "Running");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !b.ids().contains(&on_a) {
+        assert!(Instant::now() < deadline, "b never saw a's sandbox");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(b.state(&on_a).0, "Running");
+    let on_b = b.create_busybox();
+    b.wait_state(&on_b, "Running");
+    assert_eq!(b.ping(&on_b), 200);
+
+    // The leader dies: b leads within the lease.
+    a.kill9();
+    let killed = Instant::now();
+    let leads = |log: String| {
+        log.lines()
+            .any(|l| l.contains("leads the reconcilers") && !l.contains("another server"))
+    };
+    while !leads(b.log_text()) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "b never took the lead: {}",
+            b.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("b leads {:?} after the leader's kill -9", killed.elapsed());
+
+    // a comes back (after its old presence ran out) and takes back its node's sandbox.
+    a.spawn();
+    a.wait_state(&on_a, "Running");
+    assert_eq!(a.ping(&on_a), 200);
+    assert!(
+        a.log_text().contains("another server leads"),
+        "{}",
+        a.log_text()
+    );
+
+    for (server, id) in [(&a, &on_a), (&b, &on_b)] {
+        assert_eq!(server.delete(&format!("/v1/sandboxes/{id}")), 204);
+        server.wait_state(id, "Terminated");
+    }
+    a.finish();
+    b.finish();
+}

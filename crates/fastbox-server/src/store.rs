@@ -27,6 +27,9 @@ pub const SNAPSHOTS: &str = "snapshots";
 pub const NODES: &str = "nodes";
 /// Every table of the server's records (what `fastbox state migrate` copies).
 pub const TABLES: [&str; 4] = [SANDBOXES, TEMPLATES, SNAPSHOTS, NODES];
+/// The table of the store's own records, and its canary ([`Store::check_canary`]).
+const META: &str = "meta";
+const CANARY: &str = "canary";
 /// The key the reachability probe reads (never written).
 const PROBE_KEY: &str = "-probe-";
 
@@ -119,6 +122,21 @@ impl Store {
         let unreachable = matches!(result, Err(StateError::Unavailable(_)));
         self.unreachable.store(unreachable, Ordering::Relaxed);
         Ok(result?)
+    }
+
+    /// Checks that this server reads the records the others write: a canary record, written
+    /// by the first server, must open with this server's seal key (a server given another
+    /// key fails here, at its start, naming both keys).
+    pub fn check_canary(&self) -> Result<(), StoreError> {
+        match self.noted(self.backend.get(META, CANARY))? {
+            Some(_) => Ok(()),
+            None => match self.noted(self.backend.put(META, CANARY, b"fastbox", 0, None)) {
+                Ok(_) => Ok(()),
+                // Written by another server meanwhile: read it.
+                Err(e) if e.is_conflict() => self.noted(self.backend.get(META, CANARY)).map(drop),
+                Err(e) => Err(e),
+            },
+        }
     }
 
     /// The store's current revision (0 for a store no other server shares).

@@ -165,6 +165,7 @@ async fn open_state(cfg: &ServerConfig) -> Result<Store, UpError> {
     tracing::info!(store = %backend.describe(), "state store");
     let store = Store::with_backend(Arc::from(backend));
     if matches!(cfg.state.url, fastbox_state::StateUrl::Etcd(_)) {
+        store.check_canary()?;
         store.watch_reachability(STATE_PROBE_EVERY);
     }
     Ok(store)
