@@ -86,6 +86,35 @@ fn records_live_in_etcd_and_etcd_faults_are_503s() {
         "no redb file next to etcd"
     );
 
+    // A create sent twice with one Idempotency-Key makes one sandbox.
+    let request = busybox_request(serde_json::json!({}));
+    let first = server.post_with("/v1/sandboxes", &request, &[("Idempotency-Key", "k-1")]);
+    assert_eq!(first.status(), 202);
+    assert!(!first.headers().contains_key("idempotent-replayed"));
+    let first: serde_json::Value = first.json().unwrap();
+    let again = server.post_with("/v1/sandboxes", &request, &[("Idempotency-Key", "k-1")]);
+    assert_eq!(again.status(), 202);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let again: serde_json::Value = again.json().unwrap();
+    assert_eq!(first["id"], again["id"]);
+    let other = server.post_with(
+        "/v1/sandboxes",
+        &busybox_request(serde_json::json!({"metadata": {"x": "y"}})),
+        &[("Idempotency-Key", "k-1")],
+    );
+    assert_eq!(other.status(), 409, "the key with another request");
+    let keyed = first["id"].as_str().unwrap().to_string();
+    server.wait_state(&keyed, "Running");
+    assert_eq!(server.delete(&format!("/v1/sandboxes/{keyed}")), 204);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while records_in_etcd(&etcd, prefix) > 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the deleted sandbox stayed in etcd"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
     // A restarted server finds its sandbox in etcd and adopts it.
     server.stop();
     server.spawn();

@@ -10,6 +10,15 @@ use fastbox_egress_policy::EgressPolicy;
 use fastbox_node_api::wire::{NodePlacement, SandboxTokens};
 use serde::{Deserialize, Serialize};
 
+/// A create made with an `Idempotency-Key`: the sandbox it made, and a digest of its request
+/// (a retry with the same key and another request is refused).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdempotentCreate {
+    pub sandbox_id: String,
+    pub request_sha256: String,
+    pub created_at: DateTime<Utc>,
+}
+
 /// At most this many events are kept per sandbox (the oldest go first).
 pub const MAX_EVENTS: usize = 200;
 

@@ -19,14 +19,16 @@ use fastbox_state::{Entry, RedbBackend, Revision, StateBackend, StateError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::record::{NodeRecord, SandboxRecord, SnapshotRecord};
+use crate::record::{IdempotentCreate, NodeRecord, SandboxRecord, SnapshotRecord};
 
 pub const SANDBOXES: &str = "sandboxes";
 pub const TEMPLATES: &str = "templates";
 pub const SNAPSHOTS: &str = "snapshots";
 pub const NODES: &str = "nodes";
+/// Creates made with an `Idempotency-Key`, by a digest of the key.
+pub const IDEMPOTENCY: &str = "idempotency";
 /// Every table of the server's records (what `fastbox state migrate` copies).
-pub const TABLES: [&str; 4] = [SANDBOXES, TEMPLATES, SNAPSHOTS, NODES];
+pub const TABLES: [&str; 5] = [SANDBOXES, TEMPLATES, SNAPSHOTS, NODES, IDEMPOTENCY];
 /// The table of the store's own records, and its canary ([`Store::check_canary`]).
 const META: &str = "meta";
 const CANARY: &str = "canary";
@@ -224,6 +226,42 @@ impl Store {
     /// Every snapshot record.
     pub fn load_snapshots(&self) -> Result<Vec<SnapshotRecord>, StoreError> {
         self.load_from(SNAPSHOTS)
+    }
+
+    /// The create made with idempotency key `key` (a digest of the client's key), if any.
+    pub fn idempotent_create(&self, key: &str) -> Result<Option<IdempotentCreate>, StoreError> {
+        match self.noted(self.backend.get(IDEMPOTENCY, key))? {
+            Some(entry) => self.decode(IDEMPOTENCY, entry).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Records the create of idempotency key `key`, unless one is recorded (a conflict).
+    pub fn record_idempotent_create(
+        &self,
+        key: &str,
+        create: &IdempotentCreate,
+    ) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec(create).expect("records serialize");
+        let revision = self.noted(self.backend.put(IDEMPOTENCY, key, &bytes, 0, None))?;
+        self.remember(IDEMPOTENCY, key, Some(revision));
+        Ok(())
+    }
+
+    /// Forgets idempotency key `key`.
+    pub fn remove_idempotent_create(&self, key: &str) -> Result<(), StoreError> {
+        self.remove_from(IDEMPOTENCY, key)
+    }
+
+    /// Every idempotency key and its create.
+    pub fn idempotent_creates(&self) -> Result<Vec<(String, IdempotentCreate)>, StoreError> {
+        self.noted(self.backend.list(IDEMPOTENCY))?
+            .into_iter()
+            .map(|entry| {
+                let key = entry.key.clone();
+                self.decode(IDEMPOTENCY, entry).map(|c| (key, c))
+            })
+            .collect()
     }
 
     /// Writes a registered node durably.

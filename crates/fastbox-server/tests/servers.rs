@@ -81,16 +81,8 @@ impl Server {
     }
 
     fn create(&self) -> String {
-        let request = CreateSandboxRequest {
-            image: Some(ImageSpec {
-                uri: IMAGE.into(),
-                auth: None,
-            }),
-            entrypoint: Some(vec!["sleep".into(), "infinity".into()]),
-            ..Default::default()
-        };
         self.runtime
-            .block_on(self.lc.create(request))
+            .block_on(self.lc.create(request()))
             .expect("create")
             .id
     }
@@ -121,6 +113,17 @@ fn until(what: &str, mut done: impl FnMut() -> bool) -> Duration {
         std::thread::sleep(Duration::from_millis(20));
     }
     started.elapsed()
+}
+
+fn request() -> CreateSandboxRequest {
+    CreateSandboxRequest {
+        image: Some(ImageSpec {
+            uri: IMAGE.into(),
+            auth: None,
+        }),
+        entrypoint: Some(vec!["sleep".into(), "infinity".into()]),
+        ..Default::default()
+    }
 }
 
 fn fake() -> Arc<FakeNode> {
@@ -171,6 +174,20 @@ fn what_one_server_changes_the_other_sees_and_one_leads() {
         a.state(&id) == Some(SandboxState::Terminated)
     });
     assert_eq!(node.count(Verb::Place), 1, "placed once");
+
+    // One Idempotency-Key sent to both servers: one sandbox.
+    let body = br#"{"image":{"uri":"registry.test/app:1"}}"#;
+    let (on_a, replayed_a) = a
+        .runtime
+        .block_on(a.lc.create_once(request(), "retry-me", body))
+        .expect("through a");
+    let (on_b, replayed_b) = b
+        .runtime
+        .block_on(b.lc.create_once(request(), "retry-me", body))
+        .expect("through b");
+    assert_eq!(on_a.id, on_b.id);
+    assert!(!replayed_a && replayed_b);
+    assert_eq!(node.count(Verb::Place), 2, "placed once more");
     assert!(node.violations().is_empty(), "{:?}", node.violations());
     a.cluster.leave();
     b.cluster.leave();

@@ -550,6 +550,57 @@ fn delete_ends_every_state_terminated_or_failed_and_leaves_nothing_on_the_node()
 // Creates.
 
 #[test]
+fn an_idempotency_key_makes_one_sandbox_however_often_it_is_sent() {
+    let h = Harness::new(4);
+    h.life(async |lc| {
+        let body = br#"{"image":{"uri":"registry.test/app:1"}}"#;
+        // Two attempts at once, then a retry: one sandbox, one start.
+        let (first, second) = tokio::join!(
+            lc.create_once(request(), "key-1", body),
+            lc.create_once(request(), "key-1", body)
+        );
+        let (first, second) = (first.expect("first"), second.expect("second"));
+        assert_eq!(first.0.id, second.0.id);
+        assert_eq!(
+            [first.1, second.1].iter().filter(|r| **r).count(),
+            1,
+            "one replayed"
+        );
+        let (again, replayed) = lc
+            .create_once(request(), "key-1", body)
+            .await
+            .expect("retry");
+        assert!(replayed);
+        assert_eq!(again.id, first.0.id);
+        becomes(&lc, &first.0.id, Running).await;
+        assert_eq!(h.fake.count(Verb::Place), 1);
+        assert_eq!(sandboxes(&lc).len(), 1);
+
+        // The same key with another request is refused.
+        let other = lc
+            .create_once(request(), "key-1", br#"{"image":{"uri":"other"}}"#)
+            .await;
+        assert_eq!(status_of(&other), StatusCode::CONFLICT);
+        // A bad key is a 400.
+        let bad = lc.create_once(request(), "", body).await;
+        assert_eq!(status_of(&bad), StatusCode::BAD_REQUEST);
+
+        // A create that fails gives its key back: the corrected request goes through.
+        let mut unknown = request();
+        unknown.image.as_mut().unwrap().uri = "registry.test/unknown:1".into();
+        let failed = lc.create_once(unknown, "key-2", b"unknown").await;
+        assert_eq!(status_of(&failed), StatusCode::BAD_REQUEST);
+        let (made, replayed) = lc
+            .create_once(request(), "key-2", body)
+            .await
+            .expect("the corrected request");
+        assert!(!replayed);
+        assert_ne!(made.id, first.0.id);
+    });
+    h.assert_clean();
+}
+
+#[test]
 fn concurrent_changes_of_one_sandbox_are_all_kept() {
     // Writes of a record run without a lock, each a compare-and-swap on the version it was
     // made from: racing writers retry on what the store has, and none is lost.

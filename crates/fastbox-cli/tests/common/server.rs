@@ -257,6 +257,21 @@ impl UpServer {
         (status, r.json().unwrap_or(Value::Null))
     }
 
+    /// POST JSON with extra headers: the whole response.
+    #[allow(dead_code)]
+    pub fn post_with(
+        &self,
+        path: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> reqwest::blocking::Response {
+        let mut request = self.http.post(self.url(path)).json(body);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.send().expect("POST")
+    }
+
     /// GET a path: the whole response (headers too).
     #[allow(dead_code)]
     pub fn raw_get(&self, path: &str) -> reqwest::blocking::Response {

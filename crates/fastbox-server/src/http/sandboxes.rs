@@ -25,14 +25,45 @@ const MAX_PAGE_SIZE: u32 = 200;
     (status = 429, body = ErrorResponse)))]
 pub async fn create(
     State(state): State<AppState>,
-    ApiJson(req): ApiJson<CreateSandboxRequest>,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<serde_json::Value>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = state.lifecycle.create(req).await?;
-    Ok((
+    let req: CreateSandboxRequest = serde_json::from_value(body.clone())
+        .map_err(|e| ApiError::InvalidParameter(format!("invalid JSON body: {e}")))?;
+    let key = match headers.get(IDEMPOTENCY_KEY) {
+        None => None,
+        Some(value) => Some(value.to_str().map_err(|_| {
+            ApiError::InvalidParameter("Idempotency-Key: printable ASCII only".into())
+        })?),
+    };
+    let (sandbox, replayed) = match key {
+        None => (state.lifecycle.create(req).await?, false),
+        // The request as parsed (keys in order), so a retry that only reorders them is the
+        // same request.
+        Some(key) => {
+            let canonical = serde_json::to_vec(&body).expect("JSON");
+            state.lifecycle.create_once(req, key, &canonical).await?
+        }
+    };
+    let mut response = (
         StatusCode::ACCEPTED,
         Json(CreateSandboxResponse::from(sandbox)),
-    ))
+    )
+        .into_response();
+    if replayed {
+        response.headers_mut().insert(
+            IDEMPOTENT_REPLAYED,
+            axum::http::HeaderValue::from_static("true"),
+        );
+    }
+    Ok(response)
 }
+
+/// The header a client names a create with, so that retrying it never makes a second
+/// sandbox.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// Set on the answer to a retried create: the sandbox an earlier attempt made.
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
 #[utoipa::path(get, path = "/sandboxes", params(
     ("state" = Option<Vec<String>>, Query, description = "repeatable state filter; an unknown state matches nothing"),

@@ -315,6 +315,7 @@ impl Lifecycle {
         let now = Utc::now();
         let retention = chrono::Duration::from_std(self.cfg.retention).unwrap_or_default();
         self.declare_lost_nodes();
+        self.collect_idempotency_keys();
         self.release_forgotten_admissions().await;
         for node in self.nodes.take_rejoined() {
             // A node that registered again (it restarted) holds its sandboxes' slots until

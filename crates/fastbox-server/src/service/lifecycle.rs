@@ -83,6 +83,8 @@ pub struct Lifecycle {
     /// The store's revision before the records were loaded: the watch goes on from the
     /// next one ([`Lifecycle::follow_store`]).
     pub(super) loaded_at: fastbox_state::Revision,
+    /// When the old idempotency keys were last collected.
+    pub(super) idempotency_collected: Mutex<Option<std::time::Instant>>,
 }
 
 /// `GET /v1/sandboxes` filters.
@@ -171,6 +173,7 @@ impl Lifecycle {
             membership_changes: Mutex::new(()),
             cluster,
             loaded_at,
+            idempotency_collected: Mutex::new(None),
             images,
             keys,
             health: RwLock::new(Health::Starting("starting".into())),
@@ -401,6 +404,15 @@ impl Lifecycle {
 
     /// `POST /v1/sandboxes`: validate, admit into a slot, record the intent, start.
     pub async fn create(self: &Arc<Self>, req: CreateSandboxRequest) -> Result<Sandbox, ApiError> {
+        self.create_as(req, None).await
+    }
+
+    /// [`Lifecycle::create`] of a sandbox with the id `id` (a new one when `None`).
+    pub(super) async fn create_as(
+        self: &Arc<Self>,
+        req: CreateSandboxRequest,
+        id: Option<String>,
+    ) -> Result<Sandbox, ApiError> {
         let rules = Rules::of(&self.cfg);
         let plan = match (req.template_id.clone(), req.snapshot_id.clone()) {
             (Some(template_id), _) => {
@@ -413,7 +425,7 @@ impl Lifecycle {
             }
             (None, None) => plan(req, &rules)?,
         };
-        let id = self.admit_and_record(&plan).await?;
+        let id = self.admit_and_record(&plan, id).await?;
         self.start_create(id.clone(), plan).await?;
         Ok(self.record(&id)?.to_wire())
     }
@@ -423,6 +435,7 @@ impl Lifecycle {
     pub(super) async fn admit_and_record(
         self: &Arc<Self>,
         plan: &super::plan::CreatePlan,
+        id: Option<String>,
     ) -> Result<String, ApiError> {
         self.nodes
             .first()
@@ -439,7 +452,7 @@ impl Lifecycle {
             false => None,
         };
         let (node, slot) = self.admit(plan).await?;
-        let id = uuid::Uuid::new_v4().to_string();
+        let id = id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let now = Utc::now();
         let mut record = SandboxRecord {
             id: id.clone(),

@@ -914,7 +914,7 @@ impl Lifecycle {
             Ok(plan) => {
                 let mut result = Ok(());
                 for _ in 0..req.count {
-                    match self.admit_and_record(&plan).await {
+                    match self.admit_and_record(&plan, None).await {
                         Ok(clone) => clones.push(clone),
                         Err(e) => {
                             result = Err(e);
