@@ -149,6 +149,14 @@ impl Store {
         }
     }
 
+    /// Drops the store's history before `revision` (nothing to do alone).
+    pub fn compact(&self, revision: Revision) -> Result<(), StoreError> {
+        match self.backend.coordinator() {
+            Some(c) => self.noted(c.compact(revision)),
+            None => Ok(()),
+        }
+    }
+
     /// Every change from revision `from` on (None: no other server shares the store).
     pub fn watch(&self, from: Revision) -> Result<Option<fastbox_state::Watch>, StoreError> {
         self.noted(self.backend.watch(from))

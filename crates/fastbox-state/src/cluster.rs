@@ -61,4 +61,8 @@ pub trait Coordinator: Send + Sync {
     /// The store's current revision (a watch started after a full read goes on from the
     /// next one).
     fn revision(&self) -> Result<Revision, StateError>;
+
+    /// Drops the history before `revision` (watches that lag behind it start over with a
+    /// full read).
+    fn compact(&self, revision: Revision) -> Result<(), StateError>;
 }

@@ -181,3 +181,27 @@ fn a_claim_has_one_holder_and_goes_with_its_lease() {
     assert!(c.claims("leader").unwrap().is_empty());
     c.revoke(b).unwrap();
 }
+
+#[test]
+fn a_watch_from_compacted_history_starts_over_with_a_reset() {
+    fastbox_testkit::skip_unless!(etcd_unavailable());
+    let etcd = EtcdCluster::start(1).expect("etcd starts");
+    let store = backend(&etcd, "fbt-compact");
+    let first = store.put("sandboxes", "a", b"1", 0, None).unwrap();
+    let second = store.put("sandboxes", "a", b"2", first, None).unwrap();
+    let c = store.coordinator().unwrap();
+    c.compact(second).unwrap();
+    c.compact(second).unwrap(); // again: nothing to do, no error
+    let watch = store.watch(first).unwrap().expect("a watch");
+    assert_eq!(next(&watch), WatchEvent::Reset);
+    // And it goes on from the oldest revision etcd still has (the version at the
+    // compaction may come again: applying it twice changes nothing).
+    let third = store.put("sandboxes", "a", b"3", second, None).unwrap();
+    loop {
+        match next(&watch) {
+            WatchEvent::Put { entry, .. } if entry.revision == third => break,
+            WatchEvent::Put { entry, .. } => assert!(entry.revision >= second, "{entry:?}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

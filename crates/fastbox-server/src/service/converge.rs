@@ -316,6 +316,7 @@ impl Lifecycle {
         let retention = chrono::Duration::from_std(self.cfg.retention).unwrap_or_default();
         self.declare_lost_nodes();
         self.collect_idempotency_keys();
+        self.compact_history();
         self.release_forgotten_admissions().await;
         for node in self.nodes.take_rejoined() {
             // A node that registered again (it restarted) holds its sandboxes' slots until

@@ -85,6 +85,8 @@ pub struct Lifecycle {
     pub(super) loaded_at: fastbox_state::Revision,
     /// When the old idempotency keys were last collected.
     pub(super) idempotency_collected: Mutex<Option<std::time::Instant>>,
+    /// The store's revision noted last, and when (`service::history`).
+    pub(super) history_mark: Mutex<Option<(std::time::Instant, fastbox_state::Revision)>>,
 }
 
 /// `GET /v1/sandboxes` filters.
@@ -174,6 +176,7 @@ impl Lifecycle {
             cluster,
             loaded_at,
             idempotency_collected: Mutex::new(None),
+            history_mark: Mutex::new(None),
             images,
             keys,
             health: RwLock::new(Health::Starting("starting".into())),

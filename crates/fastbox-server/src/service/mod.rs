@@ -7,6 +7,7 @@ mod converge;
 mod egress;
 mod execd_logs;
 mod follow;
+mod history;
 pub mod idempotency;
 mod lifecycle;
 pub mod local_images;

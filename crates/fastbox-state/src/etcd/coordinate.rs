@@ -114,6 +114,18 @@ impl Coordinator for EtcdBackend {
         Ok(out)
     }
 
+    fn compact(&self, revision: Revision) -> Result<(), StateError> {
+        match self.client.call(
+            "/v3/kv/compaction",
+            &json!({"revision": revision.to_string()}),
+        ) {
+            Ok(_) => Ok(()),
+            // Compacted as far already (by another server, or etcd's own auto-compaction).
+            Err(StateError::Failed(message)) if message.contains("compacted") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     fn revision(&self) -> Result<Revision, StateError> {
         let answer = self.client.call(
             "/v3/kv/range",

@@ -55,7 +55,11 @@ fn follow(client: &GatewayClient, from: Revision, tx: &Sender<WatchEvent>, stop:
             if compacted > 0 || result.get("canceled").and_then(Value::as_bool) == Some(true) {
                 // The history from `next` is gone: the receiver reads everything again,
                 // and the watch goes on from the present.
-                next = int(result.pointer("/header/revision")) + 1;
+                next = match compacted {
+                    0 => int(result.pointer("/header/revision")) + 1,
+                    // The oldest revision etcd still has.
+                    oldest => oldest,
+                };
                 send(tx, WatchEvent::Reset, &mut receiver_gone)?;
                 return Err(StateError::Failed("history compacted".into()));
             }
