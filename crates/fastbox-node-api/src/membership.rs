@@ -150,6 +150,10 @@ pub enum MembershipError {
     /// The node is not registered (revoked, or another server's).
     #[error("node {0} is not registered with this server")]
     Unknown(String),
+    /// The server could not decide now (its state store did not answer): the node tries
+    /// again (the control API answers 503, which a node treats as an unanswered call).
+    #[error("{0}")]
+    Unavailable(String),
     #[error("{0}")]
     Failed(String),
 }

@@ -22,6 +22,8 @@ use fastbox_state::{Fence, LeaseId, StateBackend, StateError};
 pub const LEADER: &str = "leader";
 /// Where servers claim their presence.
 pub const SERVERS: &str = "servers/";
+/// Where registered nodes' leases are claimed (the claim's value is its lease's id).
+pub const NODES: &str = "nodes/";
 
 /// The id a server alone goes by.
 pub const ALONE: &str = "local";
@@ -235,6 +237,48 @@ impl Cluster {
         if let (Some(c), Some(lease)) = (backend.coordinator(), lease) {
             let _ = c.revoke(lease);
         }
+    }
+
+    /// Renews the lease of registered node `id` in the store (made anew when it ran out):
+    /// whichever server a node heartbeats to, every server sees it alive
+    /// ([`Cluster::live_nodes`]). True when the lease had run out (a new one was made).
+    /// Nothing to do alone.
+    pub fn renew_node(&self, id: &str, ttl: Duration) -> Result<bool, StateError> {
+        let Some(c) = self.backend.as_ref().and_then(|b| b.coordinator()) else {
+            return Ok(false);
+        };
+        let name = format!("{NODES}{id}");
+        if let Some(claim) = c.claims(&name)?.into_iter().find(|e| e.key == name)
+            && let Some(lease) = std::str::from_utf8(&claim.value)
+                .ok()
+                .and_then(|v| v.parse::<LeaseId>().ok())
+            && c.keep_alive(lease)?
+        {
+            return Ok(false);
+        }
+        // None, or its lease ran out (the claim goes with it): a new lease. Another server
+        // renewing at the same moment may claim first; then its lease is renewed.
+        let lease = c.grant(ttl)?;
+        let holder = c.claim(&name, lease.to_string().as_bytes(), lease)?;
+        if holder.lease != lease {
+            let _ = c.revoke(lease);
+            c.keep_alive(holder.lease)?;
+        }
+        Ok(true)
+    }
+
+    /// The registered nodes whose lease in the store is alive (None alone: the server's own
+    /// leases count).
+    pub fn live_nodes(&self) -> Result<Option<HashSet<String>>, StateError> {
+        let Some(c) = self.backend.as_ref().and_then(|b| b.coordinator()) else {
+            return Ok(None);
+        };
+        Ok(Some(
+            c.claims(NODES)?
+                .into_iter()
+                .filter_map(|e| e.key.strip_prefix(NODES).map(str::to_string))
+                .collect(),
+        ))
     }
 
     /// Steps down when the lease was not renewed for two thirds of its time to live.

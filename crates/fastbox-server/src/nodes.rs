@@ -185,6 +185,18 @@ impl Nodes {
         Some(was_lost)
     }
 
+    /// Extends node `id`'s lease to `until` (its lease in the store is alive: another server
+    /// got its heartbeat), unless it is lost: only a heartbeat it sends brings it back.
+    pub fn extend(&self, id: &str, until: Instant) {
+        let Some(entry) = self.entry(id) else {
+            return;
+        };
+        let mut lease = entry.lease.lock().expect("lease lock");
+        if !lease.lost && lease.until.is_some_and(|t| t < until) {
+            lease.until = Some(until);
+        }
+    }
+
     /// Marks lost every node whose lease ran out more than `margin` ago and that was not lost
     /// yet; their ids.
     pub fn newly_lost(&self, margin: Duration) -> Vec<String> {

@@ -281,6 +281,14 @@ impl Store {
         self.remove_from(NODES, id)
     }
 
+    /// Node `id` as the store has it now.
+    pub fn reload_node(&self, id: &str) -> Result<Option<NodeRecord>, StoreError> {
+        match self.noted(self.backend.get(NODES, id))? {
+            Some(entry) => self.decode(NODES, entry).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Every registered node.
     pub fn load_nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
         self.load_from(NODES)

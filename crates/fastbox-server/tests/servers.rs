@@ -33,6 +33,16 @@ struct Server {
 
 impl Server {
     fn start(id: &str, etcd: &EtcdCluster, prefix: &str, fake: &Arc<FakeNode>) -> Server {
+        Self::start_with(id, etcd, prefix, fake, |_| {})
+    }
+
+    fn start_with(
+        id: &str,
+        etcd: &EtcdCluster,
+        prefix: &str,
+        fake: &Arc<FakeNode>,
+        tune: impl FnOnce(&mut Settings),
+    ) -> Server {
         let StateUrl::Etcd(target) =
             StateUrl::parse(&format!("{}/{prefix}", etcd.state_url())).unwrap()
         else {
@@ -44,12 +54,13 @@ impl Server {
         cluster.round().expect("first round");
         cluster.run();
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = ServerConfig::resolve(Settings {
+        let mut settings = Settings {
             data_dir: Some(dir.path().to_path_buf()),
             cache_dir: Some(dir.path().join("cache")),
             ..Default::default()
-        })
-        .expect("config");
+        };
+        tune(&mut settings);
+        let mut cfg = ServerConfig::resolve(settings).expect("config");
         cfg.create_wait = Duration::from_millis(50);
         cfg.reconcile_every = Duration::from_millis(200);
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -298,4 +309,129 @@ fn failover_figures() {
         pct(&mut takeovers, 0.5),
         pct(&mut takeovers, 0.99)
     );
+}
+
+/// Serves `router` on a loopback port on `runtime`; its base URL.
+fn serve(runtime: &tokio::runtime::Runtime, router: axum::Router) -> String {
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    runtime.spawn(async move {
+        let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+        axum::serve(listener, service).await.unwrap();
+    });
+    url
+}
+
+#[test]
+fn a_node_registered_with_one_server_is_reached_and_kept_alive_by_every_server() {
+    use fastbox_node_api::membership::{Heartbeat, Registration};
+    use fastbox_node_api::remote::{ControlClient, Credential, control_router, node_router};
+    fastbox_testkit::skip_unless!(etcd_unavailable());
+    let etcd = EtcdCluster::start(1).expect("etcd");
+    let local = fake();
+    let leases = |s: &mut Settings| s.node_lease_ms = Some(2_000);
+    let a = Server::start_with("a", &etcd, "fbt-servers-3", &local, leases);
+    until("a leads", || a.cluster.is_leader());
+    let b = Server::start_with("b", &etcd, "fbt-servers-3", &local, leases);
+    let join = Credential::generate().unwrap();
+    let mut controls = Vec::new();
+    for server in [&a, &b] {
+        server.lc.set_join_token(Some(join.clone()));
+        let lc = server.lc.clone();
+        controls.push(serve(
+            &server.runtime,
+            control_router(lc.clone(), lc.clone(), lc),
+        ));
+    }
+
+    // n1 registers with a, and serves its node API.
+    let n1 = Arc::new(FakeNode::new(4).with_node_id("n1").with_image(IMAGE));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let registered = a
+        .runtime
+        .block_on(ControlClient::register(
+            &controls[0],
+            None,
+            &join,
+            &Registration {
+                node_id: "n1".into(),
+                url,
+                proxy_public: "n1.nodes.test:8091".into(),
+                tls_pin: None,
+            },
+        ))
+        .expect("registered with a");
+    let router = node_router(n1.clone(), registered.server_to_node.parse().unwrap());
+    listener.set_nonblocking(true).unwrap();
+    a.runtime.spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        axum::serve(listener, router.into_make_service())
+            .await
+            .unwrap();
+    });
+
+    // b reaches it: a create through b lands there.
+    until("b knows n1", || {
+        b.lc.list_nodes().iter().any(|n| n.id == "n1")
+    });
+    let on_n1 = (0..8)
+        .find_map(|_| {
+            let id = b.create();
+            until("running", || b.state(&id) == Some(SandboxState::Running));
+            if n1.sandbox(&id).is_some() {
+                return Some(id);
+            }
+            b.delete(&id);
+            None
+        })
+        .expect("a create through b on n1");
+
+    // n1 heartbeats to b only: a (the leader) keeps it alive too.
+    let to_b =
+        ControlClient::new(&controls[1], registered.node_to_server.parse().unwrap()).unwrap();
+    let beat = |client: &ControlClient| {
+        b.runtime.block_on(async {
+            client
+                .heartbeat(&Heartbeat {
+                    status: n1.status().await,
+                    route_keys_sha256: None,
+                })
+                .await
+        })
+    };
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(6) {
+        beat(&to_b).expect("b renews");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        a.state(&on_n1),
+        Some(SandboxState::Running),
+        "not lost on a"
+    );
+    assert!(a.cluster.is_leader());
+
+    // No heartbeat to anyone: once its lease in the store ran out, the leader declares it
+    // lost.
+    let silent = Instant::now();
+    until("NODE_LOST", || {
+        a.lc.get(&on_n1)
+            .is_ok_and(|s| s.status.reason.as_deref() == Some("NODE_LOST"))
+    });
+    eprintln!(
+        "declared lost {:?} after its last heartbeat",
+        silent.elapsed()
+    );
+    until("failed on b too", || {
+        b.state(&on_n1) == Some(SandboxState::Failed)
+    });
+
+    // It heartbeats to b again: told its loss, whichever server counted it.
+    let renewal = beat(&to_b).expect("renewed");
+    assert_eq!(renewal.losses, 1);
+    a.cluster.leave();
+    b.cluster.leave();
 }

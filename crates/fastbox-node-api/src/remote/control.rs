@@ -297,7 +297,20 @@ async fn register(
         Err(refused) => return *refused,
     };
     let answer: MembershipAnswer<Registered> = control.plane.register(&caller, registration).await;
-    json(&answer)
+    membership_json(&answer)
+}
+
+/// A membership answer: 200 with the answer, or 503 when the server could not decide now
+/// (the node tries again, as after an unanswered call).
+fn membership_json<T: Serialize>(answer: &MembershipAnswer<T>) -> Response {
+    match answer {
+        Err(MembershipError::Unavailable(why)) => envelope(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "NODE::CONTROL_PLANE_UNAVAILABLE",
+            why,
+        ),
+        answer => json(answer),
+    }
 }
 
 async fn heartbeat(
@@ -323,7 +336,7 @@ async fn heartbeat(
         )));
     }
     let answer: MembershipAnswer<Renewal> = control.plane.heartbeat(node, beat).await;
-    json(&answer)
+    membership_json(&answer)
 }
 
 /// The arguments in `body`, or the 400 (or 413) that refuses them.

@@ -435,6 +435,7 @@ impl Lifecycle {
         loop {
             tick.tick().await;
             if !self.cluster.is_leader() {
+                self.refresh_node_leases();
                 continue;
             }
             let fence = self.cluster.fence();

@@ -2,8 +2,8 @@
 //! servers write: a thread reads the store's watch and applies each change that is newer
 //! than what this server holds (its own writes come back too, and are skipped).
 //!
-//! Sandboxes, templates and snapshots are followed; registered nodes are each server's own
-//! (a node registers with one server).
+//! Sandboxes, templates, snapshots and registered nodes are followed: a node that registers
+//! with one server is reached by every server (its lease is in the store too).
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -11,8 +11,8 @@ use std::time::Duration;
 use fastbox_state::WatchEvent;
 
 use crate::error::ApiError;
-use crate::record::SandboxRecord;
-use crate::store::{SANDBOXES, SNAPSHOTS, Store, StoreError, TEMPLATES};
+use crate::record::{NodeRecord, SandboxRecord};
+use crate::store::{NODES, SANDBOXES, SNAPSHOTS, Store, StoreError, TEMPLATES};
 
 use super::lifecycle::Lifecycle;
 
@@ -75,6 +75,13 @@ impl Lifecycle {
                             .insert(key, snapshot);
                     }
                 }
+                NODES => {
+                    if let Some(record) = self.store.changed::<NodeRecord>(NODES, entry)?
+                        && let Err(e) = self.admit_member(record)
+                    {
+                        tracing::warn!(error = %e, "a node registered with another server is not reached");
+                    }
+                }
                 _ => {}
             },
             WatchEvent::Delete {
@@ -93,6 +100,10 @@ impl Lifecycle {
                 }
                 SNAPSHOTS if self.store.removed(SNAPSHOTS, &key, revision) => {
                     self.snapshots.lock().expect("snapshots lock").remove(&key);
+                }
+                NODES if self.store.removed(NODES, &key, revision) => {
+                    self.members.lock().expect("members lock").remove(&key);
+                    self.nodes.remove(&key);
                 }
                 _ => {}
             },

@@ -106,8 +106,12 @@ impl Lifecycle {
 
     /// Keeps `record` (a node, or a revoked name) and, unless revoked, adds its client with a
     /// lease; whether it is a node.
-    fn admit_member(&self, record: NodeRecord) -> Result<bool, ApiError> {
+    pub(super) fn admit_member(&self, record: NodeRecord) -> Result<bool, ApiError> {
         let node = record.revoked_at.is_none();
+        if !node {
+            // Revoked (here, or on another server sharing the store).
+            self.nodes.remove(&record.node_id);
+        }
         if node {
             let client = self
                 .client_of(&record)
@@ -239,29 +243,127 @@ impl Lifecycle {
         held
     }
 
+    /// With a shared store: extends the lease of every registered node whose lease in the
+    /// store is alive (it heartbeats to another server). Every server does it before each
+    /// pass of its reconciler. False when the store's leases could not be read (alone: true).
+    pub(super) fn refresh_node_leases(&self) -> bool {
+        let live = match self.cluster.live_nodes() {
+            Ok(Some(live)) => live,
+            Ok(None) => return true,
+            Err(e) => {
+                tracing::debug!(error = %e, "the nodes' leases in the store were not read");
+                return false;
+            }
+        };
+        let until = std::time::Instant::now() + self.lease_duration();
+        for id in live {
+            if self.nodes.is_lost(Some(&id)) {
+                // Declared lost, its lease ran out; a lease alive again means it renewed
+                // through another server since: it is back (the losses it is told, counted
+                // durably, make it remove what ran there).
+                if self.nodes.renew(&id, until) == Some(true) {
+                    tracing::warn!(node = %id, "a lost node renewed its lease through another server");
+                }
+            } else {
+                self.nodes.extend(&id, until);
+            }
+        }
+        if !self.cluster.is_leader() {
+            // Nothing is asked of a node whose lease ran out, here too; declaring it lost
+            // (failing its sandboxes) is the leader's.
+            let _ = self.nodes.newly_lost(self.cfg.leases.lost_margin);
+        }
+        true
+    }
+
     /// Declares lost the nodes whose lease ran out longer ago than the margin (one pass of
     /// the reconciler); each loss is counted durably before anything else.
+    ///
+    /// With a shared store, a node is declared lost only right after its lease in the store
+    /// was read gone (it was renewed through no server for its whole lease: its guard froze
+    /// it); when the leases cannot be read, nobody is declared lost.
     pub(super) fn declare_lost_nodes(&self) {
+        if !self.refresh_node_leases() {
+            return;
+        }
         for id in self.nodes.newly_lost(self.cfg.leases.lost_margin) {
+            if !self.count_loss(&id) {
+                // Changed meanwhile (with a shared store: it renewed through another server
+                // after its lease ran out): not lost; the next pass decides again.
+                let until = std::time::Instant::now() + self.lease_duration();
+                self.nodes.renew(&id, until);
+                continue;
+            }
             tracing::error!(node = %id, "node lost: its lease ran out");
-            self.count_loss(&id);
             self.fail_sandboxes_of(&id, &format!("node {id} was lost (its lease ran out)"));
         }
     }
 
-    fn count_loss(&self, id: &str) {
+    /// Counts a loss of node `id` durably, a compare-and-swap on its record; false when the
+    /// record changed since this server read it (it is read again).
+    fn count_loss(&self, id: &str) -> bool {
         let mut members = self.members.lock().expect("members lock");
         let Some(member) = members.get_mut(id) else {
-            return;
+            return true;
         };
         let mut record = member.record.clone();
         record.losses += 1;
         match self.store.put_node(&record) {
-            Ok(()) => member.record = record,
+            Ok(()) => {
+                member.record = record;
+                true
+            }
+            Err(e) if e.is_conflict() => {
+                if let Ok(Some(fresh)) = self.store.reload_node(id) {
+                    member.record = fresh;
+                }
+                false
+            }
             Err(e) => {
-                tracing::error!(node = %id, error = %e, "the loss of a node could not be recorded")
+                tracing::error!(node = %id, error = %e, "the loss of a node could not be recorded");
+                true
             }
         }
+    }
+
+    /// The node's losses as a renewal tells them. With a shared store, when its lease there
+    /// had run out (`fresh`), its record is written again first, a compare-and-swap: a loss
+    /// the leader counted meanwhile makes it fail, and the count is read again; a loss not
+    /// counted yet cannot be anymore (the leader's count fails on this write). So a node is
+    /// never told an old count after its loss.
+    fn losses_for_renewal(&self, node_id: &str, fresh: bool) -> Result<u64, MembershipError> {
+        let cached = || {
+            self.members
+                .lock()
+                .expect("members lock")
+                .get(node_id)
+                .map_or(0, |m| m.record.losses)
+        };
+        if !fresh {
+            return Ok(cached());
+        }
+        let unavailable = |e: crate::store::StoreError| MembershipError::Unavailable(e.to_string());
+        for _ in 0..5 {
+            let Some(record) = self.store.reload_node(node_id).map_err(unavailable)? else {
+                return Err(MembershipError::Unknown(node_id.to_string()));
+            };
+            match self.store.put_node(&record) {
+                Ok(()) => {
+                    let losses = record.losses;
+                    if let Some(member) =
+                        self.members.lock().expect("members lock").get_mut(node_id)
+                    {
+                        member.record = record;
+                    }
+                    return Ok(losses);
+                }
+                Err(e) if e.is_conflict() => continue,
+                Err(e) => return Err(unavailable(e)),
+            }
+        }
+        Err(MembershipError::Unavailable(format!(
+            "the record of node {node_id} kept changing"
+        )))
     }
 
     /// The sandboxes on node `id` that ran or were about to: `Failed` (`NODE_LOST`). Paused
@@ -443,6 +545,10 @@ impl ControlPlane for Lifecycle {
         };
         // Checked before it is kept: a URL the client refuses is the node's mistake.
         self.client_of(&record).map_err(MembershipError::Invalid)?;
+        // Its lease in a shared store first: every server sees it alive from the start.
+        self.cluster
+            .renew_node(&id, self.lease_duration())
+            .map_err(|e| MembershipError::Unavailable(e.to_string()))?;
         self.store
             .put_node(&record)
             .map_err(|e| MembershipError::Failed(e.to_string()))?;
@@ -462,6 +568,13 @@ impl ControlPlane for Lifecycle {
         node_id: &str,
         heartbeat: Heartbeat,
     ) -> Result<Renewal, MembershipError> {
+        // Renewed in a shared store first: unrenewed there, the node is not answered (it
+        // tries again, and freezes if no server can renew it in time).
+        let fresh = self
+            .cluster
+            .renew_node(node_id, self.lease_duration())
+            .map_err(|e| MembershipError::Unavailable(e.to_string()))?;
+        let losses = self.losses_for_renewal(node_id, fresh)?;
         // Counted from now, which is after the node sent it: the node counts from its send,
         // so its own deadline always comes first.
         let until = std::time::Instant::now() + self.lease_duration();
@@ -473,12 +586,6 @@ impl ControlPlane for Lifecycle {
         if was_lost {
             tracing::warn!(node = %node_id, "a lost node renewed its lease: what it ran is removed");
         }
-        let losses = self
-            .members
-            .lock()
-            .expect("members lock")
-            .get(node_id)
-            .map_or(0, |m| m.record.losses);
         let keys = self.keys.current().derive(node_id).file_text();
         let held = heartbeat.route_keys_sha256.as_deref();
         let route_keys = (held != Some(route_keys_digest(&keys).as_str())).then_some(keys);
