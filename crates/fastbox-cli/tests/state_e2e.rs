@@ -188,6 +188,9 @@ fn two_servers_share_one_etcd_and_the_leadership_moves_when_the_leader_dies() {
     let seal_key = keys.path().join("seal.key").display().to_string();
     let args = |id: &'static str| {
         vec![
+            "--accept-nodes".to_string(),
+            "--control-listen".into(),
+            format!("127.0.0.1:{}", fastbox_testkit::server_port()),
             "--state".to_string(),
             url.clone(),
             "--state-seal-key".into(),
@@ -238,6 +241,16 @@ fn two_servers_share_one_etcd_and_the_leadership_moves_when_the_leader_dies() {
         "{}",
         b.log_text()
     );
+
+    // Nodes may join either: both servers hold the same join token and control identity.
+    for file in [
+        "node-join-token",
+        "control-tls/cert.pem",
+        "control-tls/key.pem",
+    ] {
+        let read = |server: &UpServer| std::fs::read(server.data_dir.join(file)).unwrap();
+        assert_eq!(read(&a), read(&b), "{file}");
+    }
 
     // One state: what a creates, b lists.
     let on_a = a.create_busybox();

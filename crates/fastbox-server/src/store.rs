@@ -29,6 +29,10 @@ pub const NODES: &str = "nodes";
 pub const IDEMPOTENCY: &str = "idempotency";
 /// Every table of the server's records (what `fastbox state migrate` copies).
 pub const TABLES: [&str; 5] = [SANDBOXES, TEMPLATES, SNAPSHOTS, NODES, IDEMPOTENCY];
+/// Files every server of a shared store uses alike (file name -> contents), sealed in the
+/// store like every record.
+pub type SharedFiles = std::collections::BTreeMap<String, String>;
+
 /// The table of the store's own records, and its canary ([`Store::check_canary`]).
 const META: &str = "meta";
 const CANARY: &str = "canary";
@@ -139,6 +143,25 @@ impl Store {
                 Err(e) => Err(e),
             },
         }
+    }
+
+    /// The files shared under `name` by the servers of this store (the control API's TLS
+    /// identity, the join token), by file name.
+    pub fn shared_files(&self, name: &str) -> Result<Option<SharedFiles>, StoreError> {
+        match self.noted(self.backend.get(META, &format!("files/{name}")))? {
+            Some(entry) => self.decode(META, entry).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Shares `files` under `name`, unless some are shared there already (a conflict).
+    pub fn share_files(&self, name: &str, files: &SharedFiles) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec(files).expect("records serialize");
+        self.noted(
+            self.backend
+                .put(META, &format!("files/{name}"), &bytes, 0, None),
+        )
+        .map(drop)
     }
 
     /// The store's current revision (0 for a store no other server shares).

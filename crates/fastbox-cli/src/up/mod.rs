@@ -11,6 +11,7 @@ use crate::paths;
 
 pub(crate) mod node_side;
 mod run;
+mod shared_files;
 pub use run::{CONTROL_TLS_DIR, JOIN_TOKEN_FILE, ROUTE_KEY_FILE, UpError};
 use run::{NodeMode, RemoteNode};
 
@@ -179,7 +180,8 @@ pub struct UpArgs {
     /// Accept `fastbox node --join` registrations on --control-listen (then TLS), besides
     /// the node in this process. They present the join token kept in
     /// DATA_DIR/node-join-token and pin the certificate DATA_DIR/control-tls/cert.pem (both
-    /// made at the first start; hand both to the nodes).
+    /// made at the first start; hand both to the nodes). Servers sharing an etcd state share
+    /// both: a node joins any of them.
     #[arg(long, env = "FASTBOX_ACCEPT_NODES", conflicts_with = "remote_node")]
     pub accept_nodes: bool,
     /// How long a registered node's lease lasts, milliseconds; it heartbeats ten times as

@@ -125,6 +125,53 @@ pub(crate) struct RemoteNode {
 /// How often a server looks whether its etcd answers.
 const STATE_PROBE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// The join token and the control API's TLS identity: with a shared store, the same on
+/// every server (a node joins, and pins the certificate of, any of them).
+fn share_node_secrets(
+    store: &Store,
+    shared: bool,
+    data_dir: &Path,
+    addr: std::net::SocketAddr,
+) -> Result<(), UpError> {
+    use super::shared_files::{SharedFile, share};
+    let token = data_dir.join(JOIN_TOKEN_FILE);
+    share(
+        store,
+        shared,
+        "join-token",
+        &[SharedFile {
+            path: token.clone(),
+            mode: 0o600,
+        }],
+        || {
+            crate::node::credentials::load_or_create_one(&token)
+                .map(drop)
+                .map_err(|e| UpError::JoinToken(format!("{e:#}")))
+        },
+    )?;
+    let tls = data_dir.join(CONTROL_TLS_DIR);
+    share(
+        store,
+        shared,
+        "control-tls",
+        &[
+            SharedFile {
+                path: tls.join(fastbox_node_api::remote::tls::CERT_FILE),
+                mode: 0o644,
+            },
+            SharedFile {
+                path: tls.join(fastbox_node_api::remote::tls::KEY_FILE),
+                mode: 0o600,
+            },
+        ],
+        || {
+            TlsIdentity::load_or_create(&tls, &[addr.ip().to_string()])
+                .map(drop)
+                .map_err(UpError::from)
+        },
+    )
+}
+
 /// This server among those sharing its state store: alone on the redb file; on etcd, its
 /// lease, presence and (when free) the leadership taken before anything else runs.
 async fn join_cluster(cfg: &ServerConfig, store: &Store) -> Result<Arc<Cluster>, UpError> {
@@ -236,6 +283,9 @@ pub(crate) async fn run(cfg: ServerConfig, mode: NodeMode) -> Result<(), UpError
             (Arc::new(client), None, Some(remote))
         }
     };
+    if let Some(addr) = accept_nodes {
+        share_node_secrets(&store, cluster.is_shared(), &data_dir, addr)?;
+    }
     let lifecycle = Lifecycle::in_cluster(
         cfg.clone(),
         store,
