@@ -64,7 +64,8 @@ pub struct NodeArgs {
     )]
     pub control_url: Option<String>,
     /// Join the server whose control API is at this URL (its --control-listen, with
-    /// --accept-nodes), e.g. `https://10.0.0.1:8092`.
+    /// --accept-nodes), e.g. `https://10.0.0.1:8092`; `URL,URL,...` for the servers sharing
+    /// one etcd state (any answers; the node moves to another when one does not).
     #[arg(long, env = "FASTBOX_JOIN", requires_all = ["join_token_file", "server_cert"])]
     pub join: Option<String>,
     /// The server's join token (its DATA_DIR/node-join-token).
@@ -159,10 +160,12 @@ pub fn node(args: NodeArgs) -> anyhow::Result<i32> {
 
 /// `url` when it is `https://`: a joined node's channels to and from the server are TLS.
 fn https_only(url: &str, flag: &str) -> anyhow::Result<String> {
-    anyhow::ensure!(
-        url.starts_with("https://"),
-        "{flag} {url:?}: a node that joins talks to its server over TLS only (https://)"
-    );
+    for one in url.split(',') {
+        anyhow::ensure!(
+            one.trim().starts_with("https://"),
+            "{flag} {one:?}: a node that joins talks to its server over TLS only (https://)"
+        );
+    }
     Ok(url.to_string())
 }
 

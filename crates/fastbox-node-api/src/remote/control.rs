@@ -442,10 +442,14 @@ pub enum MembershipCallError {
     Refused(MembershipError),
 }
 
-/// The control plane at a URL, as a node's [`EgressApi`] and [`AccessApi`].
+/// The control plane at a URL (or several: the servers sharing one state, any of which
+/// answers; calls go to the last one that did and move on when it does not), as a node's
+/// [`EgressApi`] and [`AccessApi`].
 #[derive(Debug)]
 pub struct ControlClient {
-    base: String,
+    bases: Vec<String>,
+    /// The base that answered last.
+    current: std::sync::atomic::AtomicUsize,
     credential: Credential,
     http: reqwest::Client,
     access_ttl: Duration,
@@ -454,11 +458,15 @@ pub struct ControlClient {
 }
 
 impl ControlClient {
-    /// A client of the server serving [`control_router`] at `url`, presenting `credential`
-    /// (this node's own).
+    /// A client of the server serving [`control_router`] at `url` (`URL,URL,...`: any of
+    /// several servers), presenting `credential` (this node's own).
     pub fn new(url: &str, credential: Credential) -> Result<Self, ClientError> {
         Ok(Self {
-            base: base_url(url)?,
+            bases: url
+                .split(',')
+                .map(|u| base_url(u.trim()))
+                .collect::<Result<_, _>>()?,
+            current: std::sync::atomic::AtomicUsize::new(0),
             credential,
             http: http_client(CONNECT_TIMEOUT, None)?,
             access_ttl: DEFAULT_ACCESS_TTL,
@@ -523,18 +531,40 @@ impl ControlClient {
         args: &A,
         timeout: Duration,
     ) -> Result<T, (Option<StatusCode>, String)> {
+        use std::sync::atomic::Ordering;
         let body = serde_json::to_vec(args).map_err(|e| (None, e.to_string()))?;
-        let (status, body) = post_json(
-            &self.http,
-            &self.base,
-            &format!("/control/v1/{route}"),
-            &self.credential,
-            body,
-            timeout,
-            MAX_BODY,
-        )
-        .await
-        .map_err(|why| (None, why))?;
+        let first = self.current.load(Ordering::Relaxed);
+        let mut answered = None;
+        let mut unanswered = Vec::new();
+        for k in 0..self.bases.len() {
+            let i = (first + k) % self.bases.len();
+            let base = &self.bases[i];
+            match post_json(
+                &self.http,
+                base,
+                &format!("/control/v1/{route}"),
+                &self.credential,
+                body.clone(),
+                timeout,
+                MAX_BODY,
+            )
+            .await
+            {
+                // Another server may answer: it shares the state.
+                Err(why) => unanswered.push(format!("{base}: {why}")),
+                Ok((StatusCode::SERVICE_UNAVAILABLE, _)) if k + 1 < self.bases.len() => {
+                    unanswered.push(format!("{base}: answered 503"));
+                }
+                Ok(answer) => {
+                    self.current.store(i, Ordering::Relaxed);
+                    answered = Some(answer);
+                    break;
+                }
+            }
+        }
+        let Some((status, body)) = answered else {
+            return Err((None, unanswered.join("; ")));
+        };
         if status != StatusCode::OK {
             return Err((
                 Some(status),
@@ -567,7 +597,7 @@ impl ControlClient {
 
     /// An egress operation the control plane did not answer.
     fn unavailable(&self, route: &str, why: String) -> EgressApiError {
-        tracing::warn!(control = %self.base, route, error = %why, "the control plane did not answer");
+        tracing::warn!(control = %self.bases.join(","), route, error = %why, "the control plane did not answer");
         EgressApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
             code: "SANDBOX::CONTROL_PLANE_UNAVAILABLE",
@@ -644,7 +674,7 @@ impl AccessApi for ControlClient {
             Ok(answer) => answer?,
             Err(why) => {
                 // Refused as not running: a port is never opened on a guess.
-                tracing::warn!(control = %self.base, sandbox = %id, error = %why, "the control plane did not answer an access check");
+                tracing::warn!(control = %self.bases.join(","), sandbox = %id, error = %why, "the control plane did not answer an access check");
                 return None;
             }
         };
