@@ -8,146 +8,13 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::Duration;
 
 use common::execd::Execd;
-use common::server::{UpServer, busybox_request, spawn_logged, test_cache_dir, wait_ready};
+use common::node::NodeProcess;
+use common::server::{UpServer, busybox_request};
 use serde_json::json;
-
-/// A `fastbox node` child process with its own prefix, pool and data directory.
-struct NodeProcess {
-    prefix: String,
-    dir: tempfile::TempDir,
-    data_dir: PathBuf,
-    /// `http://127.0.0.1:PORT` of the node API.
-    api: String,
-    /// `127.0.0.1:PORT` of the node proxy.
-    proxy: String,
-    log: PathBuf,
-    args: Vec<String>,
-    child: Option<Child>,
-}
-
-impl NodeProcess {
-    /// Starts the node and waits until its node API answers; `meeting` says how it meets the
-    /// server (`--control-url URL`, or `--join URL --join-token-file FILE ...`).
-    fn start(prefix: &str, pool: &str, meeting: &[&str]) -> NodeProcess {
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("{prefix}-"))
-            .tempdir()
-            .unwrap();
-        let data_dir = dir.path().join("data");
-        let (api_port, proxy_port) = (
-            fastbox_testkit::server_port(),
-            fastbox_testkit::server_port(),
-        );
-        let proxy = format!("127.0.0.1:{proxy_port}");
-        let args = [
-            "node",
-            "--listen",
-            &format!("127.0.0.1:{api_port}"),
-            "--node-proxy-listen",
-            &proxy,
-            "--node-proxy-public",
-            &proxy,
-            "--prefix",
-            prefix,
-            "--pool",
-            pool,
-            "--data-dir",
-            &data_dir.display().to_string(),
-            "--cache-dir",
-            &test_cache_dir().display().to_string(),
-            "--execd",
-            &fastbox_testkit::execd_path().unwrap().display().to_string(),
-        ]
-        .map(String::from)
-        .into_iter()
-        .chain(meeting.iter().map(|a| a.to_string()))
-        .collect();
-        let mut node = NodeProcess {
-            prefix: prefix.to_string(),
-            log: dir.path().join("node.log"),
-            dir,
-            data_dir,
-            // A node that joins serves its API over TLS.
-            api: match meeting.contains(&"--join") {
-                true => format!("https://127.0.0.1:{api_port}"),
-                false => format!("http://127.0.0.1:{api_port}"),
-            },
-            proxy,
-            args,
-            child: None,
-        };
-        node.spawn();
-        node
-    }
-
-    /// Starts the process (again) and waits until its node API answers (401 without a
-    /// credential).
-    fn spawn(&mut self) {
-        self.child = Some(spawn_logged(&self.args, &self.log));
-        // Only a readiness probe: the server's own client pins the node's certificate.
-        let (http, status) = (
-            reqwest::blocking::Client::builder()
-                .danger_accept_invalid_certs(true)
-                .build()
-                .unwrap(),
-            format!("{}/node/v1/status", self.api),
-        );
-        wait_ready(
-            &mut self.child,
-            &self.log,
-            "fastbox node",
-            Duration::from_secs(120),
-            || {
-                http.post(&status)
-                    .json(&json!({}))
-                    .timeout(Duration::from_secs(2))
-                    .send()
-                    .is_ok_and(|r| r.status() == 401)
-            },
-        );
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// `fastbox node --print-credentials`: the two lines the server is given.
-    fn credentials(&self) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_fastbox"))
-            .args(["node", "--print-credentials", "--data-dir"])
-            .arg(&self.data_dir)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    /// SIGTERM and wait.
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(child.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for NodeProcess {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = fastbox_fastlet::host::purge(&self.prefix, &self.data_dir);
-    }
-}
 
 /// `fastbox leftovers --prefix PREFIX`: whether it found nothing, and what it printed.
 fn no_leftovers(prefix: &str) -> (bool, String) {
@@ -430,35 +297,6 @@ fn joined(
     (server, node)
 }
 
-/// `GET /v1/nodes`: node id -> its JSON.
-fn nodes(server: &UpServer) -> std::collections::BTreeMap<String, serde_json::Value> {
-    let (status, body) = server.get("/v1/nodes");
-    assert_eq!(status, 200, "{body}");
-    body["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| (n["id"].as_str().unwrap().to_string(), n.clone()))
-        .collect()
-}
-
-/// Waits until node `id` is in `state` (`GET /v1/nodes`).
-fn wait_node(server: &UpServer, id: &str, state: &str, within: Duration) {
-    let deadline = std::time::Instant::now() + within;
-    loop {
-        let now = nodes(server).get(id).map(|n| n["state"].clone());
-        if now.as_ref().and_then(|s| s.as_str()) == Some(state) {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "node {id} is {now:?}, not {state}:\n{}",
-            server.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn a_node_joins_a_server_shares_its_creates_and_is_lost_when_killed() {
     if let Some(reason) = common::unavailable() {
@@ -480,7 +318,7 @@ fn a_node_joins_a_server_shares_its_creates_and_is_lost_when_killed() {
         "{}",
         node.log_text()
     );
-    wait_node(&server, "n1", "ready", Duration::from_secs(10));
+    server.wait_node("n1", "ready", Duration::from_secs(10));
     // The node API of a joined node is TLS: plain HTTP gets no answer.
     assert!(node.api.starts_with("https://"), "{}", node.api);
     assert!(
@@ -499,8 +337,8 @@ fn a_node_joins_a_server_shares_its_creates_and_is_lost_when_killed() {
     );
     // Both nodes report (the server's own by its refresh, n1 by its heartbeats).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while nodes(&server).values().any(|n| n["freeSlots"].is_null()) {
-        assert!(std::time::Instant::now() < deadline, "{:?}", nodes(&server));
+    while server.nodes().values().any(|n| n["freeSlots"].is_null()) {
+        assert!(std::time::Instant::now() < deadline, "{:?}", server.nodes());
         std::thread::sleep(Duration::from_millis(100));
     }
 
@@ -570,7 +408,7 @@ fn a_node_joins_a_server_shares_its_creates_and_is_lost_when_killed() {
         let _ = child.kill();
         let _ = child.wait();
     }
-    wait_node(&server, "n1", "expired", Duration::from_secs(15));
+    server.wait_node("n1", "expired", Duration::from_secs(15));
     // Its guard (a process that outlived it) froze every sandbox before the lease ran out.
     let marker: serde_json::Value = serde_json::from_slice(
         &std::fs::read(node.data_dir.join("fenced")).expect("the fence marker"),
@@ -589,7 +427,7 @@ fn a_node_joins_a_server_shares_its_creates_and_is_lost_when_killed() {
             "{group} is not frozen: {marker}"
         );
     }
-    wait_node(&server, "n1", "lost", Duration::from_secs(15));
+    server.wait_node("n1", "lost", Duration::from_secs(15));
     let lost_after = killed.elapsed();
     assert!(
         lost_after >= Duration::from_millis(5000),
@@ -620,7 +458,7 @@ fn a_node_joins_a_server_shares_its_creates_and_is_lost_when_killed() {
     // It comes back: it registers again, and the server removes what it ran while lost (the
     // node thaws nothing: the server had declared it lost).
     node.spawn();
-    wait_node(&server, "n1", "ready", Duration::from_secs(20));
+    server.wait_node("n1", "ready", Duration::from_secs(20));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while node.data_dir.join("fenced").exists() {
         assert!(std::time::Instant::now() < deadline, "{}", node.log_text());
@@ -710,7 +548,7 @@ fn a_paused_sandbox_resumes_on_another_node_when_its_node_is_lost() {
         5000,
         &["--artifact-store", &store],
     );
-    wait_node(&server, "n1", "ready", Duration::from_secs(10));
+    server.wait_node("n1", "ready", Duration::from_secs(10));
 
     // A sandbox on n1 with a file and a process of its own.
     let id = loop {
@@ -758,7 +596,7 @@ fn a_paused_sandbox_resumes_on_another_node_when_its_node_is_lost() {
         let _ = child.kill();
         let _ = child.wait();
     }
-    wait_node(&server, "n1", "lost", Duration::from_secs(20));
+    server.wait_node("n1", "lost", Duration::from_secs(20));
     let (status, body) = server.post(&format!("/v1/sandboxes/{id}/resume"), &json!({}));
     assert_eq!(status, 202, "{body}");
     let deadline = std::time::Instant::now() + Duration::from_secs(60);

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
+use common::node::NodeProcess;
 use common::server::{UpServer, busybox_request};
 use fastbox_state::{EtcdBackend, EtcdOptions, StateBackend, StateUrl};
 use fastbox_testkit::etcd::{EtcdCluster, etcd_unavailable};
@@ -298,4 +299,105 @@ fn two_servers_share_one_etcd_and_the_leadership_moves_when_the_leader_dies() {
     }
     a.finish();
     b.finish();
+}
+
+#[test]
+fn a_node_that_joins_two_servers_keeps_serving_when_the_leader_dies() {
+    fastbox_testkit::skip_unless!(etcd_unavailable());
+    let etcd = EtcdCluster::start(1).expect("etcd starts");
+    let url = format!("{}/fbt-joined", etcd.state_url());
+    let keys = tempfile::tempdir().unwrap();
+    let seal_key = keys.path().join("seal.key").display().to_string();
+    let controls = [
+        format!("127.0.0.1:{}", fastbox_testkit::server_port()),
+        format!("127.0.0.1:{}", fastbox_testkit::server_port()),
+    ];
+    let start = |tag: &str, pool: &str, id: &str, control: &str| {
+        let args = [
+            "--accept-nodes",
+            "--control-listen",
+            control,
+            "--node-lease-ms",
+            "3000",
+            "--state",
+            &url,
+            "--state-seal-key",
+            &seal_key,
+            "--server-id",
+            id,
+            "--server-lease-ms",
+            "4000",
+        ];
+        UpServer::start_prefixed(&fastbox_testkit::run_prefix_pair(tag), pool, &args)
+    };
+    let Some(mut a) = start("se", "10.217.55.0/24", "srv-a", &controls[0]) else {
+        return;
+    };
+    let Some(b) = start("sf", "10.217.56.0/24", "srv-b", &controls[1]) else {
+        return;
+    };
+    let join = format!("https://{},https://{}", controls[0], controls[1]);
+    let token = a.data_dir.join("node-join-token").display().to_string();
+    let cert = a
+        .data_dir
+        .join("control-tls/cert.pem")
+        .display()
+        .to_string();
+    let mut node = NodeProcess::start(
+        &fastbox_testkit::run_prefix_pair("sg"),
+        "10.217.57.0/24",
+        &[
+            "--join",
+            &join,
+            "--join-token-file",
+            &token,
+            "--server-cert",
+            &cert,
+            "--node-name",
+            "n1",
+        ],
+    );
+    // Registered with a (the first URL), reached by b, which asks it for its reports.
+    b.wait_node("n1", "ready", Duration::from_secs(20));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while b.nodes().values().any(|n| n["freeSlots"].is_null()) {
+        assert!(Instant::now() < deadline, "{:?}", b.nodes());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // A create through b that lands on n1 (its endpoint is n1's proxy).
+    let on_n1 = (0..8)
+        .find_map(|_| {
+            let id = b.create_busybox();
+            b.wait_state(&id, "Running");
+            let (_, ep) = b.get(&format!("/v1/sandboxes/{id}/endpoints/44772"));
+            if ep["endpoint"]
+                .as_str()
+                .is_some_and(|e| e.starts_with(&node.proxy))
+            {
+                return Some(id);
+            }
+            assert_eq!(b.delete(&format!("/v1/sandboxes/{id}")), 204);
+            None
+        })
+        .unwrap_or_else(|| panic!("no create through b on n1: {:?}", b.nodes()));
+    assert_eq!(b.ping(&on_n1), 200);
+
+    // The leader dies: n1 heartbeats to b from then on, and is never lost.
+    a.kill9();
+    let killed = Instant::now();
+    while killed.elapsed() < Duration::from_secs(12) {
+        let state = b.nodes()["n1"]["state"].clone();
+        assert_eq!(state, "ready", "{}\n{}", b.log_text(), node.log_text());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(b.state(&on_n1).0, "Running");
+    assert_eq!(b.ping(&on_n1), 200);
+
+    assert_eq!(b.delete(&format!("/v1/sandboxes/{on_n1}")), 204);
+    b.wait_state(&on_n1, "Terminated");
+    node.stop();
+    b.finish();
+    a.spawn();
+    a.finish();
 }

@@ -352,12 +352,21 @@ impl Nodes {
     /// Asks every node that holds no lease for its status (concurrently) and keeps the
     /// answers (registered nodes report with their heartbeats).
     pub async fn refresh(&self) {
+        self.refresh_some(false).await;
+    }
+
+    /// [`Nodes::refresh`], and with `leased_too` the registered nodes that are not lost as
+    /// well (servers sharing a store: a node heartbeats to one of them, the others ask it).
+    pub async fn refresh_some(&self, leased_too: bool) {
         let entries: Vec<Arc<Entry>> = self
             .entries
             .read()
             .expect("nodes lock")
             .iter()
-            .filter(|e| e.lease.lock().expect("lease lock").until.is_none())
+            .filter(|e| {
+                let lease = e.lease.lock().expect("lease lock");
+                lease.until.is_none() || (leased_too && !lease.lost)
+            })
             .cloned()
             .collect();
         let reports = futures::future::join_all(entries.iter().map(|e| e.agent.status())).await;

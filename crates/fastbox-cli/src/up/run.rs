@@ -474,7 +474,10 @@ async fn refresh_nodes(lifecycle: Arc<Lifecycle>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        lifecycle.nodes().refresh().await;
+        lifecycle
+            .nodes()
+            .refresh_some(lifecycle.cluster().is_shared())
+            .await;
     }
 }
 

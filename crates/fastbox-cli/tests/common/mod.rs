@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod execd;
+pub mod node;
 pub mod server;
 
 use std::cell::RefCell;

@@ -258,7 +258,6 @@ impl UpServer {
     }
 
     /// POST JSON with extra headers: the whole response.
-    #[allow(dead_code)]
     pub fn post_with(
         &self,
         path: &str,
@@ -272,8 +271,36 @@ impl UpServer {
         request.send().expect("POST")
     }
 
+    /// `GET /v1/nodes`: node id -> its JSON.
+    pub fn nodes(&self) -> std::collections::BTreeMap<String, Value> {
+        let (status, body) = self.get("/v1/nodes");
+        assert_eq!(status, 200, "{body}");
+        body["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| (n["id"].as_str().unwrap().to_string(), n.clone()))
+            .collect()
+    }
+
+    /// Waits until node `id` is in `state` (`GET /v1/nodes`).
+    pub fn wait_node(&self, id: &str, state: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let now = self.nodes().get(id).map(|n| n["state"].clone());
+            if now.as_ref().and_then(|s| s.as_str()) == Some(state) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id} is {now:?}, not {state}:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// GET a path: the whole response (headers too).
-    #[allow(dead_code)]
     pub fn raw_get(&self, path: &str) -> reqwest::blocking::Response {
         self.http.get(self.url(path)).send().expect("GET")
     }
