@@ -5,149 +5,26 @@
 //! Each server runs on a runtime of its own; dropping it (with its cluster rounds halted)
 //! is a crash: every task it had in flight ends where it was.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fastbox_api::lifecycle::{CreateSandboxRequest, ImageSpec, SandboxState};
+use common::{IMAGE, Server, fake, request, serve, until};
+use fastbox_api::lifecycle::SandboxState;
 use fastbox_node_api::NodeAgent;
 use fastbox_node_api::testkit::{FakeNode, Verb};
-use fastbox_server::cluster::Cluster;
-use fastbox_server::config::{ServerConfig, Settings};
-use fastbox_server::nodes::Nodes;
-use fastbox_server::service::Lifecycle;
-use fastbox_server::store::{FENCE, Store};
-use fastbox_state::{EtcdBackend, EtcdOptions, StateBackend, StateUrl};
+use fastbox_server::config::Settings;
+use fastbox_server::store::FENCE;
 use fastbox_testkit::etcd::{EtcdCluster, etcd_unavailable};
-
-const IMAGE: &str = "registry.test/app:1";
-/// The servers' leases (etcd raises a shorter one to its minimum, about 4 s here).
-const LEASE: Duration = Duration::from_secs(4);
-const PATIENCE: Duration = Duration::from_secs(30);
-
-struct Server {
-    lc: Arc<Lifecycle>,
-    cluster: Arc<Cluster>,
-    runtime: tokio::runtime::Runtime,
-    _dir: tempfile::TempDir,
-}
-
-impl Server {
-    fn start(id: &str, etcd: &EtcdCluster, prefix: &str, fake: &Arc<FakeNode>) -> Server {
-        Self::start_with(id, etcd, prefix, fake, |_| {})
-    }
-
-    fn start_with(
-        id: &str,
-        etcd: &EtcdCluster,
-        prefix: &str,
-        fake: &Arc<FakeNode>,
-        tune: impl FnOnce(&mut Settings),
-    ) -> Server {
-        let StateUrl::Etcd(target) =
-            StateUrl::parse(&format!("{}/{prefix}", etcd.state_url())).unwrap()
-        else {
-            unreachable!()
-        };
-        let backend: Arc<dyn StateBackend> =
-            Arc::new(EtcdBackend::connect(target, EtcdOptions::default()).expect("etcd"));
-        let cluster = Arc::new(Cluster::join(id, backend.clone(), LEASE).expect("join"));
-        cluster.round().expect("first round");
-        cluster.run();
-        let dir = tempfile::tempdir().unwrap();
-        let mut settings = Settings {
-            data_dir: Some(dir.path().to_path_buf()),
-            cache_dir: Some(dir.path().join("cache")),
-            ..Default::default()
-        };
-        tune(&mut settings);
-        let mut cfg = ServerConfig::resolve(settings).expect("config");
-        cfg.create_wait = Duration::from_millis(50);
-        cfg.reconcile_every = Duration::from_millis(200);
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let keys = fastbox_proxy::RouteKeys::load_or_create(&dir.path().join("route-key"))
-            .expect("route keys");
-        let lc = runtime.block_on(async {
-            Lifecycle::in_cluster(
-                cfg,
-                Store::with_backend(backend),
-                Nodes::new(vec![fake.clone() as Arc<dyn NodeAgent>]).expect("nodes"),
-                fastbox_image::ImageConfig::default(),
-                keys,
-                cluster.clone(),
-            )
-            .expect("lifecycle")
-        });
-        lc.follow_store().expect("follow");
-        runtime.spawn(lc.clone().reconcile_forever());
-        Server {
-            lc,
-            cluster,
-            runtime,
-            _dir: dir,
-        }
-    }
-
-    fn create(&self) -> String {
-        self.runtime
-            .block_on(self.lc.create(request()))
-            .expect("create")
-            .id
-    }
-
-    fn delete(&self, id: &str) {
-        let _in_runtime = self.runtime.enter();
-        self.lc.delete(id).expect("delete");
-    }
-
-    fn state(&self, id: &str) -> Option<SandboxState> {
-        self.lc.get(id).ok().map(|s| s.status.state)
-    }
-
-    /// A crash: the rounds stop (the lease runs out), every task ends where it is.
-    fn crash(self) {
-        self.cluster.halt();
-        self.runtime.shutdown_background();
-    }
-}
-
-fn until(what: &str, mut done: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    while !done() {
-        assert!(
-            started.elapsed() < PATIENCE,
-            "{what}: not within {PATIENCE:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    started.elapsed()
-}
-
-fn request() -> CreateSandboxRequest {
-    CreateSandboxRequest {
-        image: Some(ImageSpec {
-            uri: IMAGE.into(),
-            auth: None,
-        }),
-        entrypoint: Some(vec!["sleep".into(), "infinity".into()]),
-        ..Default::default()
-    }
-}
-
-fn fake() -> Arc<FakeNode> {
-    Arc::new(FakeNode::new(8).with_image(IMAGE))
-}
 
 #[test]
 fn what_one_server_changes_the_other_sees_and_one_leads() {
     fastbox_testkit::skip_unless!(etcd_unavailable());
     let etcd = EtcdCluster::start(1).expect("etcd");
     let node = fake();
-    let a = Server::start("a", &etcd, "fbt-servers-1", &node);
-    let b = Server::start("b", &etcd, "fbt-servers-1", &node);
+    let a = Server::start("a", &etcd, "fbt-servers-1", std::slice::from_ref(&node));
+    let b = Server::start("b", &etcd, "fbt-servers-1", std::slice::from_ref(&node));
     until("one leader", || {
         a.cluster.is_leader() != b.cluster.is_leader()
     });
@@ -209,9 +86,9 @@ fn the_leader_finishes_what_a_dead_server_left_and_an_old_leader_writes_nothing(
     fastbox_testkit::skip_unless!(etcd_unavailable());
     let etcd = EtcdCluster::start(1).expect("etcd");
     let node = fake();
-    let a = Server::start("a", &etcd, "fbt-servers-2", &node);
+    let a = Server::start("a", &etcd, "fbt-servers-2", std::slice::from_ref(&node));
     until("a leads", || a.cluster.is_leader());
-    let b = Server::start("b", &etcd, "fbt-servers-2", &node);
+    let b = Server::start("b", &etcd, "fbt-servers-2", std::slice::from_ref(&node));
     let id = a.create();
     until("running", || b.state(&id) == Some(SandboxState::Running));
 
@@ -265,9 +142,9 @@ fn failover_figures() {
     let etcd = EtcdCluster::start(3).expect("etcd");
     let node = fake();
     let prefix = "fbt-failover";
-    let mut leader = Server::start("s0", &etcd, prefix, &node);
+    let mut leader = Server::start("s0", &etcd, prefix, std::slice::from_ref(&node));
     until("s0 leads", || leader.cluster.is_leader());
-    let mut follower = Server::start("s1", &etcd, prefix, &node);
+    let mut follower = Server::start("s1", &etcd, prefix, std::slice::from_ref(&node));
     let (mut gaps, mut takeovers) = (Vec::new(), Vec::new());
     for round in 0..20 {
         let id = leader.create();
@@ -295,7 +172,12 @@ fn failover_figures() {
         );
         // The follower leads; a new server joins as the next round's follower.
         leader = follower;
-        follower = Server::start(&format!("s{}", round + 2), &etcd, prefix, &node);
+        follower = Server::start(
+            &format!("s{}", round + 2),
+            &etcd,
+            prefix,
+            std::slice::from_ref(&node),
+        );
     }
     let pct = |v: &mut Vec<Duration>, p: f64| {
         v.sort();
@@ -311,19 +193,6 @@ fn failover_figures() {
     );
 }
 
-/// Serves `router` on a loopback port on `runtime`; its base URL.
-fn serve(runtime: &tokio::runtime::Runtime, router: axum::Router) -> String {
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    runtime.spawn(async move {
-        let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
-        axum::serve(listener, service).await.unwrap();
-    });
-    url
-}
-
 #[test]
 fn a_node_registered_with_one_server_is_reached_and_kept_alive_by_every_server() {
     use fastbox_node_api::membership::{Heartbeat, Registration};
@@ -332,9 +201,21 @@ fn a_node_registered_with_one_server_is_reached_and_kept_alive_by_every_server()
     let etcd = EtcdCluster::start(1).expect("etcd");
     let local = fake();
     let leases = |s: &mut Settings| s.node_lease_ms = Some(2_000);
-    let a = Server::start_with("a", &etcd, "fbt-servers-3", &local, leases);
+    let a = Server::start_with(
+        "a",
+        &etcd,
+        "fbt-servers-3",
+        std::slice::from_ref(&local),
+        leases,
+    );
     until("a leads", || a.cluster.is_leader());
-    let b = Server::start_with("b", &etcd, "fbt-servers-3", &local, leases);
+    let b = Server::start_with(
+        "b",
+        &etcd,
+        "fbt-servers-3",
+        std::slice::from_ref(&local),
+        leases,
+    );
     let join = Credential::generate().unwrap();
     let mut controls = Vec::new();
     for server in [&a, &b] {
