@@ -42,6 +42,8 @@ pub struct Cluster {
     alive: RwLock<HashSet<String>>,
     /// Set to end the rounds ([`Cluster::halt`]).
     halted: AtomicBool,
+    /// No round before then ([`Cluster::suspend_for`]).
+    suspended_until: Mutex<Option<Instant>>,
 }
 
 /// What this server holds in the store.
@@ -72,6 +74,7 @@ impl Cluster {
             leader: RwLock::new(None),
             alive: RwLock::new(HashSet::from([ALONE.to_string()])),
             halted: AtomicBool::new(false),
+            suspended_until: Mutex::new(None),
         }
     }
 
@@ -103,6 +106,7 @@ impl Cluster {
             leader: RwLock::new(None),
             alive: RwLock::new(HashSet::new()),
             halted: AtomicBool::new(false),
+            suspended_until: Mutex::new(None),
         })
     }
 
@@ -212,6 +216,11 @@ impl Cluster {
             .name("cluster".into())
             .spawn(move || {
                 while !this.halted.load(Ordering::Relaxed) {
+                    let suspended = *this.suspended_until.lock().expect("suspend lock");
+                    if suspended.is_some_and(|until| Instant::now() < until) {
+                        std::thread::sleep(this.ttl / 10);
+                        continue;
+                    }
                     if let Err(e) = this.round() {
                         tracing::warn!(server = %this.id, error = %e, "cluster round failed");
                     }
@@ -219,6 +228,12 @@ impl Cluster {
                 }
             })
             .expect("spawn the cluster thread");
+    }
+
+    /// No round for `d`: the lease is not renewed meanwhile, as when the process is stopped
+    /// (`SIGSTOP`) or cut off from etcd; then the rounds go on.
+    pub fn suspend_for(&self, d: Duration) {
+        *self.suspended_until.lock().expect("suspend lock") = Some(Instant::now() + d);
     }
 
     /// Stops the rounds: the lease is no longer renewed and runs out (what a crash does).
