@@ -60,7 +60,18 @@ struct Member {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// Plain HTTP `/health`, whatever the client port speaks.
+    metrics_port: u16,
     child: Option<Child>,
+}
+
+/// The certificates of a cluster whose client ports speak TLS: a CA of the test's own and
+/// a server certificate it signed for 127.0.0.1.
+#[derive(Debug)]
+struct Tls {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
 }
 
 /// Running etcd members. See the module docs.
@@ -71,6 +82,7 @@ pub struct EtcdCluster {
     members: Vec<Member>,
     /// On `/dev/shm` (a tmpfs) when there is one: each member's data and log.
     dir: tempfile::TempDir,
+    tls: Option<Tls>,
 }
 
 impl EtcdCluster {
@@ -91,6 +103,22 @@ impl EtcdCluster {
     /// [`EtcdCluster::start`] with the members' data under `parent` (a disk, for
     /// benchmarks that count etcd's fsyncs).
     pub fn start_in(members: usize, parent: &std::path::Path) -> io::Result<EtcdCluster> {
+        Self::start_with(members, parent, false)
+    }
+
+    /// [`EtcdCluster::start`] with client ports that speak TLS only, with a certificate
+    /// signed by a CA of the test's own ([`EtcdCluster::ca_file`]). [`EtcdCluster::put`],
+    /// [`EtcdCluster::get`] and [`EtcdCluster::post`] speak plain HTTP: not for this one.
+    pub fn start_tls(members: usize) -> io::Result<EtcdCluster> {
+        Self::start_with(members, &std::env::temp_dir(), true)
+    }
+
+    /// The CA file of a cluster started with [`EtcdCluster::start_tls`].
+    pub fn ca_file(&self) -> Option<&std::path::Path> {
+        self.tls.as_ref().map(|t| t.ca.as_path())
+    }
+
+    fn start_with(members: usize, parent: &std::path::Path, tls: bool) -> io::Result<EtcdCluster> {
         let binary = etcd_binary().ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::NotFound,
@@ -113,14 +141,20 @@ impl EtcdCluster {
                 name: format!("m{i}"),
                 client_port: port(),
                 peer_port: port(),
+                metrics_port: port(),
                 child: None,
             })
             .collect();
+        let tls = match tls {
+            true => Some(make_tls(dir.path())?),
+            false => None,
+        };
         let mut cluster = EtcdCluster {
             binary,
             token: format!("fbt-{:016x}", rand::random::<u64>()),
             members,
             dir,
+            tls,
         };
         for i in 0..cluster.members.len() {
             cluster.spawn(i)?;
@@ -131,14 +165,16 @@ impl EtcdCluster {
         Ok(cluster)
     }
 
-    /// Every member's client URL (`http://127.0.0.1:PORT`), in member order.
+    /// Every member's client URL (`http://127.0.0.1:PORT`, `https://` with TLS), in member
+    /// order.
     pub fn endpoints(&self) -> Vec<String> {
         (0..self.members.len()).map(|i| self.endpoint(i)).collect()
     }
 
     /// Member `i`'s client URL.
     pub fn endpoint(&self, i: usize) -> String {
-        format!("http://127.0.0.1:{}", self.members[i].client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.members[i].client_port)
     }
 
     /// The members as `--state` takes them: `etcd://127.0.0.1:P1,127.0.0.1:P2,...`.
@@ -148,7 +184,8 @@ impl EtcdCluster {
             .iter()
             .map(|m| format!("127.0.0.1:{}", m.client_port))
             .collect();
-        format!("etcd://{}", members.join(","))
+        let scheme = if self.tls.is_some() { "etcds" } else { "etcd" };
+        format!("{scheme}://{}", members.join(","))
     }
 
     /// The member that leads now, as the running members report it (None during an
@@ -211,6 +248,10 @@ impl EtcdCluster {
 
     fn spawn(&mut self, i: usize) -> io::Result<()> {
         let url = |port: u16| format!("http://127.0.0.1:{port}");
+        let client_url = |port: u16| match self.tls {
+            Some(_) => format!("https://127.0.0.1:{port}"),
+            None => url(port),
+        };
         let initial: Vec<String> = self
             .members
             .iter()
@@ -222,12 +263,18 @@ impl EtcdCluster {
             .append(true)
             .open(self.log_path(i))?;
         let data = self.dir.path().join(&member.name);
-        let child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        if let Some(tls) = &self.tls {
+            command.arg("--cert-file").arg(&tls.cert);
+            command.arg("--key-file").arg(&tls.key);
+        }
+        let child = command
             .args(["--name", &member.name])
             .arg("--data-dir")
             .arg(&data)
-            .args(["--listen-client-urls", &url(member.client_port)])
-            .args(["--advertise-client-urls", &url(member.client_port)])
+            .args(["--listen-client-urls", &client_url(member.client_port)])
+            .args(["--advertise-client-urls", &client_url(member.client_port)])
+            .args(["--listen-metrics-urls", &url(member.metrics_port)])
             .args(["--listen-peer-urls", &url(member.peer_port)])
             .args(["--initial-advertise-peer-urls", &url(member.peer_port)])
             .args(["--initial-cluster", &initial.join(",")])
@@ -258,7 +305,7 @@ impl EtcdCluster {
                 )));
             }
             if self
-                .request(i, "GET", "/health", "")
+                .request_to(self.members[i].metrics_port, "GET", "/health", "")
                 .is_ok_and(|body| body.contains(r#""health":"true""#))
             {
                 return Ok(());
@@ -285,7 +332,13 @@ impl EtcdCluster {
     /// One HTTP/1.1 request to member `i`'s client port; the answer's body (an error for a
     /// status other than 200).
     fn request(&self, i: usize, method: &str, path: &str, body: &str) -> io::Result<String> {
-        let address = SocketAddr::from((Ipv4Addr::LOCALHOST, self.members[i].client_port));
+        self.request_to(self.members[i].client_port, method, path, body)
+    }
+
+    /// One HTTP/1.1 request to `port` on loopback; the answer's body (an error for a status
+    /// other than 200).
+    fn request_to(&self, port: u16, method: &str, path: &str, body: &str) -> io::Result<String> {
+        let address = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(2))?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
         write!(
@@ -312,4 +365,28 @@ impl Drop for EtcdCluster {
             self.kill(i);
         }
     }
+}
+
+/// A CA and a server certificate it signed for 127.0.0.1, written into `dir`.
+fn make_tls(dir: &std::path::Path) -> io::Result<Tls> {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let fail = |e: rcgen::Error| io::Error::other(e.to_string());
+    let ca_key = KeyPair::generate().map_err(fail)?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(fail)?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).map_err(fail)?;
+    let key = KeyPair::generate().map_err(fail)?;
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+        .map_err(fail)?
+        .signed_by(&key, &ca, &ca_key)
+        .map_err(fail)?;
+    let tls = Tls {
+        ca: dir.join("ca.pem"),
+        cert: dir.join("server.pem"),
+        key: dir.join("server-key.pem"),
+    };
+    std::fs::write(&tls.ca, ca.pem())?;
+    std::fs::write(&tls.cert, cert.pem())?;
+    std::fs::write(&tls.key, key.serialize_pem())?;
+    Ok(tls)
 }
