@@ -2,8 +2,8 @@
 //! runtime of its own) over three etcd members and two fake nodes, clients creating (with
 //! idempotency keys), deleting, pausing, resuming and reading through random servers, while
 //! a seeded, fixed fault schedule crashes the leader, stops the leader's lease renewals (as
-//! `SIGSTOP` or a cut link would), crashes a follower and kills an etcd member. A crashed
-//! server is replaced by a new one.
+//! `SIGSTOP` would), crashes a follower, kills an etcd member, or cuts a server off etcd
+//! (every call it makes fails as unreachable). A crashed server is replaced by a new one.
 //!
 //! The checker judges the recorded history:
 //! - every acknowledged create made one sandbox: every acknowledgement of one idempotency key
@@ -302,7 +302,9 @@ fn servers_and_etcd_members_fail_and_the_history_holds() {
         "stop the leader",
         "crash a follower",
         "kill an etcd member",
+        "cut a server off etcd",
     ];
+    let mut cut_server: Option<(Arc<AtomicBool>, Instant)> = None;
     for i in (1..kinds.len()).rev() {
         kinds.swap(i, rng.random_range(0..=i));
     }
@@ -314,6 +316,12 @@ fn servers_and_etcd_members_fail_and_the_history_holds() {
         {
             etcd.restart(member).expect("the member comes back");
             killed_member = None;
+        }
+        if let Some((cut, at)) = &cut_server
+            && at.elapsed() >= FAULT_EVERY
+        {
+            cut.store(false, Ordering::Relaxed);
+            cut_server = None;
         }
         let kind = kinds[turn % kinds.len()];
         turn += 1;
@@ -345,6 +353,16 @@ fn servers_and_etcd_members_fail_and_the_history_holds() {
                 };
                 leader.cluster.suspend_for(FAULT_EVERY);
             }
+            "cut a server off etcd" => {
+                if cut_server.is_some() {
+                    continue;
+                }
+                let servers = slots.servers.lock().unwrap();
+                let live: Vec<&Server> = servers.iter().flatten().collect();
+                let victim = live[rng.random_range(0..live.len())];
+                victim.cut.store(true, Ordering::Relaxed);
+                cut_server = Some((victim.cut.clone(), Instant::now()));
+            }
             _ => {
                 if killed_member.is_some() {
                     continue;
@@ -364,6 +382,9 @@ fn servers_and_etcd_members_fail_and_the_history_holds() {
     sampler.join().unwrap();
     if let Some((member, _)) = killed_member {
         etcd.restart(member).expect("the member comes back");
+    }
+    if let Some((cut, _)) = cut_server {
+        cut.store(false, Ordering::Relaxed);
     }
 
     // Quiet: the leader finishes what was in flight; every server converges.

@@ -14,8 +14,12 @@ use fastbox_server::config::{ServerConfig, Settings};
 use fastbox_server::nodes::Nodes;
 use fastbox_server::service::Lifecycle;
 use fastbox_server::store::Store;
-use fastbox_state::{EtcdBackend, EtcdOptions, StateBackend, StateUrl};
+use fastbox_state::{
+    Coordinator, Entry, EtcdBackend, EtcdOptions, Fence, Holder, LeaseId, Revision, StateBackend,
+    StateError, StateUrl,
+};
 use fastbox_testkit::etcd::EtcdCluster;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub const IMAGE: &str = "registry.test/app:1";
 /// The servers' leases (etcd raises a shorter one to its minimum, about 4 s here).
@@ -26,7 +30,100 @@ pub struct Server {
     pub lc: Arc<Lifecycle>,
     pub cluster: Arc<Cluster>,
     pub runtime: tokio::runtime::Runtime,
+    /// Set: the server's link to etcd is cut (every call fails as unreachable).
+    pub cut: Arc<AtomicBool>,
     _dir: tempfile::TempDir,
+}
+
+/// A store whose link can be cut: while `cut` is set, every call fails as etcd unreachable
+/// would (after a moment, as a call timing out does).
+pub struct Cuttable {
+    inner: EtcdBackend,
+    cut: Arc<AtomicBool>,
+}
+
+impl Cuttable {
+    fn check(&self) -> Result<(), StateError> {
+        if self.cut.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(200));
+            return Err(StateError::Unavailable("the link to etcd is cut".into()));
+        }
+        Ok(())
+    }
+}
+
+impl StateBackend for Cuttable {
+    fn list(&self, table: &str) -> Result<Vec<Entry>, StateError> {
+        self.check()?;
+        self.inner.list(table)
+    }
+    fn get(&self, table: &str, key: &str) -> Result<Option<Entry>, StateError> {
+        self.check()?;
+        self.inner.get(table, key)
+    }
+    fn put(
+        &self,
+        table: &str,
+        key: &str,
+        value: &[u8],
+        expected: Revision,
+        fence: Option<&Fence>,
+    ) -> Result<Revision, StateError> {
+        self.check()?;
+        self.inner.put(table, key, value, expected, fence)
+    }
+    fn delete(
+        &self,
+        table: &str,
+        key: &str,
+        expected: Revision,
+        fence: Option<&Fence>,
+    ) -> Result<(), StateError> {
+        self.check()?;
+        self.inner.delete(table, key, expected, fence)
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    // The watch follows on (a cut link stops the calls the server makes; a watch that
+    // stalled catches up from its revision when the link is back, as this one does).
+    fn watch(&self, from: Revision) -> Result<Option<fastbox_state::Watch>, StateError> {
+        self.inner.watch(from)
+    }
+    fn coordinator(&self) -> Option<&dyn Coordinator> {
+        Some(self)
+    }
+}
+
+impl Coordinator for Cuttable {
+    fn grant(&self, ttl: Duration) -> Result<LeaseId, StateError> {
+        self.check()?;
+        self.inner.grant(ttl)
+    }
+    fn keep_alive(&self, lease: LeaseId) -> Result<bool, StateError> {
+        self.check()?;
+        self.inner.keep_alive(lease)
+    }
+    fn revoke(&self, lease: LeaseId) -> Result<(), StateError> {
+        self.check()?;
+        self.inner.revoke(lease)
+    }
+    fn claim(&self, name: &str, value: &[u8], lease: LeaseId) -> Result<Holder, StateError> {
+        self.check()?;
+        self.inner.claim(name, value, lease)
+    }
+    fn claims(&self, prefix: &str) -> Result<Vec<Entry>, StateError> {
+        self.check()?;
+        self.inner.claims(prefix)
+    }
+    fn revision(&self) -> Result<Revision, StateError> {
+        self.check()?;
+        self.inner.revision()
+    }
+    fn compact(&self, revision: Revision) -> Result<(), StateError> {
+        self.check()?;
+        self.inner.compact(revision)
+    }
 }
 
 impl Server {
@@ -46,8 +143,11 @@ impl Server {
         else {
             unreachable!()
         };
-        let backend: Arc<dyn StateBackend> =
-            Arc::new(EtcdBackend::connect(target, EtcdOptions::default()).expect("etcd"));
+        let cut = Arc::new(AtomicBool::new(false));
+        let backend: Arc<dyn StateBackend> = Arc::new(Cuttable {
+            inner: EtcdBackend::connect(target, EtcdOptions::default()).expect("etcd"),
+            cut: cut.clone(),
+        });
         let cluster = Arc::new(Cluster::join(id, backend.clone(), LEASE).expect("join"));
         cluster.round().expect("first round");
         cluster.run();
@@ -91,6 +191,7 @@ impl Server {
             lc,
             cluster,
             runtime,
+            cut,
             _dir: dir,
         }
     }
