@@ -175,6 +175,7 @@ impl From<crate::store::StoreError> for ApiError {
         use fastbox_state::StateError;
         match e {
             StoreError::State(StateError::Unavailable(message)) => Self::StoreUnavailable(message),
+            StoreError::State(e @ StateError::Full(_)) => Self::StoreUnavailable(e.to_string()),
             StoreError::State(e @ StateError::Conflict { .. }) => Self::Conflict(format!(
                 "{e}: it was changed by another server at the same time; retry"
             )),

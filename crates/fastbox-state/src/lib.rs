@@ -72,6 +72,12 @@ pub enum StateError {
     /// written.
     #[error("state store unavailable: {0}")]
     Unavailable(String),
+    /// The store is out of space (etcd's quota): it reads, but takes no write until its
+    /// operator makes room.
+    #[error(
+        "state store full: {0}; compact and defragment etcd (etcdctl defrag), then disarm its alarm (etcdctl alarm disarm)"
+    )]
+    Full(String),
     /// A write made as the leader after the leadership passed on (its fence is gone).
     #[error("state store: {table}/{key}: refused, this server is no longer the leader")]
     Fenced { table: String, key: String },

@@ -246,3 +246,29 @@ fn etcd_writes_ride_out_the_loss_of_the_leader() {
     eprintln!("the slowest write took {slowest:?} (leader m{leader} killed)");
     assert_eq!(store.get("sandboxes", "s").unwrap().unwrap().value, b"60");
 }
+
+#[test]
+fn an_etcd_out_of_space_is_told_as_such_and_still_reads() {
+    fastbox_testkit::skip_unless!(etcd_unavailable());
+    // A quota of 2 MiB: a few large records fill it.
+    let etcd = EtcdCluster::start_one_with(&["--quota-backend-bytes", "2097152"]).expect("etcd");
+    let store = etcd_backend(&etcd, "fbt-full");
+    let value = vec![b'x'; 512 * 1024];
+    let mut full = None;
+    for i in 0..40 {
+        match store.put("sandboxes", &format!("s{i}"), &value, 0, None) {
+            Ok(_) => {}
+            Err(e) => {
+                full = Some(e);
+                break;
+            }
+        }
+    }
+    let full = full.expect("the quota ran out");
+    assert!(matches!(full, StateError::Full(_)), "{full}");
+    assert!(full.to_string().contains("etcdctl defrag"), "{full}");
+    assert!(
+        store.get("sandboxes", "s0").unwrap().is_some(),
+        "reads go on"
+    );
+}

@@ -83,6 +83,8 @@ pub struct EtcdCluster {
     /// On `/dev/shm` (a tmpfs) when there is one: each member's data and log.
     dir: tempfile::TempDir,
     tls: Option<Tls>,
+    /// More arguments for every member.
+    extra: Vec<String>,
 }
 
 impl EtcdCluster {
@@ -113,12 +115,35 @@ impl EtcdCluster {
         Self::start_with(members, &std::env::temp_dir(), true)
     }
 
+    /// [`EtcdCluster::start`] of one member given `args` besides (e.g. a space quota).
+    pub fn start_one_with(args: &[&str]) -> io::Result<EtcdCluster> {
+        let mut cluster = Self::prepare(1, &std::env::temp_dir(), false)?;
+        cluster.extra = args.iter().map(|a| a.to_string()).collect();
+        cluster.run()
+    }
+
     /// The CA file of a cluster started with [`EtcdCluster::start_tls`].
     pub fn ca_file(&self) -> Option<&std::path::Path> {
         self.tls.as_ref().map(|t| t.ca.as_path())
     }
 
     fn start_with(members: usize, parent: &std::path::Path, tls: bool) -> io::Result<EtcdCluster> {
+        Self::prepare(members, parent, tls)?.run()
+    }
+
+    /// Starts every member and waits until each is healthy.
+    fn run(mut self) -> io::Result<EtcdCluster> {
+        for i in 0..self.members.len() {
+            self.spawn(i)?;
+        }
+        for i in 0..self.members.len() {
+            self.wait_healthy(i)?;
+        }
+        Ok(self)
+    }
+
+    /// A cluster of `members`, not started.
+    fn prepare(members: usize, parent: &std::path::Path, tls: bool) -> io::Result<EtcdCluster> {
         let binary = etcd_binary().ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::NotFound,
@@ -149,20 +174,14 @@ impl EtcdCluster {
             true => Some(make_tls(dir.path())?),
             false => None,
         };
-        let mut cluster = EtcdCluster {
+        Ok(EtcdCluster {
             binary,
             token: format!("fbt-{:016x}", rand::random::<u64>()),
             members,
             dir,
             tls,
-        };
-        for i in 0..cluster.members.len() {
-            cluster.spawn(i)?;
-        }
-        for i in 0..cluster.members.len() {
-            cluster.wait_healthy(i)?;
-        }
-        Ok(cluster)
+            extra: Vec::new(),
+        })
     }
 
     /// Every member's client URL (`http://127.0.0.1:PORT`, `https://` with TLS), in member
@@ -283,6 +302,7 @@ impl EtcdCluster {
             .args(["--heartbeat-interval", HEARTBEAT_MS])
             .args(["--election-timeout", ELECTION_MS])
             .args(["--logger", "zap", "--log-level", "warn"])
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

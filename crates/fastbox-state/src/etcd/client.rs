@@ -69,6 +69,8 @@ enum Attempt {
     },
     /// The login token expired or was never taken.
     Reauthenticate,
+    /// etcd is out of space: no retry cures it.
+    Full(String),
     Fatal(String),
 }
 
@@ -123,6 +125,7 @@ impl GatewayClient {
             let last = match self.attempt(member, path, body) {
                 Ok(body) => return Ok(Answer { body, retried }),
                 Err(Attempt::Fatal(message)) => return Err(StateError::Failed(message)),
+                Err(Attempt::Full(message)) => return Err(StateError::Full(message)),
                 Err(Attempt::Reauthenticate) => {
                     *self.token.lock().expect("token lock") = None;
                     "the login token was refused".to_string()
@@ -168,6 +171,7 @@ impl GatewayClient {
         let token = match self.token(member) {
             Ok(token) => token,
             Err(Attempt::Fatal(message)) => return Err(StateError::Failed(message)),
+            Err(Attempt::Full(message)) => return Err(StateError::Full(message)),
             Err(Attempt::Retry { reason, .. }) => return Err(unavailable(reason)),
             Err(Attempt::Reauthenticate) => return Err(unavailable("login refused".into())),
         };
@@ -305,6 +309,9 @@ fn classify(code: Option<u64>, message: &str) -> Attempt {
         "not capable",
         "unhealthy cluster",
     ];
+    if message.contains("database space exceeded") {
+        return Attempt::Full(message.to_string());
+    }
     if message.contains("invalid auth token") || message.contains("user name is empty") {
         return Attempt::Reauthenticate;
     }
@@ -421,8 +428,8 @@ mod tests {
             Attempt::Fatal(_)
         ));
         assert!(matches!(
-            classify(Some(11), "etcdserver: mvcc: database space exceeded"),
-            Attempt::Fatal(_)
+            classify(Some(8), "etcdserver: mvcc: database space exceeded"),
+            Attempt::Full(_)
         ));
     }
 
