@@ -256,12 +256,12 @@ fn two_servers_share_one_etcd_and_the_leadership_moves_when_the_leader_dies() {
     // One state: what a creates, b lists.
     let on_a = a.create_busybox();
     a.wait_state(&on_a, "Running");
+    // (b follows a's writes a moment later: Pending first, then Running.)
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !b.ids().contains(&on_a) {
-        assert!(Instant::now() < deadline, "b never saw a's sandbox");
+    while !b.ids().contains(&on_a) || b.state(&on_a).0 != "Running" {
+        assert!(Instant::now() < deadline, "b never saw a's sandbox running");
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(b.state(&on_a).0, "Running");
     let on_b = b.create_busybox();
     b.wait_state(&on_b, "Running");
     assert_eq!(b.ping(&on_b), 200);
