@@ -317,8 +317,6 @@ fn a_node_that_joins_two_servers_keeps_serving_when_the_leader_dies() {
             "--accept-nodes",
             "--control-listen",
             control,
-            "--node-lease-ms",
-            "3000",
             "--state",
             &url,
             "--state-seal-key",
@@ -369,7 +367,17 @@ fn a_node_that_joins_two_servers_keeps_serving_when_the_leader_dies() {
     let on_n1 = (0..8)
         .find_map(|_| {
             let id = b.create_busybox();
-            b.wait_state(&id, "Running");
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while b.state(&id).0 != "Running" {
+                let (_, sandbox) = b.get(&format!("/v1/sandboxes/{id}"));
+                assert!(
+                    Instant::now() < deadline && sandbox["status"]["state"] != "Failed",
+                    "{sandbox}\n{}\n{}",
+                    b.get(&format!("/v1/sandboxes/{id}/diagnostics/events")).1,
+                    node.log_text()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
             let (_, ep) = b.get(&format!("/v1/sandboxes/{id}/endpoints/44772"));
             if ep["endpoint"]
                 .as_str()
