@@ -121,13 +121,7 @@ impl NodeProcess {
 
     /// SIGTERM and wait.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(child.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            let _ = child.wait();
-        }
+        super::server::terminate(&mut self.child);
     }
 }
 

@@ -229,13 +229,7 @@ impl UpServer {
 
     /// SIGTERM and wait: a clean stop.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(child.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            let _ = child.wait();
-        }
+        terminate(&mut self.child);
     }
 
     /// `kill -9`: a crash.
@@ -455,5 +449,16 @@ impl Drop for UpServer {
             let _ = self.cleanup();
         }
         let _ = fastbox_fastlet::host::purge(&self.prefix, &self.data_dir);
+    }
+}
+
+/// SIGTERM to `child` (when there is one) and wait for it.
+pub fn terminate(child: &mut Option<Child>) {
+    if let Some(mut child) = child.take() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = child.wait();
     }
 }
