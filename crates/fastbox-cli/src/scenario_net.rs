@@ -116,12 +116,34 @@ impl ScenarioNet {
     /// every packet between them; the rest of the bridge stays reachable), or, with `cut`
     /// false, mends it.
     pub fn partition(&self, i: usize, peer: Ipv4Addr, cut: bool) -> anyhow::Result<()> {
+        self.cut_with(
+            i,
+            &format!("ip saddr {peer} drop;"),
+            &format!("ip daddr {peer} drop;"),
+            cut,
+        )
+    }
+
+    /// Cuts node `i`'s link (every packet in or out of its namespace but loopback's is
+    /// dropped), or, with `cut` false, mends it.
+    pub fn isolate(&self, i: usize, cut: bool) -> anyhow::Result<()> {
+        self.cut_with(
+            i,
+            r#"iifname != "lo" drop;"#,
+            r#"oifname != "lo" drop;"#,
+            cut,
+        )
+    }
+
+    /// An nft table in node `i`'s namespace with rule `inbound` on input and `outbound` on
+    /// output, or with `cut` false, none.
+    fn cut_with(&self, i: usize, inbound: &str, outbound: &str, cut: bool) -> anyhow::Result<()> {
         let table = format!("{}-cut", self.prefix);
         let script = match cut {
             true => format!(
                 "table ip {table} {{\n\
-                 chain in {{ type filter hook input priority -300; ip saddr {peer} drop; }}\n\
-                 chain out {{ type filter hook output priority -300; ip daddr {peer} drop; }}\n\
+                 chain in {{ type filter hook input priority -300; {inbound} }}\n\
+                 chain out {{ type filter hook output priority -300; {outbound} }}\n\
                  }}\n"
             ),
             false => format!("delete table ip {table}\n"),

@@ -16,6 +16,7 @@ pub mod local_node;
 pub mod memory;
 pub mod node_proxy;
 pub mod node_store;
+pub mod one_at_a_time;
 pub mod phases;
 pub mod pool;
 pub mod reaper;

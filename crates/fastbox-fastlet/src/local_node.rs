@@ -61,6 +61,9 @@ pub struct LocalNode {
     admitted: Mutex<BTreeMap<u32, Instant>>,
     /// The node's delivery counters, when it has any (`NodeStatus::delivery`).
     delivery: Option<DeliveryCounters>,
+    /// Pauses, live snapshots, releases and removals of the sandbox in one slot run one after
+    /// the other.
+    one_at_a_time: crate::one_at_a_time::OneAtATime,
 }
 
 /// Reads a node's delivery counters by name.
@@ -77,6 +80,7 @@ impl LocalNode {
             staged: Mutex::new(HashMap::new()),
             admitted: Mutex::new(BTreeMap::new()),
             delivery: None,
+            one_at_a_time: Default::default(),
         }
     }
 
@@ -402,7 +406,12 @@ impl NodeAgent for LocalNode {
         if let Some(slot) = slot.or(placement.map(|p| p.slot)) {
             self.used(slot);
         }
+        let slot_turn = slot.or(placement.map(|p| p.slot));
         let placement = placement.map(to_placement).transpose()?;
+        let _turn = match slot_turn {
+            Some(slot) => Some(self.one_at_a_time.turn(slot).await),
+            None => None,
+        };
         let fastlet = self.fastlet.clone();
         let id = id.to_string();
         let removed = blocking::run("fastbox-remove", move || {
@@ -420,6 +429,7 @@ impl NodeAgent for LocalNode {
     ) -> NodeResult<()> {
         self.used(slot);
         let placement = placement.map(to_placement).transpose()?;
+        let _turn = self.one_at_a_time.turn(slot).await;
         let fastlet = self.fastlet.clone();
         let id = id.to_string();
         Ok(blocking::run("fastbox-remove", move || {
@@ -429,6 +439,7 @@ impl NodeAgent for LocalNode {
     }
 
     async fn pause(&self, id: &str, source: &SnapshotSource) -> NodeResult<SnapshotReport> {
+        let _turn = self.one_at_a_time.turn(source.placement.slot).await;
         let source = Source::of(source)?;
         let fastlet = self.fastlet.clone();
         let id = id.to_string();
@@ -469,6 +480,7 @@ impl NodeAgent for LocalNode {
                 source.key
             )));
         }
+        let _turn = self.one_at_a_time.turn(source.placement.slot).await;
         let source = Source::of(source)?;
         let fastlet = self.fastlet.clone();
         let key = source.key.clone();

@@ -513,31 +513,51 @@ impl Watchdog {
     }
 }
 
+/// Records the CRIU run's pid and its start time (`PID START`): pids wrap quickly on a busy
+/// host, and a later process given the same pid must not pass for that run. Written whole
+/// (a temporary file renamed), so a reader never sees it half written.
 fn record_pid(dir: &Path, pid: u32) {
-    let _ = fs::write(dir.join(PID_FILE), pid.to_string());
+    let start = start_time(pid).unwrap_or_default();
+    let tmp = dir.join(format!("{PID_FILE}.tmp"));
+    if fs::write(&tmp, format!("{pid} {start}")).is_ok() {
+        let _ = fs::rename(&tmp, dir.join(PID_FILE));
+    }
+}
+
+/// Process `pid`'s start time (clock ticks after boot, `/proc/PID/stat` field 22) and its
+/// state letter; `None` once it is gone.
+fn stat_of(pid: u32) -> Option<(u64, char)> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name, which may hold spaces and parentheses.
+    let mut rest = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    // Field 22 overall: the 20th after the state.
+    let start = rest.nth(18)?.parse().ok()?;
+    Some((start, state))
+}
+
+fn start_time(pid: u32) -> Option<u64> {
+    stat_of(pid).map(|(start, _)| start)
 }
 
 /// Waits (at most `timeout`) until the CRIU run that recorded its pid in `dir` (a dump's
 /// images directory, a restore's work directory) no longer runs, e.g. one left behind by a
 /// crash of the process that started it. True when none runs.
 pub fn wait_for_criu(dir: &Path, timeout: std::time::Duration) -> bool {
-    let Some(pid) = fs::read_to_string(dir.join(PID_FILE))
-        .ok()
-        .and_then(|s| s.trim().parse::<u32>().ok())
-    else {
+    let recorded = fs::read_to_string(dir.join(PID_FILE)).unwrap_or_default();
+    let mut fields = recorded.split_whitespace();
+    let Some(pid) = fields.next().and_then(|p| p.parse::<u32>().ok()) else {
         return true;
     };
+    // (A file of an older version holds the pid alone.)
+    let started = fields.next().and_then(|s| s.parse::<u64>().ok());
     let deadline = std::time::Instant::now() + timeout;
-    // The pid names that dump while its process is a `criu` (not a later reuse of the pid).
+    // The pid names that run while its process started when recorded, is a `criu` (not a
+    // later reuse of the pid) and has not exited.
     let running = || {
-        is_criu(pid)
-            && fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-                !s.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z')
-            })
+        stat_of(pid).is_some_and(|(start, state)| {
+            started.is_none_or(|s| s == start) && state != 'Z' && is_criu(pid)
+        })
     };
     while running() {
         if std::time::Instant::now() >= deadline {
@@ -550,12 +570,16 @@ pub fn wait_for_criu(dir: &Path, timeout: std::time::Duration) -> bool {
 
 /// Whether process `pid` is a CRIU: named `criu`, or run from a `criu` binary through a
 /// private installation's dynamic loader (then its name is the loader's).
+/// An idle launcher (`fastbox __criu-launcher …/run/criu`) is not one: it names CRIU's run
+/// directory, and becomes CRIU only when given a command.
 fn is_criu(pid: u32) -> bool {
     fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "criu")
         || fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|line| {
-            line.split(|b| *b == 0).any(|arg| {
-                Path::new(std::ffi::OsStr::from_bytes(arg)).file_name() == Some("criu".as_ref())
-            })
+            let args: Vec<&[u8]> = line.split(|b| *b == 0).collect();
+            !args.contains(&LAUNCHER_ARG.as_bytes())
+                && args.iter().any(|arg| {
+                    Path::new(std::ffi::OsStr::from_bytes(arg)).file_name() == Some("criu".as_ref())
+                })
         })
 }
 
@@ -941,6 +965,59 @@ mod tests {
         let mut buf = [0u8; 12];
         assert_eq!(format_pid(1, &mut buf), b"1");
         assert_eq!(format_pid(4194304, &mut buf), b"4194304");
+    }
+
+    /// Waits until process `pid` runs the program whose arguments hold `arg` (a spawned
+    /// child shows the parent's command line until it has exec'd).
+    fn wait_for_exec(pid: u32, arg: &str) {
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        while !fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|line| line.split(|b| *b == 0).any(|a| a == arg.as_bytes()))
+        {
+            assert!(Instant::now() < deadline, "{pid} never ran the command");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn a_recorded_pid_counts_only_for_the_process_that_had_it() {
+        let dir = tempfile::tempdir().unwrap();
+        // A live CRIU-looking process: its argv names a `criu`.
+        let mut criu_like = Command::new("sh")
+            .args(["-c", "sleep 30; true", "/x/bin/criu"])
+            .spawn()
+            .unwrap();
+        wait_for_exec(criu_like.id(), "/x/bin/criu");
+        record_pid(dir.path(), criu_like.id());
+        let recorded = fs::read_to_string(dir.path().join(PID_FILE)).unwrap();
+        assert_eq!(recorded.split_whitespace().count(), 2, "{recorded}");
+        let wait = std::time::Duration::from_millis(200);
+        assert!(!wait_for_criu(dir.path(), wait), "it runs");
+        // The same pid with another start time: a later process that reused the pid.
+        let pid = criu_like.id();
+        fs::write(dir.path().join(PID_FILE), format!("{pid} 1")).unwrap();
+        assert!(wait_for_criu(dir.path(), wait));
+        criu_like.kill().unwrap();
+        criu_like.wait().unwrap();
+        record_pid(dir.path(), pid);
+        assert!(wait_for_criu(dir.path(), wait), "gone");
+    }
+
+    #[test]
+    fn an_idle_launcher_is_not_a_criu() {
+        let mut launcher = Command::new("sh")
+            .args([
+                "-c",
+                "sleep 30; true",
+                LAUNCHER_ARG,
+                "/var/lib/fastbox/run/criu",
+            ])
+            .spawn()
+            .unwrap();
+        wait_for_exec(launcher.id(), LAUNCHER_ARG);
+        assert!(!is_criu(launcher.id()));
+        launcher.kill().unwrap();
+        launcher.wait().unwrap();
     }
 
     #[test]

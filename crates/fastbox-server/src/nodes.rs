@@ -58,6 +58,9 @@ struct Entry {
     lease: Mutex<Lease>,
     /// It registered again (it restarted): the server takes its sandboxes back.
     rejoined: std::sync::atomic::AtomicBool,
+    /// Held back from placement: no create, move or fork lands on it (a server that only
+    /// places on joined nodes).
+    held_back: std::sync::atomic::AtomicBool,
 }
 
 /// A node's lease (`until: None`: it holds none and is never lost).
@@ -150,6 +153,14 @@ impl Nodes {
             }
             None => entries.push(entry),
         }
+    }
+
+    /// Keeps node `id` out of placement from now on: what runs there stays, nothing new
+    /// lands there. Whether there is such a node.
+    pub fn hold_back(&self, id: &str) -> bool {
+        self.entry(id)
+            .map(|e| e.held_back.store(true, Ordering::Relaxed))
+            .is_some()
     }
 
     /// The nodes that registered again since the last call (each once).
@@ -411,11 +422,16 @@ impl Entry {
             proxy,
             lease: Mutex::new(lease),
             rejoined: std::sync::atomic::AtomicBool::new(false),
+            held_back: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
-    /// Whether new sandboxes may go to the node: it holds no lease, or one that holds.
+    /// Whether new sandboxes may go to the node: it is not held back, and holds no lease or
+    /// one that holds.
     fn usable(&self, now: Instant) -> bool {
+        if self.held_back.load(Ordering::Relaxed) {
+            return false;
+        }
         let lease = self.lease.lock().expect("lease lock");
         !lease.lost && lease.until.is_none_or(|t| now < t)
     }
@@ -615,6 +631,24 @@ mod tests {
         assert_eq!(nodes.views()[0].state, NodeState::Static);
         assert!(nodes.remove("r"));
         assert!(!nodes.remove("r"));
+    }
+
+    #[test]
+    fn a_held_back_node_takes_nothing_new() {
+        let nodes = Nodes::single(node("local"));
+        nodes.add_leased(
+            node("r"),
+            "10.0.0.2:8091".into(),
+            Instant::now() + Duration::from_secs(60),
+        );
+        assert!(nodes.hold_back("local"));
+        assert!(!nodes.hold_back("nobody"));
+        assert_eq!(ids(&nodes.ranked(None)), ["r"]);
+        // It stays a node: records on it still find it, and it is never lost.
+        assert!(nodes.get(Some("local")).is_ok());
+        assert!(nodes.newly_lost(Duration::ZERO).is_empty());
+        nodes.remove("r");
+        assert!(nodes.ranked(None).is_empty(), "no node left to place on");
     }
 
     #[tokio::test]

@@ -34,43 +34,12 @@ use fastbox_testkit::etcd::{EtcdCluster, etcd_unavailable};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use SandboxState::{Failed, Paused, Pausing, Pending, Resuming, Running, Stopping, Terminated};
+use SandboxState::{Failed, Pausing, Pending, Resuming, Stopping, Terminated};
 
 const SERVERS: usize = 3;
 const CLIENTS: usize = 3;
 const FAULT_EVERY: Duration = Duration::from_secs(7);
 const PREFIX: &str = "fbt-chaos";
-
-/// Where a state may go next (directly).
-fn next_states(state: SandboxState) -> &'static [SandboxState] {
-    match state {
-        Pending => &[Running, Failed, Stopping],
-        Running => &[Pausing, Stopping, Failed],
-        Pausing => &[Paused, Running, Failed, Stopping],
-        Paused => &[Resuming, Stopping, Failed],
-        Resuming => &[Running, Paused, Failed, Stopping],
-        Stopping => &[Terminated, Failed],
-        Failed => &[Stopping, Terminated],
-        Terminated | SandboxState::Unknown => &[],
-    }
-}
-
-/// Whether `to` can follow `from` (through states nobody saw).
-fn reachable(from: SandboxState, to: SandboxState) -> bool {
-    let mut seen = BTreeSet::new();
-    let mut todo = vec![from];
-    while let Some(s) = todo.pop() {
-        if s == to {
-            return true;
-        }
-        for next in next_states(s) {
-            if seen.insert(next.as_str()) {
-                todo.push(*next);
-            }
-        }
-    }
-    false
-}
 
 #[derive(Default)]
 struct History {
@@ -413,13 +382,9 @@ fn servers_and_etcd_members_fail_and_the_history_holds() {
         }
     }
     for ((server, id), states) in history.observed.lock().unwrap().iter() {
-        for pair in states.windows(2) {
-            if !reachable(pair[0], pair[1]) {
-                violations.push(format!(
-                    "{server} reported {id} {} then {}",
-                    pair[0], pair[1]
-                ));
-            }
+        let states: Vec<String> = states.iter().map(|s| s.as_str().to_string()).collect();
+        for step in fastbox_testkit::transitions::violations(&states) {
+            violations.push(format!("{server} reported {id} {step}"));
         }
     }
     // Every server's view converges (its cache follows the store) within a bound.

@@ -131,6 +131,45 @@ fn the_leader_finishes_what_a_dead_server_left_and_an_old_leader_writes_nothing(
     b.cluster.leave();
 }
 
+#[test]
+fn a_delete_during_a_pause_a_follower_drives_ends_the_sandbox() {
+    fastbox_testkit::skip_unless!(etcd_unavailable());
+    let etcd = EtcdCluster::start(1).expect("etcd");
+    let node = fake();
+    let a = Server::start("a", &etcd, "fbt-servers-5", std::slice::from_ref(&node));
+    until("a leads", || a.cluster.is_leader());
+    let b = Server::start("b", &etcd, "fbt-servers-5", std::slice::from_ref(&node));
+    until("a sees b", || a.cluster.is_alive("b"));
+    let id = b.create();
+    until("running", || b.state(&id) == Some(SandboxState::Running));
+
+    // b pauses (its node call held), then deletes: the removal waits for the pause.
+    node.hold(Verb::Pause);
+    {
+        let _in_runtime = b.runtime.enter();
+        b.lc.pause(&id).expect("pause");
+    }
+    until("the pause held", || node.held(Verb::Pause) > 0);
+    b.delete(&id);
+    until("stopping on a", || {
+        a.state(&id) == Some(SandboxState::Stopping)
+    });
+    node.release(Verb::Pause);
+
+    // b, not the leader, finishes its own removal once the pause is over; the pause's end
+    // never turns the deleted sandbox back to Paused.
+    until("terminated", || {
+        a.state(&id) == Some(SandboxState::Terminated)
+    });
+    assert!(!b.cluster.is_leader());
+    let events = format!("{:?}", a.lc.diagnostics_events(&id, "all").expect("events"));
+    assert!(!events.contains("Paused:"), "{events}");
+    assert!(!events.contains("TakenOver"), "b lived: {events}");
+    assert_eq!(node.count(Verb::Remove), 1, "{events}");
+    a.cluster.leave();
+    b.cluster.leave();
+}
+
 /// The failover figures of the closing notes (`--ignored`, about two minutes): 20 times, the
 /// leader dies while its removal of a sandbox waits on the node; reported are how long the
 /// reconcilers had no leader, and how long until the new leader finished the removal, as

@@ -85,6 +85,9 @@ pub struct EtcdCluster {
     tls: Option<Tls>,
     /// More arguments for every member.
     extra: Vec<String>,
+    /// The address every member listens on (loopback unless started with
+    /// [`EtcdCluster::start_on`]).
+    host: Ipv4Addr,
 }
 
 impl EtcdCluster {
@@ -113,6 +116,20 @@ impl EtcdCluster {
     /// [`EtcdCluster::get`] and [`EtcdCluster::post`] speak plain HTTP: not for this one.
     pub fn start_tls(members: usize) -> io::Result<EtcdCluster> {
         Self::start_with(members, &std::env::temp_dir(), true)
+    }
+
+    /// [`EtcdCluster::start`] with every member listening on `host` (an address of a test
+    /// bridge, which the test's network namespaces reach) instead of loopback.
+    pub fn start_on(members: usize, host: Ipv4Addr) -> io::Result<EtcdCluster> {
+        let shm = PathBuf::from("/dev/shm");
+        let parent = if shm.is_dir() {
+            shm
+        } else {
+            std::env::temp_dir()
+        };
+        let mut cluster = Self::prepare(members, &parent, false)?;
+        cluster.host = host;
+        cluster.run()
     }
 
     /// [`EtcdCluster::start`] of one member given `args` besides (e.g. a space quota).
@@ -181,10 +198,11 @@ impl EtcdCluster {
             dir,
             tls,
             extra: Vec::new(),
+            host: Ipv4Addr::LOCALHOST,
         })
     }
 
-    /// Every member's client URL (`http://127.0.0.1:PORT`, `https://` with TLS), in member
+    /// Every member's client URL (`http://HOST:PORT`, `https://` with TLS), in member
     /// order.
     pub fn endpoints(&self) -> Vec<String> {
         (0..self.members.len()).map(|i| self.endpoint(i)).collect()
@@ -193,15 +211,15 @@ impl EtcdCluster {
     /// Member `i`'s client URL.
     pub fn endpoint(&self, i: usize) -> String {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
-        format!("{scheme}://127.0.0.1:{}", self.members[i].client_port)
+        format!("{scheme}://{}:{}", self.host, self.members[i].client_port)
     }
 
-    /// The members as `--state` takes them: `etcd://127.0.0.1:P1,127.0.0.1:P2,...`.
+    /// The members as `--state` takes them: `etcd://HOST:P1,HOST:P2,...`.
     pub fn state_url(&self) -> String {
         let members: Vec<String> = self
             .members
             .iter()
-            .map(|m| format!("127.0.0.1:{}", m.client_port))
+            .map(|m| format!("{}:{}", self.host, m.client_port))
             .collect();
         let scheme = if self.tls.is_some() { "etcds" } else { "etcd" };
         format!("{scheme}://{}", members.join(","))
@@ -266,9 +284,10 @@ impl EtcdCluster {
     }
 
     fn spawn(&mut self, i: usize) -> io::Result<()> {
-        let url = |port: u16| format!("http://127.0.0.1:{port}");
+        let host = self.host;
+        let url = |port: u16| format!("http://{host}:{port}");
         let client_url = |port: u16| match self.tls {
-            Some(_) => format!("https://127.0.0.1:{port}"),
+            Some(_) => format!("https://{host}:{port}"),
             None => url(port),
         };
         let initial: Vec<String> = self
@@ -355,10 +374,10 @@ impl EtcdCluster {
         self.request_to(self.members[i].client_port, method, path, body)
     }
 
-    /// One HTTP/1.1 request to `port` on loopback; the answer's body (an error for a status
-    /// other than 200).
+    /// One HTTP/1.1 request to `port` on the members' address; the answer's body (an error
+    /// for a status other than 200).
     fn request_to(&self, port: u16, method: &str, path: &str, body: &str) -> io::Result<String> {
-        let address = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let address = SocketAddr::from((self.host, port));
         let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(2))?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
         write!(

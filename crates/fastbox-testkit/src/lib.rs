@@ -6,6 +6,7 @@
 
 pub mod etcd;
 pub mod s3;
+pub mod transitions;
 
 use std::path::PathBuf;
 

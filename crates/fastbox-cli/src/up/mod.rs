@@ -184,6 +184,11 @@ pub struct UpArgs {
     /// both: a node joins any of them.
     #[arg(long, env = "FASTBOX_ACCEPT_NODES", conflicts_with = "remote_node")]
     pub accept_nodes: bool,
+    /// Place sandboxes on joined nodes only: the node in this process takes none (and keeps
+    /// no warm pool). For servers that are only a control plane in front of `fastbox node`
+    /// hosts.
+    #[arg(long, env = "FASTBOX_NO_LOCAL_SANDBOXES", requires = "accept_nodes")]
+    pub no_local_sandboxes: bool,
     /// How long a registered node's lease lasts, milliseconds; it heartbeats ten times as
     /// often, freezes its sandboxes when it cannot renew, and is declared lost half a lease
     /// after its lease ran out [default: 10000].
@@ -358,7 +363,10 @@ impl UpArgs {
                 node_lease_ms: self.node_lease_ms,
                 create_image_wait_ms: self.create_image_wait_ms,
                 endpoint_wait_ms: self.endpoint_wait_ms,
-                pool_size: self.pool_size,
+                pool_size: match self.no_local_sandboxes {
+                    true => Some(0),
+                    false => self.pool_size,
+                },
                 pool_min: self.pool_min,
                 pool_max: self.pool_max,
                 spare_slots: self.spare_slots,
@@ -402,6 +410,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<i32> {
         _ => NodeMode::Local {
             binaries: node_side::binaries(&cfg, args.instance.criu.clone())?,
             accept_nodes: args.accept_nodes.then_some(args.control_listen),
+            hold_back: args.no_local_sandboxes,
         },
     };
     node_side::runtime()?.block_on(run::run(cfg, mode))?;

@@ -108,6 +108,8 @@ pub(crate) enum NodeMode {
     Local {
         binaries: NodeBinaries,
         accept_nodes: Option<std::net::SocketAddr>,
+        /// The node in this process takes no sandboxes (`--no-local-sandboxes`).
+        hold_back: bool,
     },
     /// In a `fastbox node` elsewhere.
     Remote(RemoteNode),
@@ -243,13 +245,14 @@ pub(crate) async fn run(cfg: ServerConfig, mode: NodeMode) -> Result<(), UpError
         true => cluster.id().to_string(),
         false => LOCAL_NODE_ID.to_string(),
     };
-    let mut accept_nodes = None;
+    let (mut accept_nodes, mut hold_back) = (None, false);
     let (agent, local, remote): (Arc<dyn NodeAgent>, _, _) = match mode {
         NodeMode::Local {
             binaries,
             accept_nodes: accept,
+            hold_back: held,
         } => {
-            accept_nodes = accept;
+            (accept_nodes, hold_back) = (accept, held);
             let node_store = node_side::open_node_store(&cfg).await?;
             let fastlet = node_side::start_fastlet(&cfg, binaries, &node_store).await?;
             let node = Arc::new(node_side::local_node(
@@ -294,6 +297,10 @@ pub(crate) async fn run(cfg: ServerConfig, mode: NodeMode) -> Result<(), UpError
         keys.clone(),
         cluster.clone(),
     )?;
+    if hold_back {
+        lifecycle.nodes().hold_back(&local_node_id);
+        println!("fastbox: sandboxes go to joined nodes only (--no-local-sandboxes)");
+    }
     lifecycle.follow_store()?;
     cluster.run();
     if accept_nodes.is_some() {

@@ -22,6 +22,28 @@ impl Api {
         })
     }
 
+    /// The same, each call given up after `timeout`.
+    pub fn with_timeout(mut self, timeout: Duration) -> anyhow::Result<Self> {
+        self.http = reqwest::blocking::Client::builder()
+            .timeout(timeout)
+            .build()?;
+        Ok(self)
+    }
+
+    /// `POST {path}` with JSON `body` and the headers `headers`: the status and the body.
+    pub fn post_with(
+        &self,
+        path: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<(u16, Value)> {
+        let mut request = self.http.post(format!("{}{path}", self.base)).json(body);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        self.send(request)
+    }
+
     fn send(&self, request: reqwest::blocking::RequestBuilder) -> anyhow::Result<(u16, Value)> {
         let response = request.header("OPEN-SANDBOX-API-KEY", &self.key).send()?;
         let status = response.status().as_u16();
@@ -183,11 +205,7 @@ impl Api {
 
     /// `POST {path}` with an empty JSON object: the status and the body.
     pub fn post(&self, path: &str) -> anyhow::Result<(u16, Value)> {
-        self.send(
-            self.http
-                .post(format!("{}{path}", self.base))
-                .json(&serde_json::json!({})),
-        )
+        self.post_with(path, &serde_json::json!({}), &[])
     }
 
     /// Runs `script` in sandbox `id` through execd (`POST /command`): its standard output.

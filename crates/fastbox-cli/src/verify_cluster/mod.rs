@@ -38,11 +38,11 @@
 //! The nodes share the machine's CPU and disk: the figures are the cluster's overhead on one
 //! host, not more capacity.
 
-mod api;
+pub mod api;
 pub mod collector;
 mod cut;
 pub mod moves;
-mod procs;
+pub mod procs;
 mod snapshot_elsewhere;
 
 use std::path::{Path, PathBuf};

@@ -17,6 +17,8 @@ pub struct Instance {
     args: Vec<String>,
     envs: Vec<(String, String)>,
     netns: Option<String>,
+    /// The `fastbox` binary [default: this process's own].
+    program: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -31,6 +33,7 @@ impl Instance {
             args,
             envs: Vec::new(),
             netns: None,
+            program: None,
             child: None,
         }
     }
@@ -47,6 +50,12 @@ impl Instance {
         self
     }
 
+    /// The same, run from `program` (a test, which is not `fastbox` itself).
+    pub fn with_program(mut self, program: &Path) -> Self {
+        self.program = Some(program.to_path_buf());
+        self
+    }
+
     /// Starts the process (again); its output goes to its log.
     pub fn spawn(&mut self) -> anyhow::Result<()> {
         let log = std::fs::OpenOptions::new()
@@ -54,7 +63,10 @@ impl Instance {
             .append(true)
             .open(&self.log)
             .with_context(|| format!("log {}", self.log.display()))?;
-        let mut cmd = Command::new(std::env::current_exe()?);
+        let mut cmd = Command::new(match &self.program {
+            Some(program) => program.clone(),
+            None => std::env::current_exe()?,
+        });
         if let Some(netns) = &self.netns {
             crate::scenario_net::enter(netns, &mut cmd)?;
         }
@@ -105,6 +117,11 @@ impl Instance {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Its process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// SIGKILL, as a crash.

@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 use crate::error::ApiError;
 use crate::record::SandboxRecord;
 
-use super::lifecycle::Lifecycle;
+use super::lifecycle::{Lifecycle, still_in};
 use super::plan::{CreatePlan, recorded_limits};
 use super::snapshots::RESUME_FAILED;
 
@@ -236,7 +236,8 @@ impl Lifecycle {
     }
 
     /// Records a failure and removes whatever the sandbox had on the node. A sandbox being
-    /// deleted (`Stopping`) keeps going to `Terminated`: the failure is an event.
+    /// deleted (`Stopping`) keeps going to `Terminated`, and one that ended stays as it
+    /// ended: the failure is an event.
     pub(super) async fn fail(self: &Arc<Self>, id: &str, reason: &str, message: &str) {
         tracing::warn!(sandbox = %id, reason, message, "sandbox failed");
         if self
@@ -244,6 +245,10 @@ impl Lifecycle {
                 match r.state() {
                     SandboxState::Stopping => {
                         r.event("FailedWhileStopping", &format!("{reason}: {message}"))
+                    }
+                    // Ended meanwhile (a delete finished first): it stays as it ended.
+                    state if state.is_final() => {
+                        r.event("FailedAfterItsEnd", &format!("{reason}: {message}"))
                     }
                     _ => r.transition(SandboxState::Failed, Some(reason), message),
                 }
@@ -384,7 +389,8 @@ impl Lifecycle {
                     if self.pause_again(&record).await {
                         continue;
                     }
-                    let _ = self.update(id, |r| {
+                    let failed = self.update(id, |r| {
+                        still_in(r, SandboxState::Running)?;
                         r.transition(
                             SandboxState::Failed,
                             Some(PROCESS_LOST),
@@ -392,7 +398,9 @@ impl Lifecycle {
                         );
                         Ok(())
                     });
-                    self.start_removal(id);
+                    if failed.is_ok() {
+                        self.start_removal(id);
+                    }
                 }
                 SandboxState::Stopping => self.start_removal(id),
                 state
@@ -436,10 +444,23 @@ impl Lifecycle {
             tick.tick().await;
             if !self.cluster.is_leader() {
                 self.refresh_node_leases();
+                self.finish_own_removals();
                 continue;
             }
             let fence = self.cluster.fence();
             crate::store::FENCE.scope(fence, self.reconcile()).await;
+        }
+    }
+
+    /// Starts the removals of this server's deletions that an operation of its held off (a
+    /// delete during a pause this server drives): the leader leaves another live server's
+    /// operations to it. A sandbox still busy is tried again at the next tick.
+    fn finish_own_removals(self: &Arc<Self>) {
+        let me = self.cluster.id();
+        for record in self.snapshot() {
+            if record.state() == SandboxState::Stopping && record.acting.as_deref() == Some(me) {
+                self.start_removal(&record.id);
+            }
         }
     }
 
@@ -581,7 +602,10 @@ impl Lifecycle {
                         Some(message) => {
                             lost += 1;
                             let _ = self.update(&id, |r| {
-                                r.transition(SandboxState::Failed, Some(PROCESS_LOST), message);
+                                // A deletion meanwhile goes on to its end.
+                                if !r.state().is_final() && r.state() != SandboxState::Stopping {
+                                    r.transition(SandboxState::Failed, Some(PROCESS_LOST), message);
+                                }
                                 Ok(())
                             });
                             // What is left (a frozen clone's processes too) goes now.
@@ -624,6 +648,7 @@ impl Lifecycle {
             return None;
         }
         self.update(&record.id, |r| {
+            still_in(r, record.state())?;
             r.transition(
                 SandboxState::Resuming,
                 None,
@@ -656,6 +681,7 @@ impl Lifecycle {
         let paused = released.is_ok()
             && self
                 .update(&record.id, |r| {
+                    still_in(r, record.state())?;
                     r.transition(
                         SandboxState::Paused,
                         Some(RESUME_FAILED),

@@ -866,6 +866,20 @@ fn diagnostic(
     }
 }
 
+/// Refuses a change decided on sandbox `r` being `state` once it no longer is: another
+/// server, or a client's delete, changed it meanwhile (a write retried on a newer version
+/// of the record must not undo that).
+pub(super) fn still_in(r: &SandboxRecord, state: SandboxState) -> Result<(), ApiError> {
+    match r.state() == state {
+        true => Ok(()),
+        false => Err(ApiError::Conflict(format!(
+            "sandbox {} is {} now, no longer {state}",
+            r.id,
+            r.state()
+        ))),
+    }
+}
+
 pub(super) fn not_running(r: &SandboxRecord, detail: &str) -> ApiError {
     let reason = r
         .status

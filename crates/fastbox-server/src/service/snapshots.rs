@@ -1120,6 +1120,7 @@ impl Lifecycle {
                     .release_keeping_address(id, record.placement.as_ref(), slot)
                     .await;
                 let _ = self.update(id, |r| {
+                    super::lifecycle::still_in(r, SandboxState::Pausing)?;
                     match &released {
                         Ok(()) => {
                             r.placement = None;
