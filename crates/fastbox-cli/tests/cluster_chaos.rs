@@ -20,7 +20,8 @@
 //! - no sandbox reported from two nodes at once.
 //!
 //! `FASTBOX_CHAOS_SEED` and `FASTBOX_CHAOS_SECONDS` (default 120) vary the run; it prints the
-//! operation and fault counts. Root, CRIU, etcd and s3s-fs (skipped with the reason
+//! operation and fault counts. The instances' logs are kept after a failure, or with
+//! `FASTBOX_CHAOS_KEEP` set. Root, CRIU, etcd and s3s-fs (skipped with the reason
 //! otherwise). Prefix: the run prefix's first six characters and `k`.
 
 mod common;
@@ -118,7 +119,7 @@ impl History {
 }
 
 /// The run's directory (every instance's log and data): removed after a passing run, kept
-/// and named after a failing one.
+/// and named after a failing one (or with `FASTBOX_CHAOS_KEEP` set).
 struct RunDir(PathBuf);
 
 impl RunDir {
@@ -129,7 +130,7 @@ impl RunDir {
 
 impl Drop for RunDir {
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        if std::thread::panicking() || std::env::var_os("FASTBOX_CHAOS_KEEP").is_some() {
             eprintln!("the instances' logs are kept in {}", self.0.display());
         } else {
             let _ = std::fs::remove_dir_all(&self.0);

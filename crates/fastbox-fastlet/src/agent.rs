@@ -594,7 +594,8 @@ impl Fastlet {
             source: mode.source().into(),
             phases,
         };
-        tracing::info!(sandbox = %req.id, checkpoint = %template.key, slot, address = %sb.slot.address, phases = %report.summary(), "sandbox restored");
+        // (`slot`: the one it runs in, a spare's when one stood in for the admitted one.)
+        tracing::info!(sandbox = %req.id, checkpoint = %template.key, slot = index, admitted = slot, address = %sb.slot.address, phases = %report.summary(), "sandbox restored");
         self.add_route(&req.id, index, sb.slot.address, req);
         Ok((
             Placement {

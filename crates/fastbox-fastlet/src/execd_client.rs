@@ -21,7 +21,7 @@ pub const MAX_EVENT_LINE: usize = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExecdClientError {
-    #[error("execd client: {0}")]
+    #[error("execd client: {}", with_causes(.0))]
     Http(#[from] reqwest::Error),
     #[error("execd at {base} did not answer /ping within {timeout:?}")]
     NotReady { base: String, timeout: Duration },
@@ -41,6 +41,19 @@ pub enum ExecdClientError {
     NoResult,
     #[error("execd's {what} is larger than {limit} bytes; not read further")]
     TooLarge { what: &'static str, limit: usize },
+}
+
+/// `e` and each of its causes ("error sending request" alone does not say what failed:
+/// a refused connection, a reset, a timeout).
+fn with_causes(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 pub struct ExecdClient {
@@ -81,11 +94,15 @@ impl ExecdClient {
         Self { base, token, http }
     }
 
-    /// The HTTP client execd clients use.
+    /// The HTTP client execd clients use. It keeps no connection open between calls: a
+    /// slot's address passes to the next sandbox in it, and a connection kept to the one
+    /// before (whose network namespace went without closing it) would reach the new one,
+    /// which resets it (claims failed that way under load).
     pub fn http_client() -> Result<reqwest::blocking::Client, ExecdClientError> {
         Ok(reqwest::blocking::Client::builder()
             .timeout(None)
             .connect_timeout(Duration::from_secs(2))
+            .pool_max_idle_per_host(0)
             .build()?)
     }
 
@@ -293,6 +310,47 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::net::{Ipv4Addr, TcpListener};
+
+    #[test]
+    fn no_connection_is_kept_between_calls() {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = accepted.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut s = stream.unwrap();
+                std::thread::spawn(move || {
+                    use std::io::Read;
+                    let mut buf = [0u8; 4096];
+                    // Answers every request on the connection, keeping it open (keep-alive).
+                    while let Ok(n) = s.read(&mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        let _ = s.write_all(
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: keep-alive\r\n\r\n",
+                        );
+                    }
+                });
+            }
+        });
+        let client = ExecdClient::with_client(
+            format!("http://{addr}"),
+            None,
+            ExecdClient::http_client().unwrap(),
+        );
+        for _ in 0..2 {
+            let status = client
+                .request(reqwest::Method::GET, "/ping")
+                .send()
+                .unwrap()
+                .status();
+            assert!(status.is_success());
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
 
     /// A one-request HTTP server on loopback answering `status` with `body` (the bytes
     /// after the head), then closing. Returns its base URL.

@@ -406,12 +406,13 @@ impl NodeAgent for LocalNode {
         if let Some(slot) = slot.or(placement.map(|p| p.slot)) {
             self.used(slot);
         }
-        let slot_turn = slot.or(placement.map(|p| p.slot));
-        let placement = placement.map(to_placement).transpose()?;
-        let _turn = match slot_turn {
+        // The slot the sandbox runs in (the placement's: a spare slot may stand in for the
+        // one admitted), as a pause of it names it.
+        let _turn = match placement.map(|p| p.slot).or(slot) {
             Some(slot) => Some(self.one_at_a_time.turn(slot).await),
             None => None,
         };
+        let placement = placement.map(to_placement).transpose()?;
         let fastlet = self.fastlet.clone();
         let id = id.to_string();
         let removed = blocking::run("fastbox-remove", move || {
@@ -428,8 +429,11 @@ impl NodeAgent for LocalNode {
         slot: u32,
     ) -> NodeResult<()> {
         self.used(slot);
+        let _turn = self
+            .one_at_a_time
+            .turn(placement.map_or(slot, |p| p.slot))
+            .await;
         let placement = placement.map(to_placement).transpose()?;
-        let _turn = self.one_at_a_time.turn(slot).await;
         let fastlet = self.fastlet.clone();
         let id = id.to_string();
         Ok(blocking::run("fastbox-remove", move || {
