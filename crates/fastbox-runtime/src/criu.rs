@@ -967,6 +967,26 @@ mod tests {
         assert_eq!(format_pid(4194304, &mut buf), b"4194304");
     }
 
+    /// A shell that waits 30 s, `names` after its script in its command line, in a process
+    /// group of its own (so [`kill_group`] takes its `sleep` too).
+    fn shell_named(names: &[&str]) -> std::process::Child {
+        use std::os::unix::process::CommandExt as _;
+        Command::new("sh")
+            .args(["-c", "sleep 30; true"])
+            .args(names)
+            .process_group(0)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+
+    fn kill_group(child: &mut std::process::Child) {
+        let group = nix::unistd::Pid::from_raw(child.id() as i32);
+        nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL).unwrap();
+        child.wait().unwrap();
+    }
+
     /// Waits until process `pid` runs the program whose arguments hold `arg` (a spawned
     /// child shows the parent's command line until it has exec'd).
     fn wait_for_exec(pid: u32, arg: &str) {
@@ -983,10 +1003,7 @@ mod tests {
     fn a_recorded_pid_counts_only_for_the_process_that_had_it() {
         let dir = tempfile::tempdir().unwrap();
         // A live CRIU-looking process: its argv names a `criu`.
-        let mut criu_like = Command::new("sh")
-            .args(["-c", "sleep 30; true", "/x/bin/criu"])
-            .spawn()
-            .unwrap();
+        let mut criu_like = shell_named(&["/x/bin/criu"]);
         wait_for_exec(criu_like.id(), "/x/bin/criu");
         record_pid(dir.path(), criu_like.id());
         let recorded = fs::read_to_string(dir.path().join(PID_FILE)).unwrap();
@@ -997,27 +1014,17 @@ mod tests {
         let pid = criu_like.id();
         fs::write(dir.path().join(PID_FILE), format!("{pid} 1")).unwrap();
         assert!(wait_for_criu(dir.path(), wait));
-        criu_like.kill().unwrap();
-        criu_like.wait().unwrap();
+        kill_group(&mut criu_like);
         record_pid(dir.path(), pid);
         assert!(wait_for_criu(dir.path(), wait), "gone");
     }
 
     #[test]
     fn an_idle_launcher_is_not_a_criu() {
-        let mut launcher = Command::new("sh")
-            .args([
-                "-c",
-                "sleep 30; true",
-                LAUNCHER_ARG,
-                "/var/lib/fastbox/run/criu",
-            ])
-            .spawn()
-            .unwrap();
+        let mut launcher = shell_named(&[LAUNCHER_ARG, "/var/lib/fastbox/run/criu"]);
         wait_for_exec(launcher.id(), LAUNCHER_ARG);
         assert!(!is_criu(launcher.id()));
-        launcher.kill().unwrap();
-        launcher.wait().unwrap();
+        kill_group(&mut launcher);
     }
 
     #[test]

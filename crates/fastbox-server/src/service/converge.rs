@@ -454,11 +454,15 @@ impl Lifecycle {
 
     /// Starts the removals of this server's deletions that an operation of its held off (a
     /// delete during a pause this server drives): the leader leaves another live server's
-    /// operations to it. A sandbox still busy is tried again at the next tick.
+    /// operations to it. A sandbox still busy is tried again at the next tick; nothing is
+    /// asked of a lost node.
     fn finish_own_removals(self: &Arc<Self>) {
         let me = self.cluster.id();
         for record in self.snapshot() {
-            if record.state() == SandboxState::Stopping && record.acting.as_deref() == Some(me) {
+            if record.state() == SandboxState::Stopping
+                && record.acting.as_deref() == Some(me)
+                && !self.node_is_lost(record.node.as_deref())
+            {
                 self.start_removal(&record.id);
             }
         }
