@@ -133,31 +133,51 @@ fn the_leader_finishes_what_a_dead_server_left_and_an_old_leader_writes_nothing(
 
 #[test]
 fn a_delete_during_a_pause_a_follower_drives_ends_the_sandbox() {
+    delete_during_a_pause_of_b(false, "fbt-servers-5");
+}
+
+#[test]
+fn a_delete_through_another_server_leaves_the_pause_to_its_server() {
+    delete_during_a_pause_of_b(true, "fbt-servers-6");
+}
+
+/// b (a follower) pauses a sandbox, its node call held; the sandbox is deleted through b, or
+/// through a (the leader) when `through_a`. Nothing is removed while the pause runs (two
+/// servers never act on one sandbox at once); once it ends, b removes the sandbox, and the
+/// pause's end never turns it back to `Paused`.
+fn delete_during_a_pause_of_b(through_a: bool, prefix: &str) {
     fastbox_testkit::skip_unless!(etcd_unavailable());
     let etcd = EtcdCluster::start(1).expect("etcd");
     let node = fake();
-    let a = Server::start("a", &etcd, "fbt-servers-5", std::slice::from_ref(&node));
+    let a = Server::start("a", &etcd, prefix, std::slice::from_ref(&node));
     until("a leads", || a.cluster.is_leader());
-    let b = Server::start("b", &etcd, "fbt-servers-5", std::slice::from_ref(&node));
+    let b = Server::start("b", &etcd, prefix, std::slice::from_ref(&node));
     until("a sees b", || a.cluster.is_alive("b"));
     let id = b.create();
     until("running", || b.state(&id) == Some(SandboxState::Running));
+    until("seen running on a", || {
+        a.state(&id) == Some(SandboxState::Running)
+    });
 
-    // b pauses (its node call held), then deletes: the removal waits for the pause.
     node.hold(Verb::Pause);
     {
         let _in_runtime = b.runtime.enter();
         b.lc.pause(&id).expect("pause");
     }
     until("the pause held", || node.held(Verb::Pause) > 0);
-    b.delete(&id);
+    let deleter = if through_a { &a } else { &b };
+    until("pausing where it is deleted", || {
+        deleter.state(&id) == Some(SandboxState::Pausing)
+    });
+    deleter.delete(&id);
     until("stopping on a", || {
         a.state(&id) == Some(SandboxState::Stopping)
     });
+    // A few reconciler ticks (200 ms here) while the pause is held: nobody removes.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(node.count(Verb::Remove), 0, "removed during the pause");
     node.release(Verb::Pause);
 
-    // b, not the leader, finishes its own removal once the pause is over; the pause's end
-    // never turns the deleted sandbox back to Paused.
     until("terminated", || {
         a.state(&id) == Some(SandboxState::Terminated)
     });
@@ -166,6 +186,7 @@ fn a_delete_during_a_pause_a_follower_drives_ends_the_sandbox() {
     assert!(!events.contains("Paused:"), "{events}");
     assert!(!events.contains("TakenOver"), "b lived: {events}");
     assert_eq!(node.count(Verb::Remove), 1, "{events}");
+    assert!(node.violations().is_empty(), "{:?}", node.violations());
     a.cluster.leave();
     b.cluster.leave();
 }

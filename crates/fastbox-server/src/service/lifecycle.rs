@@ -265,7 +265,7 @@ impl Lifecycle {
             let mut next = current.clone();
             change(&mut next)?;
             if next.state() != current.state() {
-                next.acting = self.acting_in(next.state());
+                next.acting = self.next_actor(&current, next.state());
             }
             // The write runs without the records lock: it is a compare-and-swap on the
             // version `next` was made from, so a change that landed meanwhile (here or on
@@ -326,6 +326,25 @@ impl Lifecycle {
             records.remove(id);
         }
         Ok(())
+    }
+
+    /// Who acts on record `current` once it enters `state`: [`Lifecycle::acting_in`], except
+    /// that a delete during another live server's operation leaves the sandbox to that
+    /// server (its task sees the delete when it ends, and removes the sandbox). Two servers
+    /// never act on one sandbox at once: a removal here, while a create elsewhere still
+    /// claimed, released the slot reserved for that create twice, and another sandbox got
+    /// its address.
+    fn next_actor(&self, current: &SandboxRecord, state: SandboxState) -> Option<String> {
+        match &current.acting {
+            Some(other)
+                if state == SandboxState::Stopping
+                    && other != self.cluster.id()
+                    && self.cluster.is_alive(other) =>
+            {
+                Some(other.clone())
+            }
+            _ => self.acting_in(state),
+        }
     }
 
     /// Who acts on a sandbox entering `state`: this server while an operation of its runs
@@ -580,7 +599,10 @@ impl Lifecycle {
             }
             Ok(())
         })?;
-        if record.state() == SandboxState::Stopping {
+        // (Unless another server's operation holds it: that server removes it.)
+        if record.state() == SandboxState::Stopping
+            && record.acting.as_deref() == Some(self.cluster.id())
+        {
             self.start_removal(id);
         }
         Ok(())
