@@ -413,7 +413,10 @@ pub async fn heartbeat(
             status: node.status().await,
             route_keys_sha256: Some(keys.digest()),
         };
-        match control.heartbeat(&beat).await {
+        match control
+            .heartbeat_within(&beat, per_server(&terms, control.servers()))
+            .await
+        {
             Ok(renewal)
                 if sent.elapsed() < Duration::from_millis(renewal.terms.fence_after_ms()) =>
             {
@@ -471,9 +474,34 @@ pub async fn heartbeat(
     }
 }
 
+/// How long one server may take to answer a heartbeat before the next is asked: every
+/// server of the control plane can be tried twice before the node must fence (a server that
+/// is stopped or cut off, whose calls hang, must not use up the lease), within 300 ms..5 s.
+fn per_server(terms: &LeaseTerms, servers: usize) -> Duration {
+    let budget = Duration::from_millis(terms.fence_after_ms());
+    (budget / (2 * servers.max(1)) as u32).clamp(Duration::from_millis(300), Duration::from_secs(5))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_heartbeat_tries_every_server_within_the_lease() {
+        let terms = |lease_ms| LeaseTerms {
+            lease_ms,
+            heartbeat_ms: lease_ms / 10,
+        };
+        // Alone: up to 4 s of a 10 s lease (fenced after 8 s).
+        assert_eq!(per_server(&terms(10_000), 1), Duration::from_secs(4));
+        // Three servers: each twice within the 8 s.
+        let each = per_server(&terms(10_000), 3);
+        assert!(each * 6 <= Duration::from_millis(8_000), "{each:?}");
+        assert!(each > Duration::from_millis(1_300), "{each:?}");
+        // Never below 300 ms, never above 5 s.
+        assert_eq!(per_server(&terms(1_000), 5), Duration::from_millis(300));
+        assert_eq!(per_server(&terms(60_000), 1), Duration::from_secs(5));
+    }
 
     #[test]
     fn node_ids_are_checked_and_the_host_name_is_a_default() {

@@ -505,6 +505,22 @@ impl ControlClient {
         self.membership("heartbeat", heartbeat).await
     }
 
+    /// [`Self::heartbeat`], giving each server at most `per_server` to answer before the
+    /// next is asked (a stopped server must not use up the lease).
+    pub async fn heartbeat_within(
+        &self,
+        heartbeat: &Heartbeat,
+        per_server: Duration,
+    ) -> Result<Renewal, MembershipCallError> {
+        self.membership_within("heartbeat", heartbeat, per_server)
+            .await
+    }
+
+    /// How many servers this client asks (in turn, the last that answered first).
+    pub fn servers(&self) -> usize {
+        self.bases.len()
+    }
+
     /// Keeps answers of the access route for `ttl` instead ([`Duration::ZERO`]: asks every
     /// time).
     pub fn with_access_ttl(mut self, ttl: Duration) -> Self {
@@ -583,8 +599,19 @@ impl ControlClient {
         route: &str,
         args: &A,
     ) -> Result<T, MembershipCallError> {
+        self.membership_within(route, args, MEMBERSHIP_TIMEOUT)
+            .await
+    }
+
+    /// [`Self::membership`], each server given at most `timeout`.
+    async fn membership_within<A: Serialize, T: DeserializeOwned>(
+        &self,
+        route: &str,
+        args: &A,
+        timeout: Duration,
+    ) -> Result<T, MembershipCallError> {
         match self
-            .post_answered::<_, MembershipAnswer<T>>(route, args, MEMBERSHIP_TIMEOUT)
+            .post_answered::<_, MembershipAnswer<T>>(route, args, timeout)
             .await
         {
             Ok(answer) => answer.map_err(MembershipCallError::Refused),
