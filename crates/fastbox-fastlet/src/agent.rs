@@ -873,6 +873,16 @@ impl Fastlet {
             Ok(slot) => slot,
             Err(e) => return Some(Err(self.discard_pooled(&placement, req, e.into()))),
         };
+        // The slot's network must still be this sandbox's. One released under it and made
+        // again holds another sandbox, whose execd must never be sent the template's golden
+        // token: the pooled sandbox goes (its processes and files, not the slot, which is
+        // not its own any more), and the create restores instead.
+        if !fastbox_runtime::net::netns::process_is_in(placement.handle.init_pid, &slot.netns_path)
+        {
+            tracing::error!(pooled = %placement.handle.id, slot = placement.slot, "a pooled sandbox is not in its slot's network namespace (the slot was released under it): discarded, the create restores instead");
+            let _ = self.remove(&placement.handle.id, None, None);
+            return None;
+        }
         let limited = fastbox_runtime::cgroup::Cgroup::open(
             &self.host.cgroups,
             &self.cfg.prefix,

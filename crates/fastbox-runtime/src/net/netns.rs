@@ -38,6 +38,19 @@ pub fn netns_path(name: &str) -> PathBuf {
     Path::new(NETNS_DIR).join(name)
 }
 
+/// Whether process `pid` runs in the network namespace at `path` (same namespace inode).
+/// False when either is gone.
+pub fn process_is_in(pid: i32, path: &Path) -> bool {
+    let ns_of = |p: &Path| fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    match (
+        ns_of(Path::new(&format!("/proc/{pid}/ns/net"))),
+        ns_of(path),
+    ) {
+        (Some(of_process), Some(at_path)) => of_process == at_path,
+        _ => false,
+    }
+}
+
 /// Opens a network namespace file (`slot.netns_path`) for `setns(fd, CLONE_NEWNET)`.
 /// The descriptor is close-on-exec.
 pub fn enter_netns(path: &Path) -> Result<OwnedFd, NetError> {
@@ -245,4 +258,22 @@ fn ensure_netns_dir() -> Result<(), NetError> {
     }
     *done = true;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_is_in_its_own_namespace_only() {
+        let me = std::process::id() as i32;
+        assert!(process_is_in(me, Path::new("/proc/self/ns/net")));
+        // Another namespace file (a user namespace's inode is never a network one's).
+        assert!(!process_is_in(me, Path::new("/proc/self/ns/user")));
+        assert!(!process_is_in(
+            me,
+            Path::new("/run/netns/no-such-namespace")
+        ));
+        assert!(!process_is_in(i32::MAX, Path::new("/proc/self/ns/net")));
+    }
 }
