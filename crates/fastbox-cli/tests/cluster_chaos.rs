@@ -358,7 +358,7 @@ impl Run {
     }
 }
 
-// Out of the default run until a known bug is fixed: about one 120 s run in four ends
+// Out of the default run until a known bug is fixed: one of seven 120 s runs ended
 // with a deleted sandbox still reporting. A create whose server died between the node's
 // start and the record of its placement is placed again by the leader; what the first
 // start left (its slot released lazily, later torn down under the slot's next holder) is
