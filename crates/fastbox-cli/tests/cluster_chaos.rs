@@ -379,14 +379,7 @@ fn servers_etcd_members_and_links_fail_and_the_history_holds() {
             return;
         }
     };
-    let seed: u64 = std::env::var("FASTBOX_CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20261206);
-    let seconds: u64 = std::env::var("FASTBOX_CHAOS_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(120);
+    let (seed, seconds) = fastbox_testkit::chaos::seed_and_seconds(120);
     let base = fastbox_testkit::run_prefix("");
     let prefix = format!("{}k", &base[..6]);
     let fastbox = PathBuf::from(env!("CARGO_BIN_EXE_fastbox"));
@@ -595,9 +588,7 @@ fn servers_etcd_members_and_links_fail_and_the_history_holds() {
         "kill an etcd member",
         "cut a server's link",
     ];
-    for i in (1..kinds.len()).rev() {
-        kinds.swap(i, rng.random_range(0..=i));
-    }
+    fastbox_testkit::chaos::seeded_order(&mut kinds, &mut rng);
     let mut faults: BTreeMap<&str, usize> = BTreeMap::new();
     let started = Instant::now();
     let mut turn = 0;

@@ -202,14 +202,7 @@ impl<T, E> FlattenOk<T> for Option<Result<T, E>> {
 #[test]
 fn servers_and_etcd_members_fail_and_the_history_holds() {
     fastbox_testkit::skip_unless!(etcd_unavailable());
-    let seed: u64 = std::env::var("FASTBOX_CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20261206);
-    let seconds: u64 = std::env::var("FASTBOX_CHAOS_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(40);
+    let (seed, seconds) = fastbox_testkit::chaos::seed_and_seconds(40);
     let mut etcd = EtcdCluster::start(3).expect("etcd");
     let nodes: Vec<Arc<FakeNode>> = ["n1", "n2"]
         .iter()
@@ -274,9 +267,7 @@ fn servers_and_etcd_members_fail_and_the_history_holds() {
         "cut a server off etcd",
     ];
     let mut cut_server: Option<(Arc<AtomicBool>, Instant)> = None;
-    for i in (1..kinds.len()).rev() {
-        kinds.swap(i, rng.random_range(0..=i));
-    }
+    fastbox_testkit::chaos::seeded_order(&mut kinds, &mut rng);
     let mut turn = 0;
     while started.elapsed() < Duration::from_secs(seconds) {
         std::thread::sleep(FAULT_EVERY);

@@ -4,6 +4,7 @@
 //! report `skipped: <reason>` on stderr and return, never pass silently: `skip_unless!` prints
 //! the reason in a form the test log shows.
 
+pub mod chaos;
 pub mod etcd;
 pub mod s3;
 pub mod transitions;
