@@ -688,3 +688,103 @@ fn a_paused_sandbox_resumes_on_another_node_when_its_node_is_lost() {
         assert!(clean, "fastbox leftovers --prefix {prefix}: {found}");
     }
 }
+
+/// A start claimed from the warm pool runs in the pooled sandbox's slot, not in the one
+/// admitted for it. When its server died before it recorded the placement, the server that
+/// finishes the create knows only the sandbox's id and the admitted slot: a release by
+/// those alone must stop the claimed sandbox and free its slot (it ran on, as the sandbox,
+/// after the sandbox was deleted: found by the real-process chaos test).
+#[test]
+fn a_claim_whose_placement_was_never_recorded_goes_with_a_release_by_id() {
+    use fastbox_node_api::NodeAgent;
+    use fastbox_node_api::remote::{Credential, NodeClient, Timeouts};
+    use fastbox_node_api::wire::{PlaceSpec, SandboxSettings, SandboxTokens};
+
+    if let Some(reason) = common::unavailable() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let prefix = fastbox_testkit::run_prefix_pair("rc");
+    let control = format!("http://127.0.0.1:{}", fastbox_testkit::server_port());
+    let mut node = NodeProcess::start(&prefix, "10.218.117.0/24", &["--control-url", &control]);
+    let credentials = node.credentials();
+    let credential: Credential = credentials
+        .lines()
+        .find_map(|l| l.strip_prefix("server-to-node="))
+        .and_then(|c| c.parse().ok())
+        .expect("the server-to-node credential");
+    let client = NodeClient::new("rc", &node.api, credential, Timeouts::default()).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (claimed, first) = runtime.block_on(async {
+        let image = client
+            .resolve_image("fastbox/busybox", None)
+            .await
+            .expect("resolve the image");
+        let spec = |id: &str| PlaceSpec {
+            id: id.to_string(),
+            image: image.clone(),
+            template: None,
+            use_pool: true,
+            entrypoint: vec!["sleep".into(), "100000".into()],
+            env: Vec::new(),
+            common: SandboxSettings {
+                limits: Default::default(),
+                disk_bytes: None,
+                tokens: SandboxTokens {
+                    execd: "e".repeat(32),
+                    egress: "g".repeat(32),
+                },
+                policy: Default::default(),
+            },
+        };
+        // The first start makes the template; the warm pool fills after it.
+        let first_slot = client.admit().await.expect("admit");
+        let first = client
+            .place(spec("first"), first_slot)
+            .await
+            .expect("the first start");
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while client.status().await.pools.values().sum::<usize>() == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the warm pool never filled"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let admitted = client.admit().await.expect("admit");
+        let claimed = client
+            .place(spec("claimed"), admitted)
+            .await
+            .expect("the claim");
+        assert_ne!(
+            claimed.placement.slot, admitted,
+            "not claimed from the warm pool: {:?}",
+            claimed.report
+        );
+        assert!(client.is_alive(&claimed.placement).await);
+        // What the server finishing the create does: the id and the admitted slot only.
+        client
+            .release_keeping_address("claimed", None, admitted)
+            .await
+            .expect("the release");
+        let alive = client.is_alive(&claimed.placement).await;
+        client
+            .remove("claimed", None, Some(admitted))
+            .await
+            .expect("the removal");
+        client
+            .remove("first", Some(&first.placement), None)
+            .await
+            .expect("the removal");
+        (alive, first)
+    });
+    drop(first);
+    node.stop();
+    fastbox_fastlet::host::purge(&prefix, &node.data_dir).unwrap();
+    let (clean, found) = no_leftovers(&prefix);
+    assert!(
+        !claimed,
+        "the sandbox claimed from the pool ran on after its release by id"
+    );
+    assert!(clean, "fastbox leftovers --prefix {prefix}: {found}");
+}

@@ -230,6 +230,9 @@ pub struct Fastlet {
     execd: ExecdBinary,
     slots: Mutex<SlotTable>,
     routes: RwLock<HashMap<String, Route>>,
+    /// Pooled sandboxes claimed, by the id they were claimed as, until that sandbox is
+    /// removed or released ([`Fastlet::remove_unrecorded_claims`]).
+    claimed: Mutex<HashMap<String, Vec<Placement>>>,
     pub(crate) builds: BuildLocks,
     pools: WarmPools,
     spares: SparePool,
@@ -319,6 +322,7 @@ impl Fastlet {
             execd,
             slots,
             routes: RwLock::new(HashMap::new()),
+            claimed: Mutex::new(HashMap::new()),
             builds: BuildLocks::default(),
             pools: WarmPools::new(pool_min, pool_max),
             spares,
@@ -906,6 +910,12 @@ impl Fastlet {
         };
         tracing::info!(sandbox = %req.id, pooled = %placement.handle.id, slot = placement.slot, phases = %report.summary(), "sandbox claimed from the warm pool");
         self.add_route(&req.id, placement.slot, placement.address, req);
+        self.claimed
+            .lock()
+            .expect("claimed lock")
+            .entry(req.id.clone())
+            .or_default()
+            .push(placement.clone());
         Some(Ok((placement, report)))
     }
 
@@ -1187,6 +1197,11 @@ impl Fastlet {
     ) -> Result<RemoveReport, FastletError> {
         let clock = BuildClock::start();
         self.routes.write().expect("routes lock").remove(id);
+        self.remove_unrecorded_claims(id, placement)
+            .map_err(|source| FastletError::Remove {
+                id: id.to_string(),
+                source: Box::new(source),
+            })?;
         let handle = placement.map(|p| p.handle.clone()).unwrap_or_else(|| {
             // An interrupted start: a restore that outlived a crash would put processes
             // back after this.
@@ -1211,6 +1226,37 @@ impl Fastlet {
         };
         tracing::info!(sandbox = %id, processes_gone_ms, total_ms = report.total_ms, "sandbox removed");
         Ok(report)
+    }
+
+    /// Removes the pooled sandboxes claimed as `id` other than `placement` (all of them
+    /// without one), slots included, and forgets the claims. A claim is a start into a slot
+    /// that is not the one reserved for it: when its server died before it recorded the
+    /// placement, the server that finishes its operation knows only the reserved slot, and
+    /// the claimed sandbox would otherwise run on, as `id`, after `id` was deleted.
+    pub(crate) fn remove_unrecorded_claims(
+        &self,
+        id: &str,
+        placement: Option<&Placement>,
+    ) -> Result<(), HostError> {
+        let claims = self
+            .claimed
+            .lock()
+            .expect("claimed lock")
+            .remove(id)
+            .unwrap_or_default();
+        let unrecorded = claims
+            .into_iter()
+            .filter(|c| placement.is_none_or(|p| p.handle.id != c.handle.id))
+            // Gone already (its directory moved to the reaper): its slot may be another's.
+            .filter(|c| c.handle.dir.exists());
+        for claim in unrecorded {
+            tracing::warn!(sandbox = %id, pooled = %claim.handle.id, slot = claim.slot, "removing a sandbox claimed from the pool whose placement its server never recorded");
+            sandbox::stop_processes(&claim.handle, &self.host.cgroups)?;
+            if let Some(job) = self.queue_teardown(&claim.handle, Some(claim.slot))? {
+                self.reap(&job)?;
+            }
+        }
+        Ok(())
     }
 
     /// Moves the sandbox directory out of the way (`reap-<slot>-<id>`) and queues its

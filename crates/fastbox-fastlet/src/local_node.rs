@@ -61,8 +61,8 @@ pub struct LocalNode {
     admitted: Mutex<BTreeMap<u32, Instant>>,
     /// The node's delivery counters, when it has any (`NodeStatus::delivery`).
     delivery: Option<DeliveryCounters>,
-    /// Pauses, live snapshots, releases and removals of the sandbox in one slot run one after
-    /// the other.
+    /// Starts, pauses, live snapshots, releases and removals of the sandbox in one slot run
+    /// one after the other ([`LocalNode::in_turn`]).
     one_at_a_time: crate::one_at_a_time::OneAtATime,
 }
 
@@ -88,6 +88,26 @@ impl LocalNode {
     pub fn with_delivery(mut self, counters: DeliveryCounters) -> Self {
         self.delivery = Some(counters);
         self
+    }
+
+    /// Runs `work` on a thread of its own ([`blocking::run`]) in the turn of the sandbox in
+    /// slot `slot`. The turn moves into the thread: when this call is dropped (a remote
+    /// server hung up or died mid-call) the work goes on, and the next operation on the slot
+    /// still waits for it to end.
+    async fn in_turn<T, F>(&self, slot: Option<u32>, name: &str, work: F) -> T
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let turn = match slot {
+            Some(slot) => Some(self.one_at_a_time.turn(slot).await),
+            None => None,
+        };
+        blocking::run(name, move || {
+            let _turn = turn;
+            work()
+        })
+        .await
     }
 
     /// Slot `slot` was admitted now.
@@ -307,18 +327,19 @@ impl NodeAgent for LocalNode {
         };
         let (template_choice, use_pool) = (spec.template, spec.use_pool);
         let fastlet = self.fastlet.clone();
-        let started = blocking::run("fastbox-place", move || {
-            let template = match &template_choice {
-                Some(choice) => fastlet.template_for(&choice.key, &image, &choice.recipe)?,
-                None => fastlet.template(&image)?,
-            };
-            fastlet.register_template(&template);
-            if use_pool && let Some(claimed) = fastlet.claim_pooled(&template, &req) {
-                return claimed;
-            }
-            fastlet.restore_from(&template, &req, slot)
-        })
-        .await?;
+        let started = self
+            .in_turn(Some(slot), "fastbox-place", move || {
+                let template = match &template_choice {
+                    Some(choice) => fastlet.template_for(&choice.key, &image, &choice.recipe)?,
+                    None => fastlet.template(&image)?,
+                };
+                fastlet.register_template(&template);
+                if use_pool && let Some(claimed) = fastlet.claim_pooled(&template, &req) {
+                    return claimed;
+                }
+                fastlet.restore_from(&template, &req, slot)
+            })
+            .await?;
         placed(started)
     }
 
@@ -333,14 +354,15 @@ impl NodeAgent for LocalNode {
             .map(|s| s.template().clone());
         let fastlet = self.fastlet.clone();
         let key = key.to_string();
-        let started = blocking::run("fastbox-place", move || {
-            let snapshot = staged
-                .or_else(|| fastlet.load_snapshot(&key))
-                .ok_or_else(|| no_checkpoint("snapshot", &key))?;
-            let req = restore_request(&spec, &snapshot);
-            Ok::<_, NodeError>(fastlet.clone_snapshot(&snapshot, &req, slot)?)
-        })
-        .await?;
+        let started = self
+            .in_turn(Some(slot), "fastbox-place", move || {
+                let snapshot = staged
+                    .or_else(|| fastlet.load_snapshot(&key))
+                    .ok_or_else(|| no_checkpoint("snapshot", &key))?;
+                let req = restore_request(&spec, &snapshot);
+                Ok::<_, NodeError>(fastlet.clone_snapshot(&snapshot, &req, slot)?)
+            })
+            .await?;
         placed(started)
     }
 
@@ -348,22 +370,23 @@ impl NodeAgent for LocalNode {
         self.used(slot);
         let fastlet = self.fastlet.clone();
         let key = key.to_string();
-        let started = blocking::run("fastbox-resume", move || {
-            let checkpoint = fastlet
-                .load_snapshot(&key)
-                .ok_or_else(|| no_checkpoint("checkpoint", &key))?;
-            let req = restore_request(&spec, &checkpoint);
-            let resumed = match spec.moved {
-                true => fastlet.resume_moved(&checkpoint, &req, slot),
-                false => fastlet.resume(&checkpoint, &req, slot),
-            };
-            if resumed.is_err() {
-                // The slot (its address) stays the sandbox's for another resume.
-                let _ = fastlet.release_keeping_address(&spec.id, None, slot);
-            }
-            Ok::<_, NodeError>(resumed?)
-        })
-        .await?;
+        let started = self
+            .in_turn(Some(slot), "fastbox-resume", move || {
+                let checkpoint = fastlet
+                    .load_snapshot(&key)
+                    .ok_or_else(|| no_checkpoint("checkpoint", &key))?;
+                let req = restore_request(&spec, &checkpoint);
+                let resumed = match spec.moved {
+                    true => fastlet.resume_moved(&checkpoint, &req, slot),
+                    false => fastlet.resume(&checkpoint, &req, slot),
+                };
+                if resumed.is_err() {
+                    // The slot (its address) stays the sandbox's for another resume.
+                    let _ = fastlet.release_keeping_address(&spec.id, None, slot);
+                }
+                Ok::<_, NodeError>(resumed?)
+            })
+            .await?;
         placed(started)
     }
 
@@ -408,17 +431,15 @@ impl NodeAgent for LocalNode {
         }
         // The slot the sandbox runs in (the placement's: a spare slot may stand in for the
         // one admitted), as a pause of it names it.
-        let _turn = match placement.map(|p| p.slot).or(slot) {
-            Some(slot) => Some(self.one_at_a_time.turn(slot).await),
-            None => None,
-        };
+        let turn = placement.map(|p| p.slot).or(slot);
         let placement = placement.map(to_placement).transpose()?;
         let fastlet = self.fastlet.clone();
         let id = id.to_string();
-        let removed = blocking::run("fastbox-remove", move || {
-            fastlet.remove(&id, placement.as_ref(), slot)
-        })
-        .await?;
+        let removed = self
+            .in_turn(turn, "fastbox-remove", move || {
+                fastlet.remove(&id, placement.as_ref(), slot)
+            })
+            .await?;
         Ok(convert::remove_report(removed))
     }
 
@@ -429,28 +450,27 @@ impl NodeAgent for LocalNode {
         slot: u32,
     ) -> NodeResult<()> {
         self.used(slot);
-        let _turn = self
-            .one_at_a_time
-            .turn(placement.map_or(slot, |p| p.slot))
-            .await;
+        let turn = placement.map_or(slot, |p| p.slot);
         let placement = placement.map(to_placement).transpose()?;
         let fastlet = self.fastlet.clone();
         let id = id.to_string();
-        Ok(blocking::run("fastbox-remove", move || {
-            fastlet.release_keeping_address(&id, placement.as_ref(), slot)
-        })
-        .await?)
+        Ok(self
+            .in_turn(Some(turn), "fastbox-remove", move || {
+                fastlet.release_keeping_address(&id, placement.as_ref(), slot)
+            })
+            .await?)
     }
 
     async fn pause(&self, id: &str, source: &SnapshotSource) -> NodeResult<SnapshotReport> {
-        let _turn = self.one_at_a_time.turn(source.placement.slot).await;
+        let turn = source.placement.slot;
         let source = Source::of(source)?;
         let fastlet = self.fastlet.clone();
         let id = id.to_string();
-        let (_, report) = blocking::run("fastbox-pause", move || {
-            fastlet.pause(&id, &source.as_source())
-        })
-        .await?;
+        let (_, report) = self
+            .in_turn(Some(turn), "fastbox-pause", move || {
+                fastlet.pause(&id, &source.as_source())
+            })
+            .await?;
         Ok(convert::snapshot_report(&report))
     }
 
@@ -484,14 +504,15 @@ impl NodeAgent for LocalNode {
                 source.key
             )));
         }
-        let _turn = self.one_at_a_time.turn(source.placement.slot).await;
+        let turn = source.placement.slot;
         let source = Source::of(source)?;
         let fastlet = self.fastlet.clone();
         let key = source.key.clone();
-        let staged = blocking::run("fastbox-snapshot", move || {
-            fastlet.stage_snapshot(&source.as_source(), short_freeze)
-        })
-        .await?;
+        let staged = self
+            .in_turn(Some(turn), "fastbox-snapshot", move || {
+                fastlet.stage_snapshot(&source.as_source(), short_freeze)
+            })
+            .await?;
         let earlier = self
             .staged
             .lock()

@@ -1,7 +1,12 @@
 //! One operation at a time on the sandbox in a slot: a removal asked while a pause of the
 //! same sandbox dumps it waits until the dump is over, instead of killing processes under
 //! CRIU (a dump interrupted that way left the sandbox frozen, its processes never exiting),
-//! and two dumps of one sandbox (a pause and a fork's snapshot) never run at once.
+//! and two dumps of one sandbox (a pause and a fork's snapshot) never run at once. A start
+//! holds the turn of the slot reserved for it, so a removal or release of a start whose
+//! server went away waits until the start ended and its result is known to the node.
+//!
+//! A turn is owned (`'static`): it moves into the thread that does the work, so it is held
+//! until the work ends even when the call that asked for it is dropped (its caller hung up).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -11,12 +16,12 @@ type Lock = Arc<tokio::sync::Mutex<()>>;
 /// Per-sandbox locks, each kept only while held or waited for.
 #[derive(Default)]
 pub struct OneAtATime {
-    locks: Mutex<HashMap<u32, Lock>>,
+    locks: Arc<Mutex<HashMap<u32, Lock>>>,
 }
 
 /// Holds slot `slot`'s lock until dropped.
-pub struct Turn<'a> {
-    owner: &'a OneAtATime,
+pub struct Turn {
+    locks: Arc<Mutex<HashMap<u32, Lock>>>,
     slot: u32,
     lock: Lock,
     guard: Option<tokio::sync::OwnedMutexGuard<()>>,
@@ -24,7 +29,7 @@ pub struct Turn<'a> {
 
 impl OneAtATime {
     /// Waits for the turn of the sandbox in slot `slot`.
-    pub async fn turn(&self, slot: u32) -> Turn<'_> {
+    pub async fn turn(&self, slot: u32) -> Turn {
         let lock = self
             .locks
             .lock()
@@ -34,7 +39,7 @@ impl OneAtATime {
             .clone();
         let guard = lock.clone().lock_owned().await;
         Turn {
-            owner: self,
+            locks: self.locks.clone(),
             slot,
             lock,
             guard: Some(guard),
@@ -51,10 +56,10 @@ impl OneAtATime {
     }
 }
 
-impl Drop for Turn<'_> {
+impl Drop for Turn {
     fn drop(&mut self) {
         drop(self.guard.take());
-        let mut locks = self.owner.locks.lock().expect("locks lock");
+        let mut locks = self.locks.lock().expect("locks lock");
         // The map's copy and this one: nobody waits, the entry goes.
         if Arc::strong_count(&self.lock) <= 2 {
             locks.remove(&self.slot);
@@ -87,5 +92,33 @@ mod tests {
         assert!(rx.try_recv().is_ok());
         drop(other);
         assert!(ops.is_empty(), "locks are kept only while used");
+    }
+
+    #[tokio::test]
+    async fn a_turn_moved_into_its_work_outlives_a_dropped_caller() {
+        let ops = Arc::new(OneAtATime::default());
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let caller = {
+            let ops = ops.clone();
+            tokio::spawn(async move {
+                let turn = ops.turn(7).await;
+                let work = crate::blocking::run("t", move || {
+                    let _turn = turn;
+                    let _ = started_tx.send(());
+                    std::thread::sleep(Duration::from_millis(300));
+                });
+                work.await
+            })
+        };
+        started_rx.await.unwrap();
+        caller.abort();
+        let _ = caller.await;
+        let early = tokio::time::timeout(Duration::from_millis(100), ops.turn(7)).await;
+        assert!(
+            early.is_err(),
+            "the turn ended with its caller, not its work"
+        );
+        let later = tokio::time::timeout(Duration::from_secs(5), ops.turn(7)).await;
+        assert!(later.is_ok(), "the turn never ended");
     }
 }

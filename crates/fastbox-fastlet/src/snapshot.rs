@@ -505,6 +505,12 @@ impl Fastlet {
         slot: u32,
     ) -> Result<(), FastletError> {
         self.forget_route(id);
+        let on_host = |source: HostError| FastletError::Remove {
+            id: id.to_string(),
+            source: Box::new(source),
+        };
+        self.remove_unrecorded_claims(id, placement)
+            .map_err(on_host)?;
         self.claim_slot(slot);
         self.kept_slots().keep(slot, id);
         let handle = placement
@@ -522,10 +528,7 @@ impl Fastlet {
                 let net = host.network.slot(slot)?;
                 host.release_network_keeping_flows(&net)
             });
-        released.map_err(|source| FastletError::Remove {
-            id: id.to_string(),
-            source: Box::new(source),
-        })
+        released.map_err(on_host)
     }
 
     /// Removes staging directories a crash left (live snapshots interrupted mid-dump).

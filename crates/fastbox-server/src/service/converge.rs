@@ -189,6 +189,9 @@ impl Lifecycle {
 
     /// Records how a start into reserved slot `slot` ended: `Running` at its placement (and
     /// the reserved slot released when it runs in another), or `Failed` with the error.
+    /// Nothing, when another server took the create over meanwhile (this one was stopped or
+    /// cut off long enough to pass for gone): the sandbox is that server's now, and its
+    /// restart of the create removes what this start left on the node, by the sandbox's id.
     pub(super) async fn finish_start(
         self: &Arc<Self>,
         id: &str,
@@ -202,6 +205,7 @@ impl Lifecycle {
                 let address = placement.address;
                 let reserved = slot;
                 let updated = self.update(id, |r| {
+                    self.still_acting(r)?;
                     if let Some(image_event) = image_event {
                         r.event("ImageReady", image_event);
                     }
@@ -231,7 +235,29 @@ impl Lifecycle {
                     self.remove_now(id).await;
                 }
             }
-            Err(e) => self.fail(id, START_FAILED, &e.to_string()).await,
+            Err(e) => match self.refresh(id).and_then(|r| self.still_acting(&r)) {
+                Err(stale @ ApiError::Conflict(_)) => {
+                    tracing::warn!(sandbox = %id, error = %e, "{stale}: its failed start is not recorded")
+                }
+                _ => self.fail(id, START_FAILED, &e.to_string()).await,
+            },
+        }
+    }
+
+    /// Conflict unless this server still acts on `r`: no other server took its operation
+    /// over ([`Lifecycle::take_over`]), and the operation did not end meanwhile.
+    fn still_acting(&self, r: &SandboxRecord) -> Result<(), ApiError> {
+        match r.acting.as_deref() {
+            Some(me) if me == self.cluster.id() => Ok(()),
+            Some(other) => Err(ApiError::Conflict(format!(
+                "server {other} took the operation on sandbox {} over",
+                r.id
+            ))),
+            None => Err(ApiError::Conflict(format!(
+                "the operation on sandbox {} ended meanwhile ({})",
+                r.id,
+                r.state()
+            ))),
         }
     }
 

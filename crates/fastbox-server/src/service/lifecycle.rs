@@ -380,7 +380,7 @@ impl Lifecycle {
     }
 
     /// Record `id` as the store has it now, into the cache (after a conflict).
-    fn refresh(&self, id: &str) -> Result<SandboxRecord, ApiError> {
+    pub(super) fn refresh(&self, id: &str) -> Result<SandboxRecord, ApiError> {
         match self.store.reload(id)? {
             Some(fresh) => {
                 let mut records = self.records.lock().expect("records lock");
