@@ -198,8 +198,9 @@ REPORTED: set[str] = set()
 class FastboxServer:
     """One `fastbox up` process with its own data dir, ports, API key and prefix."""
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, extra_args: list[str] | None = None) -> None:
         self.label = re.sub(r"[^A-Za-z0-9_.-]", "_", label)
+        self.extra_args = list(extra_args or [])
         self.binary = fastbox_bin()
         self.prefix = session_prefix()
         self.pool = pool_for(self.prefix)
@@ -293,6 +294,7 @@ class FastboxServer:
             "--prefix", self.prefix,
             "--pool", self.pool,
             "--default-image", TEST_IMAGE,
+            *self.extra_args,
         ]  # fmt: skip
         shown = " ".join("<api-key>" if a == self.api_key else a for a in cmd)
         print(f"\n[fastbox] {self.label}: starting {shown}", flush=True)

@@ -145,6 +145,7 @@ impl HostArgs {
             sandbox_reach: Vec::new(),
             artifact_store: run.artifact_store,
             lazy_restore_min_bytes: None,
+            host_volume_roots: Vec::new(),
         })
     }
 }

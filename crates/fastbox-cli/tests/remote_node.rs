@@ -727,6 +727,7 @@ fn a_claim_whose_placement_was_never_recorded_goes_with_a_release_by_id() {
             use_pool: true,
             entrypoint: vec!["sleep".into(), "100000".into()],
             env: Vec::new(),
+            volumes: Vec::new(),
             common: SandboxSettings {
                 limits: Default::default(),
                 disk_bytes: None,

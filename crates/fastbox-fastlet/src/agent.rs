@@ -77,6 +77,9 @@ pub struct FastletConfig {
     /// many bytes start before their memory is in place ([`crate::transfers`]); `None`:
     /// every restore is whole.
     pub lazy_restore_min_bytes: Option<u64>,
+    /// Directories whose subdirectories sandboxes may bind as host volumes
+    /// (`--allow-host-volume`; empty: host volumes are refused). See [`crate::volumes`].
+    pub host_volume_roots: Vec<PathBuf>,
 }
 
 /// The default of [`FastletConfig::lazy_restore_min_bytes`].
@@ -132,6 +135,11 @@ pub enum FastletError {
     Egress {
         id: String,
         source: Box<fastbox_egress::EgressError>,
+    },
+    #[error("sandbox {id}: {source}")]
+    Volumes {
+        id: String,
+        source: Box<crate::volumes::VolumesError>,
     },
 }
 
@@ -211,6 +219,8 @@ pub struct PlaceRequest {
     pub egress_token: String,
     /// The egress policy, in force before the entrypoint starts.
     pub policy: EgressPolicy,
+    /// Mounted before the entrypoint starts ([`crate::volumes`]).
+    pub volumes: Vec<fastbox_node_api::wire::VolumeMount>,
 }
 
 /// How the node proxy reaches a sandbox.
@@ -714,6 +724,15 @@ impl Fastlet {
             sandbox::set_identity(handle, &req.id, Some(&slot.resolv_conf()))
                 .map_err(|e| place_err(e.into()))?;
             clock.lap("identity");
+        }
+        if !req.volumes.is_empty() {
+            crate::volumes::detached_mounts(&self.cfg.host_volume_roots, &req.volumes)
+                .and_then(|mounts| Ok(fastbox_runtime::volume::attach(handle.init_pid, mounts)?))
+                .map_err(|source| FastletError::Volumes {
+                    id: req.id.clone(),
+                    source: Box::new(source),
+                })?;
+            clock.lap("volumes");
         }
         self.host
             .egress

@@ -27,6 +27,7 @@ pub mod spares;
 pub mod staging;
 pub mod template;
 pub mod transfers;
+pub mod volumes;
 pub mod warmup;
 
 pub use agent::{

@@ -200,6 +200,7 @@ fn restore_request(spec: &RestoreSpec, checkpoint: &Template) -> PlaceRequest {
         execd_token: spec.common.tokens.execd.clone(),
         egress_token: spec.common.tokens.egress.clone(),
         policy: spec.common.policy.clone(),
+        volumes: Vec::new(),
     }
 }
 
@@ -324,6 +325,7 @@ impl NodeAgent for LocalNode {
             execd_token: spec.common.tokens.execd,
             egress_token: spec.common.tokens.egress,
             policy: spec.common.policy,
+            volumes: spec.volumes,
         };
         let (template_choice, use_pool) = (spec.template, spec.use_pool);
         let fastlet = self.fastlet.clone();

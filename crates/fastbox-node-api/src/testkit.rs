@@ -1694,6 +1694,7 @@ mod tests {
             use_pool: true,
             entrypoint: vec!["sleep".into()],
             env: vec![],
+            volumes: Vec::new(),
             common: settings(),
         }
     }

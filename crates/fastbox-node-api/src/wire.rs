@@ -86,8 +86,38 @@ pub struct PlaceSpec {
     pub entrypoint: Vec<String>,
     /// `KEY=VALUE`, after the image's own.
     pub env: Vec<String>,
+    /// Mounted before the entrypoint starts (whether the sandbox is claimed from the warm
+    /// pool or restored).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMount>,
     #[serde(flatten)]
     pub common: SandboxSettings,
+}
+
+/// A volume of a sandbox: a directory the node binds at `mount_path` inside it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeMount {
+    /// Unique among the sandbox's volumes (a DNS label).
+    pub name: String,
+    pub source: VolumeSource,
+    /// Absolute, inside the sandbox (resolved inside its root by the node).
+    pub mount_path: String,
+    #[serde(default)]
+    pub read_only: bool,
+    /// A relative directory of the source, mounted instead of the whole of it (resolved
+    /// inside the source, created when missing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sub_path: Option<String>,
+}
+
+/// Where a volume's directory comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum VolumeSource {
+    /// A directory of the node's host, under a directory its operator allows
+    /// (`--allow-host-volume`).
+    Host { path: String },
 }
 
 /// What every start (from an image, a snapshot or a pause checkpoint) sets.

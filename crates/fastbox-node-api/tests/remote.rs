@@ -500,6 +500,7 @@ async fn script(node: &dyn NodeAgent) -> Vec<String> {
         use_pool: false,
         entrypoint: vec!["sh".into(), "-c".into(), "sleep 1; echo \"x\"".into()],
         env: vec!["A=1".into(), "B=ü".into()],
+        volumes: Vec::new(),
         common: settings(1),
     };
     let first = note!(node.place(spec, slot).await).unwrap().placement;
@@ -829,6 +830,7 @@ async fn a_stopped_node_is_unreachable_within_the_timeout() {
                 use_pool: true,
                 entrypoint: vec![],
                 env: vec![],
+                volumes: Vec::new(),
                 common: settings(1),
             },
             0,
@@ -1106,6 +1108,7 @@ async fn proxy_carries_its_route_headers_and_client_exactly() {
         use_pool: false,
         entrypoint: vec![],
         env: vec![],
+        volumes: Vec::new(),
         common: settings(9),
     };
     served.node.place(spec, slot).await.unwrap();

@@ -23,3 +23,4 @@ pub mod sandbox;
 pub mod seccomp;
 pub mod spec;
 pub mod tree_copy;
+pub mod volume;

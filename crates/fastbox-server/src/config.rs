@@ -65,6 +65,8 @@ pub struct Settings {
     /// Networks (`a.b.c.d/len`) inside the private ranges denied to every sandbox that
     /// sandboxes may reach after all, subject to their egress policy.
     pub sandbox_reach: Option<Vec<String>>,
+    /// Host directories whose subdirectories creates may mount as `host` volumes.
+    pub allow_host_volume: Option<Vec<PathBuf>>,
     /// Networks (`a.b.c.d/len`, `x::/len`, an address) in the private, loopback, link-local
     /// and other special ranges that registries, their token realms and redirects may be in;
     /// image pulls refuse those ranges otherwise.
@@ -167,6 +169,7 @@ impl Settings {
             lazy_restore_min_mib: self.lazy_restore_min_mib.or(lower.lazy_restore_min_mib),
             dns_upstreams: self.dns_upstreams.or(lower.dns_upstreams),
             sandbox_reach: self.sandbox_reach.or(lower.sandbox_reach),
+            allow_host_volume: self.allow_host_volume.or(lower.allow_host_volume),
             registry_allow_private: self.registry_allow_private.or(lower.registry_allow_private),
             artifact_store: self.artifact_store.or(lower.artifact_store),
             block_cache_mib: self.block_cache_mib.or(lower.block_cache_mib),
@@ -604,6 +607,29 @@ pub fn parse_sandbox_reach(texts: &[String]) -> Result<Vec<fastbox_api::net::Ipv
         .collect()
 }
 
+/// The directories of `--allow-host-volume`: each an existing directory, taken by its real
+/// path (a host volume's path is compared with that), never `/`.
+pub fn host_volume_roots(dirs: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+    dirs.iter()
+        .map(|dir| {
+            if !dir.is_absolute() {
+                return Err(format!("{}: not an absolute path", dir.display()));
+            }
+            let real = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            if !real.is_dir() {
+                return Err(format!("{}: not a directory", dir.display()));
+            }
+            if real == Path::new("/") {
+                return Err(format!(
+                    "{}: the root would let sandboxes mount any host directory",
+                    dir.display()
+                ));
+            }
+            Ok(real)
+        })
+        .collect()
+}
+
 /// The networks of `--registry-allow-private`, each a network (host bits zero) or an address.
 pub fn parse_registry_allow_private(texts: &[String]) -> Result<Vec<fastbox_image::IpNet>, String> {
     texts.iter().map(|text| text.parse()).collect()
@@ -638,6 +664,9 @@ pub struct ServerConfig {
     /// Networks inside the private ranges (`fastbox_api::net::PRIVATE_RANGES`) that
     /// sandboxes may reach after all, subject to their egress policy (none by default).
     pub sandbox_reach: Vec<fastbox_api::net::Ipv4Net>,
+    /// Host directories whose subdirectories creates may mount as `host` volumes (absolute,
+    /// made canonical at start; empty: host volumes are refused).
+    pub host_volume_roots: Vec<PathBuf>,
     /// Networks inside the special ranges (`fastbox_image::SPECIAL_RANGES`) that image pulls
     /// may connect to after all: registries, token realms, redirects (none by default).
     pub registry_allow_private: Vec<fastbox_image::IpNet>,
@@ -928,6 +957,10 @@ impl ServerConfig {
                 }
             },
             dns_upstreams: settings.dns_upstreams,
+            host_volume_roots: host_volume_roots(
+                settings.allow_host_volume.as_deref().unwrap_or_default(),
+            )
+            .map_err(|e| invalid("allow_host_volume", e))?,
             sandbox_reach: parse_sandbox_reach(
                 settings.sandbox_reach.as_deref().unwrap_or_default(),
             )

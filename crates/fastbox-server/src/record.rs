@@ -97,6 +97,10 @@ pub struct SandboxRecord {
     /// (each sandbox its own, clones included). `None`: its endpoints are open by URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secure_access: Option<SecureAccess>,
+    /// The volumes mounted into it (see `service::volumes`). A sandbox with volumes is not
+    /// paused, snapshotted or forked (yet).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<fastbox_node_api::wire::VolumeMount>,
 }
 
 /// What a sandbox left on the node it moved off (see [`SandboxRecord::moved_from`]).
@@ -407,6 +411,7 @@ pub(crate) mod tests {
             resume_after_pause: false,
             resumed_from: None,
             secure_access: None,
+            volumes: Vec::new(),
         }
     }
 

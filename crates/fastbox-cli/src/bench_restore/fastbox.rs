@@ -65,6 +65,7 @@ fn measure(fastlet: &Fastlet, run: &Run, image: &ResolvedImage) -> anyhow::Resul
             execd_token: format!("{:032x}", rand::random::<u128>()),
             egress_token: String::new(),
             policy: Default::default(),
+            volumes: Vec::new(),
         };
         let slot = fastlet.reserve_slot()?;
         let start = Instant::now();

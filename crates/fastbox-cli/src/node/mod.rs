@@ -114,6 +114,7 @@ impl NodeArgs {
             default_images: Some(Vec::new()),
             lazy_restore_min_mib: self.lazy_restore_min_mib.clone(),
             sandbox_reach: self.instance.sandbox_reach(),
+            allow_host_volume: self.instance.allow_host_volume(),
             ..Settings::default()
         })
     }

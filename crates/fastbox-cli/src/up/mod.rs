@@ -316,6 +316,16 @@ pub struct InstanceArgs {
         value_name = "CIDR"
     )]
     pub sandbox_reach: Vec<String>,
+    /// A host directory (repeatable) whose subdirectories creates may mount into their
+    /// sandboxes as `host` volumes; a path outside every one is refused [default: none, host
+    /// volumes are off].
+    #[arg(
+        long = "allow-host-volume",
+        env = "FASTBOX_ALLOW_HOST_VOLUME",
+        value_delimiter = ',',
+        value_name = "DIR"
+    )]
+    pub allow_host_volume: Vec<PathBuf>,
 }
 
 impl StoreArgs {
@@ -337,6 +347,11 @@ impl InstanceArgs {
     /// `--sandbox-reach`, when given.
     pub fn sandbox_reach(&self) -> Option<Vec<String>> {
         (!self.sandbox_reach.is_empty()).then(|| self.sandbox_reach.clone())
+    }
+
+    /// `--allow-host-volume`, when given.
+    pub fn allow_host_volume(&self) -> Option<Vec<PathBuf>> {
+        (!self.allow_host_volume.is_empty()).then(|| self.allow_host_volume.clone())
     }
 }
 
@@ -373,6 +388,7 @@ impl UpArgs {
                 lazy_restore_min_mib: self.lazy_restore_min_mib.clone(),
                 dns_upstreams: (!self.dns_upstreams.is_empty()).then(|| self.dns_upstreams.clone()),
                 sandbox_reach: self.instance.sandbox_reach(),
+                allow_host_volume: self.instance.allow_host_volume(),
                 registry_allow_private: (!self.registry_allow_private.is_empty())
                     .then(|| self.registry_allow_private.clone()),
                 artifact_gc_interval: self.artifact_gc_interval.clone(),

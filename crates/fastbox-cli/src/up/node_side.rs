@@ -140,6 +140,7 @@ pub(crate) async fn start_fastlet(
         spare_slots: cfg.spare_slots,
         dns_upstreams: cfg.dns_upstreams.clone(),
         sandbox_reach: cfg.sandbox_reach.clone(),
+        host_volume_roots: cfg.host_volume_roots.clone(),
         artifact_store: node_store.store(),
         lazy_restore_min_bytes: cfg.lazy_restore_min_bytes,
     };

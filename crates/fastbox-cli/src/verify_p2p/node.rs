@@ -154,6 +154,7 @@ fn restore(
         execd_token: token.clone(),
         egress_token: String::new(),
         policy: Default::default(),
+        volumes: Vec::new(),
     };
     let slot = fastlet.reserve_slot()?;
     let restore_clock = Instant::now();

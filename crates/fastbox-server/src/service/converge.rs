@@ -175,6 +175,7 @@ impl Lifecycle {
                 .and_then(|e| e.get(POOL_EXTENSION))
                 .is_none_or(|v| v != "off"),
             env,
+            volumes: plan.volumes.clone(),
             common: SandboxSettings {
                 limits: plan.limits,
                 disk_bytes: plan.disk_bytes,
@@ -763,6 +764,7 @@ impl Lifecycle {
                     policy: record.policy(),
                     snapshot_id: record.snapshot_id.clone(),
                     secure_access: record.secure_access.is_some(),
+                    volumes: record.volumes.clone(),
                 })
                 // The operator may have withdrawn the image's directory since.
                 .and_then(|plan| this.check_local_image(&plan.image.uri).map(|()| plan));

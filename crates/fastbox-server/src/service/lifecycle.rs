@@ -511,6 +511,7 @@ impl Lifecycle {
             resume_after_pause: false,
             resumed_from: None,
             secure_access,
+            volumes: plan.volumes.clone(),
         };
         let from = match &plan.snapshot_id {
             Some(snapshot) => format!("snapshot {snapshot}"),

@@ -15,6 +15,7 @@ mod membership;
 pub mod plan;
 mod snapshots;
 mod templates;
+pub mod volumes;
 
 pub use lifecycle::{EndpointQuery, Health, Lifecycle, ListQuery, random_token};
 pub use membership::NODE_LOST;

@@ -1,7 +1,7 @@
 //! Turns a `CreateSandboxRequest` into what the node needs, or a 400 that says what is wrong.
 //! Nothing is created before a request passed here.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use fastbox_api::lifecycle::{CreateSandboxRequest, ImageSpec, StringMap};
 use fastbox_api::limits::{CgroupLimits, DEFAULT_DISK_BYTES};
@@ -40,6 +40,8 @@ pub struct CreatePlan {
     pub snapshot_id: Option<String>,
     /// `secureAccess`: its endpoints need its own access token (or a signed route).
     pub secure_access: bool,
+    /// Mounted before the entrypoint starts ([`super::volumes`]).
+    pub volumes: Vec<fastbox_node_api::wire::VolumeMount>,
 }
 
 /// What a create is validated against: this server's settings.
@@ -52,6 +54,8 @@ pub struct Rules<'a> {
     /// Where writable layers are made: a disk larger than its file system's free space is
     /// refused.
     pub data_dir: &'a Path,
+    /// Directories whose subdirectories may be mounted as host volumes.
+    pub host_volume_roots: &'a [PathBuf],
 }
 
 impl<'a> Rules<'a> {
@@ -60,6 +64,7 @@ impl<'a> Rules<'a> {
             max_timeout_secs: cfg.max_timeout.as_secs(),
             resources: cfg.resources,
             data_dir: &cfg.data_dir,
+            host_volume_roots: &cfg.host_volume_roots,
         }
     }
 }
@@ -112,9 +117,10 @@ pub fn plan(req: CreateSandboxRequest, rules: &Rules) -> Result<CreatePlan, ApiE
     }
     let metadata = metadata_of(req.metadata)?;
     let policy = policy_of(req.network_policy.as_ref())?;
-    if req.volumes.as_ref().is_some_and(|v| !v.is_empty()) {
-        return Err(unsupported("volumes are not supported by this server"));
-    }
+    let volumes = super::volumes::volumes_of(
+        req.volumes.as_deref().unwrap_or_default(),
+        rules.host_volume_roots,
+    )?;
     if req.lifecycle.is_some() {
         return Err(unsupported(
             "lifecycle hooks are not supported by this server",
@@ -157,6 +163,7 @@ pub fn plan(req: CreateSandboxRequest, rules: &Rules) -> Result<CreatePlan, ApiE
         policy,
         snapshot_id: None,
         secure_access: req.secure_access == Some(true),
+        volumes,
     })
 }
 
@@ -208,6 +215,7 @@ pub fn plan_from_template(
         policy,
         snapshot_id: None,
         secure_access: false,
+        volumes: Vec::new(),
     })
 }
 
@@ -282,6 +290,7 @@ pub fn plan_from_snapshot(
         // A clone of a secure sandbox is secure (`false` is the SDK's default, not a
         // request to open it); `true` makes a clone of any sandbox secure.
         secure_access: snapshot.secure_access || req.secure_access == Some(true),
+        volumes: Vec::new(),
     })
 }
 
@@ -508,6 +517,7 @@ mod tests {
             max_timeout_secs: 86_400,
             resources: ResourcePolicy::default(),
             data_dir: Path::new("/tmp"),
+            host_volume_roots: &[],
         }
     }
 
@@ -784,6 +794,7 @@ mod tests {
             ],
             &Rules {
                 data_dir: Path::new("/"),
+                host_volume_roots: &[],
                 ..rules
             },
         )

@@ -182,6 +182,7 @@ impl Lifecycle {
                 ": only a running sandbox is snapshotted",
             ));
         }
+        no_volumes(&source, "snapshotted or forked")?;
         if !self.claim(sandbox_id) {
             return Err(busy(sandbox_id));
         }
@@ -370,6 +371,7 @@ impl Lifecycle {
     /// `POST /v1/sandboxes/{id}/pause`: `Pausing` now; `Paused` once the checkpoint is on
     /// disk and the runtime released.
     pub fn pause(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
+        no_volumes(&self.record(id)?, "paused")?;
         let key = new_pause_key(id);
         self.begin(
             id,
@@ -1194,4 +1196,23 @@ fn busy(id: &str) -> ApiError {
     ApiError::Conflict(format!(
         "sandbox {id} is busy with another operation; retry when it is done"
     ))
+}
+
+/// 409 for a sandbox with volumes: its checkpoint would not hold them, and a restore would
+/// come back without them (pause, snapshots and forks of such sandboxes are not supported
+/// yet).
+fn no_volumes(record: &SandboxRecord, what: &str) -> Result<(), ApiError> {
+    match record.volumes.is_empty() {
+        true => Ok(()),
+        false => Err(ApiError::Conflict(format!(
+            "sandbox {} has volumes ({}): a sandbox with volumes cannot be {what} yet",
+            record.id,
+            record
+                .volumes
+                .iter()
+                .map(|v| format!("{} at {}", v.name, v.mount_path))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
 }

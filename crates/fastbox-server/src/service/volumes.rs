@@ -1,0 +1,354 @@
+//! A create's `volumes` (the lifecycle spec's `Volume`), checked before anything is
+//! recorded: what the node is asked to mount ([`VolumeMount`]) or a 400 that says what is
+//! wrong with which volume.
+//!
+//! Only `host` volumes are served: a directory under one of the directories the operator
+//! allows (`--allow-host-volume`, none by default). The node checks the path again and
+//! opens it confined to the allowed directory (`fastbox_fastlet::volumes`); this check gives
+//! the caller a clear 400 before that. `pvc` and `ossfs` volumes are refused as not supported.
+
+use std::collections::HashSet;
+use std::path::{Component, Path, PathBuf};
+
+use fastbox_node_api::wire::{VolumeMount, VolumeSource};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::ApiError;
+
+/// The most volumes one sandbox may have.
+pub const MAX_VOLUMES: usize = 16;
+
+/// Paths of the sandbox a volume may not be mounted on or under: the kernel's interfaces
+/// and fastbox's own files.
+const RESERVED_MOUNT_PATHS: &[&str] = &["/proc", "/sys", "/dev", "/.fastbox"];
+
+/// One entry of `volumes` as the spec writes it.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Volume {
+    name: String,
+    #[serde(default)]
+    host: Option<HostBackend>,
+    #[serde(default)]
+    pvc: Option<Value>,
+    #[serde(default)]
+    ossfs: Option<Value>,
+    mount_path: String,
+    #[serde(default)]
+    read_only: bool,
+    #[serde(default)]
+    sub_path: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostBackend {
+    path: String,
+}
+
+/// The volumes of a create, in order; `host_roots` are the allowed host directories.
+pub fn volumes_of(values: &[Value], host_roots: &[PathBuf]) -> Result<Vec<VolumeMount>, ApiError> {
+    if values.len() > MAX_VOLUMES {
+        return Err(invalid(format!(
+            "volumes: {} given, at most {MAX_VOLUMES}",
+            values.len()
+        )));
+    }
+    let mut names = HashSet::new();
+    let mut mounts: Vec<VolumeMount> = Vec::with_capacity(values.len());
+    for (i, value) in values.iter().enumerate() {
+        let volume: Volume = serde_json::from_value(value.clone())
+            .map_err(|e| invalid(format!("volumes[{i}]: {e}")))?;
+        let at = format!("volumes[{i}] ({})", volume.name);
+        check_name(&volume.name).map_err(|e| invalid(format!("volumes[{i}]: name {e}")))?;
+        if !names.insert(volume.name.clone()) {
+            return Err(invalid(format!("{at}: another volume has this name")));
+        }
+        let mount_path = mount_path_of(&volume.mount_path)
+            .map_err(|e| invalid(format!("{at}: mountPath {e}")))?;
+        if let Some(other) = mounts
+            .iter()
+            .find(|m| nested(Path::new(&m.mount_path), Path::new(&mount_path)))
+        {
+            return Err(invalid(format!(
+                "{at}: mountPath {mount_path} is on or inside volume {}'s mountPath {} (or holds it)",
+                other.name, other.mount_path
+            )));
+        }
+        let sub_path = volume
+            .sub_path
+            .as_deref()
+            .map(sub_path_of)
+            .transpose()
+            .map_err(|e| invalid(format!("{at}: subPath {e}")))?;
+        let source = match (&volume.host, &volume.pvc, &volume.ossfs) {
+            (Some(host), None, None) => host_source(&host.path, host_roots)
+                .map_err(|e| invalid(format!("{at}: host.path {e}")))?,
+            (None, Some(_), None) => {
+                return Err(ApiError::NotSupported(format!(
+                    "{at}: pvc (named) volumes are not supported by this server yet; use a host volume"
+                )));
+            }
+            (None, None, Some(_)) => {
+                return Err(ApiError::NotSupported(format!(
+                    "{at}: ossfs volumes are not supported by this server"
+                )));
+            }
+            (None, None, None) => {
+                return Err(invalid(format!(
+                    "{at}: names no backend (host, pvc or ossfs)"
+                )));
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "{at}: names more than one backend (host, pvc, ossfs): exactly one is allowed"
+                )));
+            }
+        };
+        mounts.push(VolumeMount {
+            name: volume.name,
+            source,
+            mount_path,
+            read_only: volume.read_only,
+            sub_path,
+        });
+    }
+    Ok(mounts)
+}
+
+fn invalid(message: String) -> ApiError {
+    ApiError::InvalidParameter(message)
+}
+
+/// A DNS label: `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters.
+fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    match ok {
+        true => Ok(()),
+        false => Err(format!(
+            "{name:?} is not a DNS label (lowercase letters, digits and '-', at most 63)"
+        )),
+    }
+}
+
+/// `path` as plain absolute components (`.` dropped), or why not.
+fn plain_absolute(path: &str) -> Result<PathBuf, String> {
+    if path.contains('\0') {
+        return Err("contains NUL".into());
+    }
+    let path = Path::new(path);
+    if !path.is_absolute() {
+        return Err(format!("{} is not absolute", path.display()));
+    }
+    let mut out = PathBuf::from("/");
+    for c in path.components() {
+        match c {
+            Component::RootDir | Component::CurDir => {}
+            Component::Normal(name) => out.push(name),
+            _ => return Err(format!("{}: '..' is not allowed", path.display())),
+        }
+    }
+    Ok(out)
+}
+
+fn mount_path_of(path: &str) -> Result<String, String> {
+    let plain = plain_absolute(path)?;
+    if plain == Path::new("/") {
+        return Err("/ is the sandbox's root: a volume is mounted on a directory inside it".into());
+    }
+    if let Some(reserved) = RESERVED_MOUNT_PATHS.iter().find(|r| plain.starts_with(r)) {
+        return Err(format!(
+            "{}: nothing may be mounted on or under {reserved}",
+            plain.display()
+        ));
+    }
+    Ok(plain.display().to_string())
+}
+
+fn sub_path_of(path: &str) -> Result<String, String> {
+    if path.contains('\0') {
+        return Err("contains NUL".into());
+    }
+    let p = Path::new(path);
+    if p.is_absolute() {
+        return Err(format!("{path} must be relative to the volume"));
+    }
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::Normal(name) => out.push(name),
+            _ => return Err(format!("{path}: '..' is not allowed")),
+        }
+    }
+    if out.as_os_str().is_empty() {
+        return Err(format!("{path:?} names no directory of the volume"));
+    }
+    Ok(out.display().to_string())
+}
+
+fn host_source(path: &str, roots: &[PathBuf]) -> Result<VolumeSource, String> {
+    let plain = plain_absolute(path)?;
+    if roots.is_empty() {
+        return Err(format!(
+            "{}: host volumes are off on this server (its operator allows directories with --allow-host-volume)",
+            plain.display()
+        ));
+    }
+    if !roots.iter().any(|root| plain.starts_with(root)) {
+        return Err(format!(
+            "{} is not under a directory this server allows: {}",
+            plain.display(),
+            roots
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    Ok(VolumeSource::Host {
+        path: plain.display().to_string(),
+    })
+}
+
+/// Whether one of `a` and `b` is the other or lies inside it.
+fn nested(a: &Path, b: &Path) -> bool {
+    a.starts_with(b) || b.starts_with(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn roots() -> Vec<PathBuf> {
+        vec![PathBuf::from("/srv/vols")]
+    }
+
+    fn one(volume: Value) -> Result<Vec<VolumeMount>, ApiError> {
+        volumes_of(&[volume], &roots())
+    }
+
+    fn message(e: ApiError) -> String {
+        e.to_string()
+    }
+
+    #[test]
+    fn a_host_volume_under_an_allowed_directory_is_taken() {
+        let got = one(json!({"name": "work", "host": {"path": "/srv/vols/./a"},
+            "mountPath": "/workspace/", "readOnly": true, "subPath": "./x/y"}))
+        .unwrap();
+        assert_eq!(
+            got,
+            vec![VolumeMount {
+                name: "work".into(),
+                source: VolumeSource::Host {
+                    path: "/srv/vols/a".into()
+                },
+                mount_path: "/workspace".into(),
+                read_only: true,
+                sub_path: Some("x/y".into()),
+            }]
+        );
+    }
+
+    #[test]
+    fn bad_volumes_are_refused_with_what_is_wrong() {
+        let cases = [
+            (
+                json!({"name": "w", "host": {"path": "/etc"}, "mountPath": "/w"}),
+                "not under a directory",
+            ),
+            (
+                json!({"name": "w", "host": {"path": "/srv/vols/../../etc"}, "mountPath": "/w"}),
+                "'..'",
+            ),
+            (
+                json!({"name": "w", "host": {"path": "srv/vols/a"}, "mountPath": "/w"}),
+                "not absolute",
+            ),
+            (
+                json!({"name": "w", "host": {"path": "/srv/volsx"}, "mountPath": "/w"}),
+                "not under",
+            ),
+            (
+                json!({"name": "W", "host": {"path": "/srv/vols"}, "mountPath": "/w"}),
+                "DNS label",
+            ),
+            (
+                json!({"name": "w", "host": {"path": "/srv/vols"}, "mountPath": "w"}),
+                "not absolute",
+            ),
+            (
+                json!({"name": "w", "host": {"path": "/srv/vols"}, "mountPath": "/"}),
+                "sandbox's root",
+            ),
+            (
+                json!({"name": "w", "host": {"path": "/srv/vols"}, "mountPath": "/proc/x"}),
+                "/proc",
+            ),
+            (
+                json!({"name": "w", "host": {"path": "/srv/vols"}, "mountPath": "/.fastbox"}),
+                "/.fastbox",
+            ),
+            (
+                json!({"name": "w", "host": {"path": "/srv/vols"}, "mountPath": "/w/../etc"}),
+                "'..'",
+            ),
+            (
+                json!({"name": "w", "host": {"path": "/srv/vols"}, "mountPath": "/w", "subPath": "../x"}),
+                "'..'",
+            ),
+            (
+                json!({"name": "w", "host": {"path": "/srv/vols"}, "mountPath": "/w", "subPath": "/x"}),
+                "relative",
+            ),
+            (json!({"name": "w", "mountPath": "/w"}), "no backend"),
+            (
+                json!({"name": "w", "host": {"path": "/srv/vols"}, "pvc": {"claimName": "x"}, "mountPath": "/w"}),
+                "more than one",
+            ),
+            (
+                json!({"name": "w", "host": {"path": "/srv/vols"}, "mountPath": "/w", "extra": 1}),
+                "unknown field",
+            ),
+        ];
+        for (volume, expected) in cases {
+            let text = message(one(volume.clone()).expect_err(&volume.to_string()));
+            assert!(text.contains(expected), "{volume}: {text}");
+        }
+        let off = volumes_of(
+            &[json!({"name": "w", "host": {"path": "/srv/vols"}, "mountPath": "/w"})],
+            &[],
+        );
+        assert!(message(off.unwrap_err()).contains("host volumes are off"));
+        let pvc = one(json!({"name": "w", "pvc": {"claimName": "x"}, "mountPath": "/w"}));
+        assert!(matches!(pvc, Err(ApiError::NotSupported(_))), "{pvc:?}");
+    }
+
+    #[test]
+    fn two_volumes_need_their_own_names_and_mount_paths() {
+        let v = |name: &str, at: &str| json!({"name": name, "host": {"path": "/srv/vols"}, "mountPath": at});
+        let same_name = volumes_of(&[v("a", "/x"), v("a", "/y")], &roots());
+        assert!(message(same_name.unwrap_err()).contains("another volume has this name"));
+        let nested = volumes_of(&[v("a", "/x"), v("b", "/x/y")], &roots());
+        assert!(message(nested.unwrap_err()).contains("inside volume a"));
+        assert_eq!(
+            volumes_of(&[v("a", "/x"), v("b", "/xy")], &roots())
+                .unwrap()
+                .len(),
+            2
+        );
+        let many: Vec<Value> = (0..=MAX_VOLUMES)
+            .map(|i| v(&format!("v{i}"), &format!("/m{i}")))
+            .collect();
+        assert!(message(volumes_of(&many, &roots()).unwrap_err()).contains("at most"));
+    }
+}

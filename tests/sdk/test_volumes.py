@@ -1,0 +1,176 @@
+"""Volumes through the official SDK (`Volume` of the lifecycle spec): host volumes under the
+directory the operator allows (`--allow-host-volume`), read-write and read-only, a `subPath`,
+the answers for what is refused, and the 409 for a pause of a sandbox with volumes.
+
+The server of this module allows one directory of its own; every path outside it is
+refused with a 400 that names the volume.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import fastbox_server as fb
+import httpx
+import pytest
+from opensandbox.exceptions import SandboxException
+from opensandbox.models.sandboxes import PVC, Host, Volume
+from opensandbox.sync.sandbox import SandboxSync
+
+lines = fb.lines
+
+
+@pytest.fixture(scope="module")
+def allowed() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="fastbox-sdk-volumes-"))
+    yield d.resolve()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def fastbox(request: pytest.FixtureRequest, allowed: Path) -> fb.FastboxServer:
+    """This module's own `fastbox up`, allowing host volumes under `allowed` only."""
+    reason = fb.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    server = fb.FastboxServer(
+        label="test_volumes", extra_args=["--allow-host-volume", str(allowed)]
+    )
+    request.addfinalizer(server.cleanup)
+    try:
+        server.start()
+    except fb.ServerError as e:
+        pytest.fail(str(e), pytrace=False)
+    return server
+
+
+def run_ok(sb: SandboxSync, command: str) -> str:
+    ex = sb.commands.run(command)
+    out = "\n".join(lines(ex.logs.stdout))
+    assert ex.exit_code == 0, (command, out, lines(ex.logs.stderr), ex.error)
+    return out
+
+
+def test_a_host_volume_is_shared_with_the_host_read_write(
+    fastbox: fb.FastboxServer, allowed: Path
+) -> None:
+    work = allowed / "work"
+    work.mkdir()
+    (work / "from-host.txt").write_text("written on the host\n")
+    t0 = time.monotonic()
+    sb = fastbox.create_sandbox(
+        volumes=[Volume(name="work", host=Host(path=str(work)), mount_path="/workspace")]
+    )
+    print(f"[volumes] create with a volume ready in {time.monotonic() - t0:.3f}s")
+    try:
+        assert sb.files.read_file("/workspace/from-host.txt") == "written on the host\n"
+        run_ok(sb, "echo written in the sandbox > /workspace/from-sandbox.txt")
+        assert (work / "from-sandbox.txt").read_text() == "written in the sandbox\n"
+        mounts = run_ok(sb, "grep ' /workspace ' /proc/self/mountinfo")
+        assert "nosuid" in mounts and "nodev" in mounts, mounts
+        # The tenant's root cannot take the volume off, nor remount it.
+        ex = sb.commands.run("umount /workspace || mount -o remount,suid /workspace")
+        assert ex.exit_code != 0, lines(ex.logs.stdout)
+        assert mounts == run_ok(sb, "grep ' /workspace ' /proc/self/mountinfo")
+        assert sb.files.read_file("/workspace/from-host.txt") == "written on the host\n"
+    finally:
+        sb.kill()
+        sb.close()
+
+
+def test_a_read_only_volume_and_a_sub_path(fastbox: fb.FastboxServer, allowed: Path) -> None:
+    data = allowed / "data"
+    (data / "models" / "v1").mkdir(parents=True)
+    (data / "models" / "v1" / "weights.bin").write_bytes(b"\x00\x01weights")
+    (data / "secret-of-another-path.txt").write_text("not for this sandbox\n")
+    sb = fastbox.create_sandbox(
+        volumes=[
+            Volume(
+                name="models",
+                host=Host(path=str(data)),
+                mount_path="/mnt/models",
+                read_only=True,
+                sub_path="models/v1",
+            ),
+            Volume(
+                name="scratch",
+                host=Host(path=str(data)),
+                mount_path="/mnt/scratch",
+                sub_path="scratch/new",
+            ),
+        ]
+    )
+    try:
+        assert run_ok(sb, "ls /mnt/models") == "weights.bin"
+        ex = sb.commands.run("touch /mnt/models/new")
+        assert ex.exit_code != 0
+        assert "Read-only file system" in "\n".join(lines(ex.logs.stderr)), lines(
+            ex.logs.stderr
+        )
+        assert not (data / "models" / "v1" / "new").exists()
+        # A subPath that did not exist is made inside the volume.
+        run_ok(sb, "echo kept > /mnt/scratch/out")
+        assert (data / "scratch" / "new" / "out").read_text() == "kept\n"
+        # Neither mount shows what lies beside its subPath.
+        assert "secret-of-another-path" not in run_ok(sb, "ls -a /mnt/models /mnt/scratch")
+        # A sandbox with volumes is not paused (its checkpoint would not hold them).
+        with pytest.raises(SandboxException) as e:
+            sb.pause()
+        assert "volumes" in str(e.value), e.value
+    finally:
+        sb.kill()
+        sb.close()
+
+
+def test_refused_volumes_say_why(fastbox: fb.FastboxServer, allowed: Path) -> None:
+    def create(volume: dict[str, object]) -> httpx.Response:
+        body = {
+            "image": {"uri": fb.TEST_IMAGE},
+            "entrypoint": ["sleep", "600"],
+            "timeout": 600,
+            "resourceLimits": {"cpu": "1", "memory": "256Mi"},
+            "metadata": {"fbt-run": fastbox.prefix},
+            "volumes": [volume],
+        }
+        with fastbox.http() as api:
+            return api.post("/v1/sandboxes", json=body)
+
+    with fastbox.http() as api:
+        before = len(fastbox.list_all(api))
+    outside = create({"name": "etc", "host": {"path": "/etc"}, "mountPath": "/x"})
+    assert outside.status_code == 400, outside.text
+    assert "etc" in outside.text and "not under a directory" in outside.text, outside.text
+    dotdot = create(
+        {"name": "up", "host": {"path": f"{allowed}/../.."}, "mountPath": "/x"}
+    )
+    assert dotdot.status_code == 400 and "'..'" in dotdot.text, dotdot.text
+    proc = create({"name": "p", "host": {"path": str(allowed)}, "mountPath": "/proc/x"})
+    assert proc.status_code == 400 and "/proc" in proc.text, proc.text
+    ossfs = create(
+        {
+            "name": "o",
+            "ossfs": {
+                "bucket": "bucket",
+                "endpoint": "oss.invalid",
+                "accessKeyId": "key-id",
+                "accessKeySecret": "ossfs-secret-value-1234",
+            },
+            "mountPath": "/x",
+        }
+    )
+    assert ossfs.status_code == 400, ossfs.text
+    assert "API_NOT_SUPPORTED" in ossfs.text, ossfs.text
+    assert "ossfs-secret-value-1234" not in ossfs.text, "a refused volume echoed its secret"
+    # Through the SDK, the same refusal.
+    with pytest.raises(SandboxException) as e:
+        fastbox.create_sandbox(
+            volumes=[Volume(name="named", pvc=PVC(claim_name="data"), mount_path="/data")]
+        )
+    assert "pvc" in str(e.value), e.value
+    # Nothing was recorded for any of them.
+    with fastbox.http() as api:
+        assert len(fastbox.list_all(api)) == before
