@@ -117,13 +117,71 @@ def test_a_read_only_volume_and_a_sub_path(fastbox: fb.FastboxServer, allowed: P
         assert (data / "scratch" / "new" / "out").read_text() == "kept\n"
         # Neither mount shows what lies beside its subPath.
         assert "secret-of-another-path" not in run_ok(sb, "ls -a /mnt/models /mnt/scratch")
-        # A sandbox with volumes is not paused (its checkpoint would not hold them).
+        # Its snapshots would hand its host directories to every clone: refused (409).
         with pytest.raises(SandboxException) as e:
-            sb.pause()
+            sb.create_snapshot()
         assert "volumes" in str(e.value), e.value
     finally:
         sb.kill()
         sb.close()
+
+
+def test_volumes_survive_pause_and_resume_with_a_process_inside_them(
+    fastbox: fb.FastboxServer, allowed: Path
+) -> None:
+    work = allowed / "paused"
+    work.mkdir()
+    sb = fastbox.create_sandbox(
+        volumes=[
+            Volume(name="work", host=Host(path=str(work)), mount_path="/workspace"),
+            Volume(
+                name="ro", host=Host(path=str(work)), mount_path="/mnt/ro", read_only=True
+            ),
+        ]
+    )
+    resumed: SandboxSync | None = None
+    try:
+        # A process whose working directory and open file are in the volume: the checkpoint
+        # must take them as they are.
+        run_ok(
+            sb,
+            "cd /workspace && nohup sh -c 'exec 3>>log; while :; do echo tick >&3; "
+            "sleep 0.2; done' >/dev/null 2>&1 &",
+        )
+        fb.wait_until(lambda: (work / "log").exists(), timeout=10, what="the writer started")
+        sb.pause()
+        fb.wait_until(
+            lambda: fastbox_state(fastbox, sb.id) == "Paused", timeout=120, what="paused"
+        )
+        ticks = (work / "log").read_text().count("tick")
+        (work / "written-while-paused").write_text("from the host\n")
+        resumed = SandboxSync.resume(sb.id, connection_config=fastbox.connection_config())
+        assert resumed.files.read_file("/workspace/written-while-paused") == "from the host\n"
+        fb.wait_until(
+            lambda: (work / "log").read_text().count("tick") > ticks + 2,
+            timeout=10,
+            what="the writer goes on after the resume",
+        )
+        mounts = run_ok(resumed, "grep -E ' /(workspace|mnt/ro) ' /proc/self/mountinfo")
+        for line in mounts.splitlines():
+            assert "nosuid" in line and "nodev" in line, line
+        ex = resumed.commands.run("touch /mnt/ro/new")
+        assert ex.exit_code != 0 and not (work / "new").exists(), "read-only lost on resume"
+        # Nothing of the resume's staging is left mounted on the host.
+        with open("/proc/self/mountinfo") as f:
+            assert "volume-mounts" not in f.read()
+    finally:
+        if resumed is not None:
+            resumed.close()
+        sb.kill()
+        sb.close()
+
+
+def fastbox_state(fastbox: fb.FastboxServer, sid: str) -> str:
+    with fastbox.http() as api:
+        r = api.get(f"/v1/sandboxes/{sid}")
+        r.raise_for_status()
+        return r.json()["status"]["state"]
 
 
 def test_refused_volumes_say_why(fastbox: fb.FastboxServer, allowed: Path) -> None:

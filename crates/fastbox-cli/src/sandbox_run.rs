@@ -115,6 +115,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         keep_tcp: false,
         lazy_memory: false,
         remote_memory: None,
+        external_mounts: Vec::new(),
     };
     let started = Instant::now();
     let result = host

@@ -576,14 +576,32 @@ impl Fastlet {
         }
         .unwrap_or(SlotSource::Fresh(slot));
         let index = source.index();
-        let mut sb = self
-            .restore_template(template, source, &opts)
-            .map_err(|e| {
-                if index != slot {
-                    self.release_slot(index);
-                }
-                place_err(e)
-            })?;
+        let volumes_err = |source| FastletError::Volumes {
+            id: req.id.clone(),
+            source: Box::new(source),
+        };
+        let staged = match mode {
+            StartMode::Resume | StartMode::Moved => crate::volumes::Staged::mount(
+                &self.cfg.data_dir,
+                &req.id,
+                &self.cfg.host_volume_roots,
+                &req.volumes,
+            )
+            .map_err(volumes_err)?,
+            StartMode::Claim | StartMode::Clone => Default::default(),
+        };
+        let opts = StartOptions {
+            external_mounts: staged.sources(),
+            ..opts
+        };
+        let restored = self.restore_template(template, source, &opts);
+        drop(staged);
+        let mut sb = restored.map_err(|e| {
+            if index != slot {
+                self.release_slot(index);
+            }
+            place_err(e)
+        })?;
         if let Some(transfer) = sb.transfer.take() {
             self.transfers.track(
                 &req.id,
@@ -725,7 +743,8 @@ impl Fastlet {
                 .map_err(|e| place_err(e.into()))?;
             clock.lap("identity");
         }
-        if !req.volumes.is_empty() {
+        // A resume's volumes are CRIU's to mount again (external mounts of its checkpoint).
+        if !req.volumes.is_empty() && matches!(mode, StartMode::Claim | StartMode::Clone) {
             crate::volumes::detached_mounts(&self.cfg.host_volume_roots, &req.volumes)
                 .and_then(|mounts| Ok(fastbox_runtime::volume::attach(handle.init_pid, mounts)?))
                 .map_err(|source| FastletError::Volumes {

@@ -148,6 +148,8 @@ pub struct StartOptions {
     /// A restore of a checkpoint whose pages images are not here ([`crate::remote_pages`]):
     /// lazy, its memory fetched from these while the sandbox runs.
     pub remote_memory: Option<LazyPages>,
+    /// A restore's volumes: `(CRIU's key, staging point)` ([`crate::volumes::Staged`]).
+    pub external_mounts: Vec<(String, PathBuf)>,
 }
 
 /// How long a lazy restore's `criu restore` may run.
@@ -322,6 +324,7 @@ impl LocalHost {
                 execd_store,
                 tcp_close: !opts.keep_tcp,
                 layer_ready: extras.layer_ready,
+                external_mounts: &opts.external_mounts,
             };
             let mut phases = Phases::default();
             let (handle, took) = if opts.lazy_memory || opts.remote_memory.is_some() {

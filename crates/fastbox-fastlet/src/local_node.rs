@@ -200,7 +200,7 @@ fn restore_request(spec: &RestoreSpec, checkpoint: &Template) -> PlaceRequest {
         execd_token: spec.common.tokens.execd.clone(),
         egress_token: spec.common.tokens.egress.clone(),
         policy: spec.common.policy.clone(),
-        volumes: Vec::new(),
+        volumes: spec.volumes.clone(),
     }
 }
 
@@ -211,6 +211,7 @@ struct Source {
     placement: Placement,
     execd_token: String,
     image_reference: String,
+    volumes: Vec<fastbox_node_api::wire::VolumeMount>,
 }
 
 impl Source {
@@ -220,6 +221,7 @@ impl Source {
             placement: to_placement(&source.placement)?,
             execd_token: source.execd_token.clone(),
             image_reference: source.image_reference.clone(),
+            volumes: source.volumes.clone(),
         })
     }
 
@@ -229,6 +231,7 @@ impl Source {
             placement: &self.placement,
             execd_token: &self.execd_token,
             image_reference: &self.image_reference,
+            volumes: &self.volumes,
         }
     }
 }
@@ -763,6 +766,7 @@ mod tests {
             id: "sbx".into(),
             moved: false,
             env: vec!["A=1".into()],
+            volumes: Vec::new(),
             common: fastbox_node_api::wire::SandboxSettings {
                 limits: Default::default(),
                 disk_bytes: Some(1 << 30),

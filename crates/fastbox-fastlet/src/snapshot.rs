@@ -105,6 +105,8 @@ pub struct SnapshotSource<'a> {
     pub execd_token: &'a str,
     /// The image reference the sandbox came from (for logs and the manifest).
     pub image_reference: &'a str,
+    /// The sandbox's volumes, dumped as external mounts by a pause.
+    pub volumes: &'a [fastbox_node_api::wire::VolumeMount],
 }
 
 /// How long recovery waits for a dump that outlived a crash.
@@ -180,6 +182,7 @@ impl StagedSnapshot {
             placement,
             execd_token: &self.execd_token,
             image_reference: &self.template.image_reference,
+            volumes: &[],
         }
     }
 }
@@ -250,8 +253,11 @@ impl Fastlet {
             &self.config().criu,
             &source.placement.handle,
             &staging,
-            true,
-            short_freeze,
+            checkpoint::DumpOptions {
+                leave_running: true,
+                stream: short_freeze,
+                external_mounts: &[],
+            },
         )
         .map_err(|e| {
             let _ = std::fs::remove_dir_all(&staging);
@@ -294,12 +300,14 @@ impl Fastlet {
         id: &str,
         source: &SnapshotSource<'_>,
     ) -> Result<(Template, SnapshotReport), FastletError> {
+        let external_mounts = crate::volumes::dump_keys(source.volumes);
         let taken = self.take_snapshot(
             source,
             CheckpointOptions {
                 leave_running: false,
                 staging: None,
                 durable: true,
+                external_mounts: &external_mounts,
             },
         )?;
         self.release_keeping_address(id, Some(source.placement), source.placement.slot)?;

@@ -8,12 +8,24 @@
 //! with `RESOLVE_IN_ROOT` ([`Dir::resolve_dir`]): a symlink inside the allowed directory (the
 //! tenants' files may be there) resolves inside it, never to the rest of the host. A
 //! `subPath` resolves the same way inside the volume's directory.
+//!
+//! A pause dumps each volume as one of CRIU's external mounts ([`dump_keys`]); a resume
+//! mounts the volumes again on staging points of fastbox's own ([`Staged`],
+//! `DATA_DIR/volume-mounts/`) that CRIU binds into the restored sandbox with the flags they
+//! carry, then removes the staging mounts. Staging points are only ever unmounted and
+//! removed one directory at a time, never deleted recursively (that would reach into the
+//! volume).
 
+use std::os::fd::AsFd;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Component, Path, PathBuf};
 
 use fastbox_node_api::wire::{VolumeMount, VolumeSource};
 use fastbox_runtime::confine::{ConfineError, Dir};
 use fastbox_runtime::volume::{DetachedMount, VolumeError};
+
+/// Where a resume's volumes are mounted for CRIU, under the data directory.
+pub const STAGING_DIR: &str = "volume-mounts";
 
 /// Why a volume could not be bound.
 #[derive(Debug, thiserror::Error)]
@@ -46,12 +58,143 @@ pub fn detached_mounts(
         .map(|volume| {
             let dir = source_dir(allowed, volume)?;
             Ok(DetachedMount::of_dir(
-                std::os::fd::AsFd::as_fd(&dir),
+                dir.as_fd(),
                 &volume.mount_path,
                 volume.read_only,
             )?)
         })
         .collect()
+}
+
+/// CRIU's key of volume `name`'s external mount.
+pub fn key(name: &str) -> String {
+    format!("fastbox-vol-{name}")
+}
+
+/// What a dump of a sandbox with `volumes` names as external mounts: `(mount path, key)`.
+pub fn dump_keys(volumes: &[VolumeMount]) -> Vec<(String, String)> {
+    volumes
+        .iter()
+        .map(|v| (v.mount_path.clone(), key(&v.name)))
+        .collect()
+}
+
+/// A resume's volumes, each mounted on a staging point of its own for CRIU to bind; the
+/// mounts go (and their points) when this is dropped.
+#[derive(Debug, Default)]
+pub struct Staged {
+    dir: Option<PathBuf>,
+    points: Vec<(String, PathBuf)>,
+}
+
+impl Staged {
+    /// Mounts `volumes` (host paths confined to `allowed`) under a new directory named after
+    /// sandbox `id` in `data_dir`'s [`STAGING_DIR`].
+    pub fn mount(
+        data_dir: &Path,
+        id: &str,
+        allowed: &[PathBuf],
+        volumes: &[VolumeMount],
+    ) -> Result<Self, VolumesError> {
+        let mut staged = Staged::default();
+        if volumes.is_empty() {
+            return Ok(staged);
+        }
+        let mounts = detached_mounts(allowed, volumes)?;
+        let base = data_dir.join(STAGING_DIR);
+        let dir = base.join(format!("{id}-{}", std::process::id() ^ rand_suffix()));
+        let failed = |what: &'static str, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| {
+                VolumesError::Mount(VolumeError::Mount {
+                    mount_path: path.display().to_string(),
+                    what,
+                    source,
+                })
+            }
+        };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&base)
+            .map_err(failed("create the staging directory", &base))?;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(failed("create the staging directory", &dir))?;
+        staged.dir = Some(dir.clone());
+        let root = Dir::open_root(&dir).map_err(|source| VolumesError::Source {
+            name: String::new(),
+            path: dir.display().to_string(),
+            source,
+        })?;
+        for (volume, mount) in volumes.iter().zip(mounts) {
+            let point =
+                root.own_dir(&volume.name, 0o700)
+                    .map_err(|source| VolumesError::Source {
+                        name: volume.name.clone(),
+                        path: dir.join(&volume.name).display().to_string(),
+                        source,
+                    })?;
+            mount.mount_on(point.as_fd())?;
+            staged
+                .points
+                .push((key(&volume.name), dir.join(&volume.name)));
+        }
+        Ok(staged)
+    }
+
+    /// `(key, staging point)` of each volume, as CRIU's restore takes them.
+    pub fn sources(&self) -> Vec<(String, PathBuf)> {
+        self.points.clone()
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        for (_, point) in self.points.drain(..) {
+            // Detached, so CRIU's copy of the namespace or an open file does not keep it.
+            match nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH) {
+                Ok(()) => {
+                    let _ = std::fs::remove_dir(&point);
+                }
+                Err(e) => {
+                    tracing::warn!(point = %point.display(), error = %e, "could not unmount a volume's staging point");
+                }
+            }
+        }
+        if let Some(dir) = self.dir.take() {
+            // Only if empty: a point still mounted stays (and so does its volume's data).
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// Unmounts and removes the staging points a crash left in `data_dir` (at start). Returns
+/// how many points were removed.
+pub fn purge_staged(data_dir: &Path) -> usize {
+    let Ok(dirs) = std::fs::read_dir(data_dir.join(STAGING_DIR)) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for dir in dirs.flatten() {
+        if let Ok(points) = std::fs::read_dir(dir.path()) {
+            for point in points.flatten() {
+                let _ = nix::mount::umount2(&point.path(), nix::mount::MntFlags::MNT_DETACH);
+                if std::fs::remove_dir(point.path()).is_ok() {
+                    removed += 1;
+                }
+            }
+        }
+        let _ = std::fs::remove_dir(dir.path());
+    }
+    removed
+}
+
+fn rand_suffix() -> u32 {
+    let mut bytes = [0u8; 4];
+    let _ = getrandom::fill(&mut bytes);
+    u32::from_ne_bytes(bytes)
 }
 
 /// The directory volume `volume` binds, held open.

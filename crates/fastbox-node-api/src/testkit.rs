@@ -1704,6 +1704,7 @@ mod tests {
             id: id.into(),
             moved: false,
             env: vec![],
+            volumes: Vec::new(),
             common: settings(),
         }
     }
@@ -1714,6 +1715,7 @@ mod tests {
             placement: placement.clone(),
             execd_token: "e".into(),
             image_reference: IMAGE.into(),
+            volumes: Vec::new(),
         }
     }
 

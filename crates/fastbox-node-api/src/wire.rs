@@ -140,6 +140,9 @@ pub struct RestoreSpec {
     pub moved: bool,
     /// `KEY=VALUE` of the sandbox's record (execd's environment for new commands).
     pub env: Vec<String>,
+    /// The volumes the checkpoint was taken with (a resume of a pause mounts them again).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMount>,
     #[serde(flatten)]
     pub common: SandboxSettings,
 }
@@ -153,6 +156,10 @@ pub struct SnapshotSource {
     pub execd_token: String,
     /// The image reference the sandbox was created from (kept with the checkpoint).
     pub image_reference: String,
+    /// The sandbox's volumes: a pause dumps them as external mounts (its resume is given
+    /// them again).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMount>,
 }
 
 /// What a node fetches of a checkpoint published by another node

@@ -459,6 +459,7 @@ fn restore_spec(id: &str, n: u32) -> RestoreSpec {
         id: id.into(),
         moved: false,
         env: vec![format!("N={n}")],
+        volumes: Vec::new(),
         common: settings(n),
     }
 }
@@ -469,6 +470,7 @@ fn source(key: &str, placement: &NodePlacement) -> SnapshotSource {
         placement: placement.clone(),
         execd_token: "execd-1".into(),
         image_reference: IMAGE.into(),
+        volumes: Vec::new(),
     }
 }
 

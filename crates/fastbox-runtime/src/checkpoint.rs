@@ -88,6 +88,8 @@ pub struct CheckpointOptions<'a> {
     pub staging: Option<&'a Path>,
     /// Flush `out` to disk before returning (`syncfs`).
     pub durable: bool,
+    /// The sandbox's volumes, dumped as external mounts ([`DumpRequest::external_mounts`]).
+    pub external_mounts: &'a [(String, String)],
 }
 
 /// What a checkpoint took and how big it is.
@@ -122,14 +124,28 @@ pub fn checkpoint_with(
         criu,
         handle,
         opts.staging.unwrap_or(out),
-        opts.leave_running,
-        false,
+        DumpOptions {
+            leave_running: opts.leave_running,
+            stream: false,
+            external_mounts: opts.external_mounts,
+        },
     );
     let persisted = dumped.and_then(|dumped| persist(&dumped, out, opts.durable));
     if let Some(staging) = opts.staging {
         let _ = fs::remove_dir_all(staging);
     }
     persisted
+}
+
+/// How [`dump_into`] dumps.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DumpOptions<'a> {
+    /// Keep the sandbox running (a live snapshot); otherwise the dump ends it.
+    pub leave_running: bool,
+    /// Capture the images into memory first ([`crate::image_stream`]).
+    pub stream: bool,
+    /// The sandbox's volumes ([`DumpRequest::external_mounts`]).
+    pub external_mounts: &'a [(String, String)],
 }
 
 /// A checkpoint dumped into a directory ([`dump_into`]), not yet where it is kept.
@@ -156,9 +172,13 @@ pub fn dump_into(
     criu: &Criu,
     handle: &SandboxHandle,
     dir: &Path,
-    leave_running: bool,
-    stream: bool,
+    opts: DumpOptions<'_>,
 ) -> Result<Dumped, CheckpointError> {
+    let DumpOptions {
+        leave_running,
+        stream,
+        external_mounts,
+    } = opts;
     let id = handle.id.clone();
     let io_err = |what: &'static str, path: &Path| {
         let (id, path) = (id.clone(), path.to_path_buf());
@@ -235,6 +255,7 @@ pub fn dump_into(
         leave_running,
         post_dump: Some(&hook.script()),
         stream: capture.is_some(),
+        external_mounts,
     });
     let post_dump = hook.finish();
     let written = match (dumped, capture) {
@@ -378,6 +399,8 @@ pub struct RestoreTarget<'a> {
     /// `dir` already holds a mounted writable layer of `disk_bytes`
     /// ([`Rootfs::create_layer`], a spare made ahead of demand): only the overlay is mounted.
     pub layer_ready: bool,
+    /// The sources of the checkpoint's volumes ([`RestoreRequest::external_mounts`]).
+    pub external_mounts: &'a [(String, PathBuf)],
 }
 
 /// How long the parts of one restore took.
@@ -572,6 +595,7 @@ fn restore_with(
                         tcp_close: target.tcp_close,
                         lazy_pages: session.is_some(),
                         deadline: session.as_ref().map(|(s, _)| s.restore_deadline()),
+                        external_mounts: target.external_mounts,
                     },
                     launcher,
                 )

@@ -89,6 +89,10 @@ pub struct DumpRequest<'a> {
     /// (CRIU's `post-dump` action; CRIU runs it for its other actions too, naming the action
     /// in `CRTOOLS_SCRIPT_ACTION`): what must be captured consistently with memory.
     pub post_dump: Option<&'a Path>,
+    /// Mounts of the sandbox that come from the host (its volumes), each dumped as an
+    /// external resource under a key: `(mount path inside the sandbox, key)`. A restore
+    /// supplies a source for each key ([`RestoreRequest::external_mounts`]).
+    pub external_mounts: &'a [(String, String)],
     /// Hand the images to a streamer listening in `images` (`--stream`,
     /// [`crate::image_stream`]). CRIU then writes no `stats-dump`: its log is written at
     /// the info level, whose timestamps give the freeze ([`crate::criu_stats::frozen_from_log`]).
@@ -118,6 +122,9 @@ pub struct RestoreRequest<'a> {
     /// Kill the CRIU run if it has not ended by then (`None`: no limit). A lazy restore
     /// whose pages never come waits forever otherwise.
     pub deadline: Option<Instant>,
+    /// The source of each external mount the dump named: `(key, host directory)`, bind
+    /// mounted by CRIU (with the flags the source's mount has).
+    pub external_mounts: &'a [(String, PathBuf)],
 }
 
 impl Criu {
@@ -254,6 +261,10 @@ impl Criu {
             .arg("--external")
             .arg(format!("mnt[{EXECD_SANDBOX_PATH}]:{EXECD_KEY}"))
             .args(COMMON_OPTIONS);
+        for (mount_path, key) in req.external_mounts {
+            cmd.arg("--external")
+                .arg(format!("mnt[{mount_path}]:{key}"));
+        }
         if req.leave_running {
             cmd.arg("--leave-running");
         }
@@ -668,6 +679,12 @@ fn restore_args(req: &RestoreRequest<'_>, pidfile: &Path) -> Vec<std::ffi::OsStr
         pidfile.into(),
     ];
     args.extend(COMMON_OPTIONS.iter().map(Into::into));
+    for (key, source) in req.external_mounts {
+        args.push("--external".into());
+        let mut arg = std::ffi::OsString::from(format!("mnt[{key}]:"));
+        arg.push(source.as_os_str());
+        args.push(arg);
+    }
     if req.tcp_close {
         args.push("--tcp-close".into());
     }
@@ -1062,13 +1079,14 @@ mod tests {
             tcp_close: true,
             lazy_pages: false,
             deadline: None,
+            external_mounts: &[],
         };
         let eager = restore_args(&req, path);
         assert!(!eager.iter().any(|a| a == "--lazy-pages"));
         let lazy = restore_args(
             &RestoreRequest {
                 lazy_pages: true,
-                ..req
+                ..req.clone()
             },
             path,
         );
@@ -1076,6 +1094,21 @@ mod tests {
         assert_eq!(
             lazy.last().map(|a| a.as_os_str()),
             Some("--lazy-pages".as_ref())
+        );
+        let volumes = [("fastbox-vol-work".to_string(), PathBuf::from("/run/v/work"))];
+        let with_volumes = restore_args(
+            &RestoreRequest {
+                external_mounts: &volumes,
+                ..req
+            },
+            path,
+        );
+        let pair = ["--external", "mnt[fastbox-vol-work]:/run/v/work"];
+        assert!(
+            with_volumes
+                .windows(2)
+                .any(|w| w[0] == pair[0] && w[1] == pair[1]),
+            "{with_volumes:?}"
         );
     }
 

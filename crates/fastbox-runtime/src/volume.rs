@@ -118,6 +118,12 @@ impl DetachedMount {
     pub fn mount_path(&self) -> &str {
         &self.mount_path
     }
+
+    /// Mounts it on directory `target` of the calling thread's mount namespace (a directory
+    /// of fastbox's own: a restore's staging point, [`attach`] for a sandbox's paths).
+    pub fn mount_on(&self, target: BorrowedFd<'_>) -> Result<(), VolumeError> {
+        move_onto(self, target)
+    }
 }
 
 /// Mounts each of `mounts` at its path inside the root of the mount namespace of process

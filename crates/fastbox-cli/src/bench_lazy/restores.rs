@@ -221,6 +221,7 @@ fn restore_into(
         execd_store: plan.execd_store,
         tcp_close: true,
         layer_ready: true,
+        external_mounts: &[],
     };
     let cgroups = &plan.host.cgroups;
     let call = Instant::now();

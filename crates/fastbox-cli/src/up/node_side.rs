@@ -152,6 +152,10 @@ pub(crate) async fn start_fastlet(
             "fastbox: removed {staged} live-snapshot staging directory(ies) of the previous run"
         );
     }
+    let points = fastbox_fastlet::volumes::purge_staged(&fastlet.config().data_dir);
+    if points > 0 {
+        println!("fastbox: unmounted {points} volume staging point(s) of the previous run");
+    }
     Ok(fastlet)
 }
 

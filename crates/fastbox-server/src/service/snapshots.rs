@@ -371,7 +371,6 @@ impl Lifecycle {
     /// `POST /v1/sandboxes/{id}/pause`: `Pausing` now; `Paused` once the checkpoint is on
     /// disk and the runtime released.
     pub fn pause(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
-        no_volumes(&self.record(id)?, "paused")?;
         let key = new_pause_key(id);
         self.begin(
             id,
@@ -692,6 +691,11 @@ impl Lifecycle {
         record: &SandboxRecord,
         key: &str,
     ) -> Result<(Arc<dyn NodeAgent>, u32), String> {
+        if !record.volumes.is_empty() {
+            return Err(
+                "its volumes are directories of its own node's host: it resumes only there".into(),
+            );
+        }
         let manifest = record
             .paused_manifest
             .clone()
@@ -1173,6 +1177,7 @@ fn restore_spec(record: &SandboxRecord, resources: &ResourcePolicy) -> NodeResul
         id: record.id.clone(),
         moved: false,
         env: record.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        volumes: record.volumes.clone(),
         common: SandboxSettings {
             limits,
             disk_bytes,
@@ -1189,6 +1194,7 @@ fn snapshot_source(key: &str, record: &SandboxRecord) -> Option<SnapshotSource> 
         placement: record.placement.clone()?,
         execd_token: record.execd_token.clone(),
         image_reference: record.image.uri.clone(),
+        volumes: record.volumes.clone(),
     })
 }
 
@@ -1198,9 +1204,9 @@ fn busy(id: &str) -> ApiError {
     ))
 }
 
-/// 409 for a sandbox with volumes: its checkpoint would not hold them, and a restore would
-/// come back without them (pause, snapshots and forks of such sandboxes are not supported
-/// yet).
+/// 409 for a sandbox with volumes: a snapshot's clones would get its host directories (not
+/// a copy of them) on whatever node they start (snapshots and forks of such sandboxes are
+/// not supported yet; a pause keeps the volumes, the resume mounts them again).
 fn no_volumes(record: &SandboxRecord, what: &str) -> Result<(), ApiError> {
     match record.volumes.is_empty() {
         true => Ok(()),
