@@ -1,6 +1,8 @@
 """Volumes through the official SDK (`Volume` of the lifecycle spec): host volumes under the
 directory the operator allows (`--allow-host-volume`), read-write and read-only, a `subPath`,
-the answers for what is refused, and the 409 for a pause of a sandbox with volumes.
+pause and resume with volumes, named (`pvc`) volumes with their quota, sharing and
+`deleteOnSandboxTermination` (and `fastbox volume list|rm`), and the answers for what is
+refused.
 
 The server of this module allows one directory of its own; every path outside it is
 refused with a 400 that names the volume.
@@ -9,9 +11,11 @@ refused with a 400 that names the volume.
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import fastbox_server as fb
@@ -226,9 +230,89 @@ def test_refused_volumes_say_why(fastbox: fb.FastboxServer, allowed: Path) -> No
     # Through the SDK, the same refusal.
     with pytest.raises(SandboxException) as e:
         fastbox.create_sandbox(
-            volumes=[Volume(name="named", pvc=PVC(claim_name="data"), mount_path="/data")]
+            volumes=[Volume(name="named", pvc=PVC(claim_name="Not_A_Label"), mount_path="/data")]
         )
-    assert "pvc" in str(e.value), e.value
+    assert "claimName" in str(e.value), e.value
     # Nothing was recorded for any of them.
     with fastbox.http() as api:
         assert len(fastbox.list_all(api)) == before
+
+
+def fastbox_cli(fastbox: fb.FastboxServer, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(fastbox.binary), *args, "--data-dir", str(fastbox.data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_named_volumes_are_shared_limited_and_go_with_their_sandbox(
+    fastbox: fb.FastboxServer,
+) -> None:
+    shared = PVC(claim_name="shared", storage="64Mi", delete_on_sandbox_termination=True)
+    first = fastbox.create_sandbox(
+        volumes=[Volume(name="shared", pvc=shared, mount_path="/data")]
+    )
+    second: SandboxSync | None = None
+    try:
+        run_ok(first, "echo made by the first > /data/note")
+        second = fastbox.create_sandbox(
+            volumes=[
+                Volume(
+                    name="shared",
+                    pvc=PVC(claim_name="shared", create_if_not_exists=False),
+                    mount_path="/mnt/shared",
+                    read_only=True,
+                )
+            ]
+        )
+        assert second.files.read_file("/mnt/shared/note") == "made by the first\n"
+        # The quota is the volume's size: 64 MiB do not take 100.
+        ex = first.commands.run("dd if=/dev/zero of=/data/big bs=1M count=100")
+        assert ex.exit_code != 0
+        assert "No space left" in "\n".join(lines(ex.logs.stderr)), lines(ex.logs.stderr)
+        run_ok(first, "rm -f /data/big")
+        listed = fastbox_cli(fastbox, "volume", "list")
+        assert listed.returncode == 0, listed.stderr
+        row = next(l for l in listed.stdout.splitlines() if l.startswith("shared "))
+        assert first.id in row and second.id in row and "64.0Mi" in row, listed.stdout
+        refused = fastbox_cli(fastbox, "volume", "rm", "shared")
+        assert refused.returncode != 0 and "mounted by" in refused.stderr, refused
+        # Its maker's end leaves it to the sandbox still using it...
+        first.kill()
+        fb.wait_until(
+            lambda: fastbox_state(fastbox, first.id) == "Terminated", timeout=60, what="deleted"
+        )
+        assert second.files.read_file("/mnt/shared/note") == "made by the first\n"
+        # ...and it goes with the last one (deleteOnSandboxTermination).
+        second.kill()
+        fb.wait_until(
+            lambda: fastbox_state(fastbox, second.id) == "Terminated", timeout=60, what="deleted"
+        )
+        listed = fastbox_cli(fastbox, "volume", "list")
+        assert "shared " not in listed.stdout, listed.stdout
+    finally:
+        for sb in (first, second):
+            if sb is not None:
+                sb.kill()
+                sb.close()
+
+
+def test_a_named_volume_that_must_exist_and_does_not_fails_the_create(
+    fastbox: fb.FastboxServer,
+) -> None:
+    with pytest.raises(SandboxException) as e:
+        fastbox.create_sandbox(
+            volumes=[
+                Volume(
+                    name="missing",
+                    pvc=PVC(claim_name="never-made", create_if_not_exists=False),
+                    mount_path="/data",
+                )
+            ],
+            ready_timeout=timedelta(seconds=30),
+        )
+    assert "never-made" in str(e.value) and "does not exist" in str(e.value), e.value
+    listed = fastbox_cli(fastbox, "volume", "list")
+    assert "never-made" not in listed.stdout, listed.stdout

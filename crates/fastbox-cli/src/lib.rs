@@ -18,6 +18,7 @@ pub mod state;
 pub mod up;
 pub mod verify_cluster;
 pub mod verify_p2p;
+pub mod volume;
 
 pub use fastbox_fastlet::execd_client;
 /// One sandbox on this host without a server (kept under its old name for the CLI's users).

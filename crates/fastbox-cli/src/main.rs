@@ -64,6 +64,11 @@ enum Command {
         #[command(subcommand)]
         command: fastbox_cli::state::StateCommand,
     },
+    /// Named volumes (creates' `pvc` volumes) kept by this host's node: list, rm.
+    Volume {
+        #[command(subcommand)]
+        command: fastbox_cli::volume::VolumeCommand,
+    },
 }
 
 #[derive(Subcommand)]
@@ -208,6 +213,7 @@ fn main() {
         Command::Node(args) => node::node(*args),
         Command::NodeFenceGuard(args) => node::fence_guard::run(args).map_err(Into::into),
         Command::Purge(args) => up::purge(args),
+        Command::Volume { command } => fastbox_cli::volume::run(command),
         Command::Leftovers(args) => up::leftovers(args),
     };
     match result {

@@ -243,6 +243,7 @@ pub struct Fastlet {
     /// Pooled sandboxes claimed, by the id they were claimed as, until that sandbox is
     /// removed or released ([`Fastlet::remove_unrecorded_claims`]).
     claimed: Mutex<HashMap<String, Vec<Placement>>>,
+    named_volumes: crate::named_volumes::NamedVolumes,
     pub(crate) builds: BuildLocks,
     pools: WarmPools,
     spares: SparePool,
@@ -325,6 +326,7 @@ impl Fastlet {
             staging.unmount();
             FastletError::Setup(Box::new(e.into()))
         })?;
+        let named_volumes = crate::named_volumes::NamedVolumes::new(&cfg.data_dir);
         Ok(Self {
             cfg,
             host,
@@ -333,6 +335,7 @@ impl Fastlet {
             slots,
             routes: RwLock::new(HashMap::new()),
             claimed: Mutex::new(HashMap::new()),
+            named_volumes,
             builds: BuildLocks::default(),
             pools: WarmPools::new(pool_min, pool_max),
             spares,
@@ -583,8 +586,7 @@ impl Fastlet {
         let staged = match mode {
             StartMode::Resume | StartMode::Moved => crate::volumes::Staged::mount(
                 &self.cfg.data_dir,
-                &req.id,
-                &self.cfg.host_volume_roots,
+                self.volume_sources(&req.id),
                 &req.volumes,
             )
             .map_err(volumes_err)?,
@@ -745,7 +747,7 @@ impl Fastlet {
         }
         // A resume's volumes are CRIU's to mount again (external mounts of its checkpoint).
         if !req.volumes.is_empty() && matches!(mode, StartMode::Claim | StartMode::Clone) {
-            crate::volumes::detached_mounts(&self.cfg.host_volume_roots, &req.volumes)
+            crate::volumes::detached_mounts(self.volume_sources(&req.id), &req.volumes)
                 .and_then(|mounts| Ok(fastbox_runtime::volume::attach(handle.init_pid, mounts)?))
                 .map_err(|source| FastletError::Volumes {
                     id: req.id.clone(),
@@ -1258,6 +1260,9 @@ impl Fastlet {
         if let Some(job) = job {
             self.reap(&job).map_err(remove_err)?;
         }
+        for volume in self.named_volumes.user_ended(id) {
+            tracing::info!(sandbox = %id, volume = %volume, "named volume deleted with its sandbox");
+        }
         let report = RemoveReport {
             processes_gone_ms,
             total_ms: clock.ms(),
@@ -1364,6 +1369,20 @@ impl Fastlet {
                 }
             }
         });
+    }
+
+    /// Where the volumes of sandbox `id` come from on this node.
+    fn volume_sources<'a>(&'a self, id: &'a str) -> crate::volumes::Sources<'a> {
+        crate::volumes::Sources {
+            allowed: &self.cfg.host_volume_roots,
+            named: &self.named_volumes,
+            user: id,
+        }
+    }
+
+    /// This node's named volumes.
+    pub fn named_volumes(&self) -> &crate::named_volumes::NamedVolumes {
+        &self.named_volumes
     }
 
     pub(crate) fn unstarted_handle(&self, id: &str) -> SandboxHandle {

@@ -616,6 +616,8 @@ pub fn purge(prefix: &str, data_dir: &Path) -> Result<(), HostError> {
         }
     }
     crate::from_artifact::unmount_all(data_dir);
+    crate::named_volumes::NamedVolumes::new(data_dir).unmount_all();
+    crate::volumes::purge_staged(data_dir);
     HostNetwork::purge(prefix)?;
     // Cgroups no sandbox directory names (a spare a crash interrupted) go too.
     remove_cgroups(&cgroups, prefix, |_| true);

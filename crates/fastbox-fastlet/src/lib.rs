@@ -14,6 +14,7 @@ pub mod host;
 pub mod kept_slots;
 pub mod local_node;
 pub mod memory;
+pub mod named_volumes;
 pub mod node_proxy;
 pub mod node_store;
 pub mod one_at_a_time;

@@ -46,17 +46,29 @@ pub enum VolumesError {
     },
     #[error(transparent)]
     Mount(#[from] VolumeError),
+    #[error(transparent)]
+    Named(#[from] crate::named_volumes::NamedVolumeError),
+}
+
+/// Where a start's volumes come from on this node.
+#[derive(Clone, Copy)]
+pub struct Sources<'a> {
+    /// `--allow-host-volume`.
+    pub allowed: &'a [PathBuf],
+    pub named: &'a crate::named_volumes::NamedVolumes,
+    /// The sandbox the volumes are for.
+    pub user: &'a str,
 }
 
 /// The detached mounts of `volumes`, in order, host paths confined to `allowed`.
 pub fn detached_mounts(
-    allowed: &[PathBuf],
+    sources: Sources<'_>,
     volumes: &[VolumeMount],
 ) -> Result<Vec<DetachedMount>, VolumesError> {
     volumes
         .iter()
         .map(|volume| {
-            let dir = source_dir(allowed, volume)?;
+            let dir = source_dir(sources, volume)?;
             Ok(DetachedMount::of_dir(
                 dir.as_fd(),
                 &volume.mount_path,
@@ -92,17 +104,20 @@ impl Staged {
     /// sandbox `id` in `data_dir`'s [`STAGING_DIR`].
     pub fn mount(
         data_dir: &Path,
-        id: &str,
-        allowed: &[PathBuf],
+        sources: Sources<'_>,
         volumes: &[VolumeMount],
     ) -> Result<Self, VolumesError> {
         let mut staged = Staged::default();
         if volumes.is_empty() {
             return Ok(staged);
         }
-        let mounts = detached_mounts(allowed, volumes)?;
+        let mounts = detached_mounts(sources, volumes)?;
         let base = data_dir.join(STAGING_DIR);
-        let dir = base.join(format!("{id}-{}", std::process::id() ^ rand_suffix()));
+        let dir = base.join(format!(
+            "{}-{}",
+            sources.user,
+            std::process::id() ^ rand_suffix()
+        ));
         let failed = |what: &'static str, path: &Path| {
             let path = path.to_path_buf();
             move |source| {
@@ -198,8 +213,36 @@ fn rand_suffix() -> u32 {
 }
 
 /// The directory volume `volume` binds, held open.
-fn source_dir(allowed: &[PathBuf], volume: &VolumeMount) -> Result<Dir, VolumesError> {
-    let VolumeSource::Host { path } = &volume.source;
+fn source_dir(sources: Sources<'_>, volume: &VolumeMount) -> Result<Dir, VolumesError> {
+    let dir = match &volume.source {
+        VolumeSource::Host { path } => host_dir(sources.allowed, volume, path)?,
+        VolumeSource::Named {
+            name,
+            create,
+            size_bytes,
+            delete_on_termination,
+        } => sources.named.open_for(
+            name,
+            sources.user,
+            *create,
+            *size_bytes,
+            *delete_on_termination,
+        )?,
+    };
+    match &volume.sub_path {
+        Some(sub) => dir
+            .create_dir_all(sub, 0o755)
+            .map_err(|source| VolumesError::Source {
+                name: volume.name.clone(),
+                path: format!("subPath {sub}"),
+                source,
+            }),
+        None => Ok(dir),
+    }
+}
+
+/// The host directory `path` of volume `volume`, opened from the allowed directory it is in.
+fn host_dir(allowed: &[PathBuf], volume: &VolumeMount, path: &str) -> Result<Dir, VolumesError> {
     let source = |path: &str| {
         let name = volume.name.clone();
         let path = path.to_string();
@@ -208,7 +251,7 @@ fn source_dir(allowed: &[PathBuf], volume: &VolumeMount) -> Result<Dir, VolumesE
     let (root, rel) =
         allowed_root(allowed, Path::new(path)).ok_or_else(|| VolumesError::NotAllowed {
             name: volume.name.clone(),
-            path: path.clone(),
+            path: path.to_string(),
             allowed: match allowed.is_empty() {
                 true => " is not given: host volumes are off".into(),
                 false => format!(
@@ -222,13 +265,7 @@ fn source_dir(allowed: &[PathBuf], volume: &VolumeMount) -> Result<Dir, VolumesE
             },
         })?;
     let root = Dir::open_root(root).map_err(source(&root.display().to_string()))?;
-    let dir = root.resolve_dir(rel_or_dot(&rel)).map_err(source(path))?;
-    match &volume.sub_path {
-        Some(sub) => dir
-            .create_dir_all(sub, 0o755)
-            .map_err(source(&format!("{path} (subPath {sub})"))),
-        None => Ok(dir),
-    }
+    root.resolve_dir(rel_or_dot(&rel)).map_err(source(path))
 }
 
 /// The allowed directory `path` lies under, and `path` relative to it; `None` when `path`

@@ -118,6 +118,16 @@ pub enum VolumeSource {
     /// A directory of the node's host, under a directory its operator allows
     /// (`--allow-host-volume`).
     Host { path: String },
+    /// A named volume the node keeps (the spec's `pvc`): made on first use when `create`,
+    /// `size_bytes` large; removed with the sandbox whose create made it when
+    /// `delete_on_termination`.
+    #[serde(rename_all = "camelCase")]
+    Named {
+        name: String,
+        create: bool,
+        size_bytes: u64,
+        delete_on_termination: bool,
+    },
 }
 
 /// What every start (from an image, a snapshot or a pause checkpoint) sets.

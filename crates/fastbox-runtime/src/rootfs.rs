@@ -43,6 +43,18 @@ pub struct Rootfs {
     layer_image: PathBuf,
 }
 
+/// A sparse file of `bytes` at `path` (made anew) with an empty ext4 file system on it, no
+/// journal and nothing reserved: a writable layer, a named volume.
+pub fn make_ext4_image(path: &Path, bytes: u64) -> Result<(), RootfsError> {
+    let image = fs::File::create(path).map_err(io("create", path))?;
+    image.set_len(bytes).map_err(io("size", path))?;
+    drop(image);
+    run(Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-O", "^has_journal", "-m", "0"])
+        .args(["-E", "lazy_itable_init=1,nodiscard"])
+        .arg(path))
+}
+
 impl Rootfs {
     /// Paths used for the sandbox directory `dir` (nothing is created).
     pub fn at(dir: &Path) -> Self {
@@ -77,15 +89,7 @@ impl Rootfs {
     pub fn create_layer(dir: &Path, disk_bytes: u64) -> Result<Self, RootfsError> {
         let this = Self::at(dir);
         create_dir(dir)?;
-        let image = fs::File::create(&this.layer_image).map_err(io("create", &this.layer_image))?;
-        image
-            .set_len(disk_bytes)
-            .map_err(io("size", &this.layer_image))?;
-        drop(image);
-        run(Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-O", "^has_journal", "-m", "0"])
-            .args(["-E", "lazy_itable_init=1,nodiscard"])
-            .arg(&this.layer_image))?;
+        make_ext4_image(&this.layer_image, disk_bytes)?;
         create_dir(&this.layer_mount)?;
         crate::loopdev::mount_image(
             &this.layer_image,

@@ -904,12 +904,14 @@ pub(super) fn still_in(r: &SandboxRecord, state: SandboxState) -> Result<(), Api
 }
 
 pub(super) fn not_running(r: &SandboxRecord, detail: &str) -> ApiError {
-    let reason = r
-        .status
-        .reason
-        .as_deref()
-        .map(|x| format!(" ({x})"))
-        .unwrap_or_default();
+    // A failed sandbox says why (its status, as a GET shows it): the caller's next step.
+    let reason = match (r.status.reason.as_deref(), r.status.message.as_deref()) {
+        (Some(reason), Some(message)) if r.state() == SandboxState::Failed => {
+            format!(" ({reason}: {message})")
+        }
+        (Some(reason), _) => format!(" ({reason})"),
+        _ => String::new(),
+    };
     ApiError::NotRunning {
         id: r.id.clone(),
         state: r.state().to_string(),

@@ -2,10 +2,12 @@
 //! recorded: what the node is asked to mount ([`VolumeMount`]) or a 400 that says what is
 //! wrong with which volume.
 //!
-//! Only `host` volumes are served: a directory under one of the directories the operator
-//! allows (`--allow-host-volume`, none by default). The node checks the path again and
-//! opens it confined to the allowed directory (`fastbox_fastlet::volumes`); this check gives
-//! the caller a clear 400 before that. `pvc` and `ossfs` volumes are refused as not supported.
+//! `host` volumes: a directory under one of the directories the operator allows
+//! (`--allow-host-volume`, none by default). The node checks the path again and opens it
+//! confined to the allowed directory (`fastbox_fastlet::volumes`); this check gives the
+//! caller a clear 400 before that. `pvc` volumes are the node's named volumes
+//! (`fastbox_fastlet::named_volumes`), each with its size as a quota. `ossfs` volumes are
+//! refused as not supported.
 
 use std::collections::HashSet;
 use std::path::{Component, Path, PathBuf};
@@ -18,6 +20,10 @@ use crate::error::ApiError;
 
 /// The most volumes one sandbox may have.
 pub const MAX_VOLUMES: usize = 16;
+/// The size of a named volume whose create names none.
+pub const DEFAULT_NAMED_BYTES: u64 = 1 << 30;
+/// The largest named volume.
+pub const MAX_NAMED_BYTES: u64 = 256 << 30;
 
 /// Paths of the sandbox a volume may not be mounted on or under: the kernel's interfaces
 /// and fastbox's own files.
@@ -45,6 +51,26 @@ struct Volume {
 #[serde(deny_unknown_fields)]
 struct HostBackend {
     path: String,
+}
+
+/// `pvc`: a named volume. `storageClass` and `accessModes` mean nothing here (a volume is
+/// one node's), and are accepted for the SDKs' sake.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct PvcBackend {
+    claim_name: String,
+    #[serde(default)]
+    create_if_not_exists: Option<bool>,
+    #[serde(default)]
+    delete_on_sandbox_termination: Option<bool>,
+    #[serde(default)]
+    storage: Option<String>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    storage_class: Option<String>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    access_modes: Option<Vec<String>>,
 }
 
 /// The volumes of a create, in order; `host_roots` are the allowed host directories.
@@ -85,10 +111,8 @@ pub fn volumes_of(values: &[Value], host_roots: &[PathBuf]) -> Result<Vec<Volume
         let source = match (&volume.host, &volume.pvc, &volume.ossfs) {
             (Some(host), None, None) => host_source(&host.path, host_roots)
                 .map_err(|e| invalid(format!("{at}: host.path {e}")))?,
-            (None, Some(_), None) => {
-                return Err(ApiError::NotSupported(format!(
-                    "{at}: pvc (named) volumes are not supported by this server yet; use a host volume"
-                )));
+            (None, Some(pvc), None) => {
+                named_source(pvc).map_err(|e| invalid(format!("{at}: pvc.{e}")))?
             }
             (None, None, Some(_)) => {
                 return Err(ApiError::NotSupported(format!(
@@ -218,6 +242,30 @@ fn host_source(path: &str, roots: &[PathBuf]) -> Result<VolumeSource, String> {
     })
 }
 
+fn named_source(pvc: &Value) -> Result<VolumeSource, String> {
+    let pvc: PvcBackend = serde_json::from_value(pvc.clone()).map_err(|e| format!("{e}"))?;
+    check_name(&pvc.claim_name).map_err(|e| format!("claimName {e}"))?;
+    let size_bytes = match &pvc.storage {
+        None => DEFAULT_NAMED_BYTES,
+        Some(text) => {
+            fastbox_api::quantity::parse_bytes(text).map_err(|e| format!("storage {e}"))?
+        }
+    };
+    if !(1 << 20..=MAX_NAMED_BYTES).contains(&size_bytes) {
+        return Err(format!(
+            "storage {} is outside 1Mi..{}Gi",
+            pvc.storage.as_deref().unwrap_or_default(),
+            MAX_NAMED_BYTES >> 30
+        ));
+    }
+    Ok(VolumeSource::Named {
+        name: pvc.claim_name,
+        create: pvc.create_if_not_exists.unwrap_or(true),
+        size_bytes,
+        delete_on_termination: pvc.delete_on_sandbox_termination.unwrap_or(false),
+    })
+}
+
 /// Whether one of `a` and `b` is the other or lies inside it.
 fn nested(a: &Path, b: &Path) -> bool {
     a.starts_with(b) || b.starts_with(a)
@@ -329,8 +377,52 @@ mod tests {
             &[],
         );
         assert!(message(off.unwrap_err()).contains("host volumes are off"));
-        let pvc = one(json!({"name": "w", "pvc": {"claimName": "x"}, "mountPath": "/w"}));
-        assert!(matches!(pvc, Err(ApiError::NotSupported(_))), "{pvc:?}");
+        let ossfs = one(json!({"name": "w", "ossfs": {"bucket": "b"}, "mountPath": "/w"}));
+        assert!(matches!(ossfs, Err(ApiError::NotSupported(_))), "{ossfs:?}");
+        for (pvc, expected) in [
+            (json!({"claimName": "Bad_Name"}), "DNS label"),
+            (json!({"claimName": "../x"}), "DNS label"),
+            (json!({"claimName": "x", "storage": "lots"}), "storage"),
+            (json!({"claimName": "x", "storage": "512Ki"}), "outside"),
+            (json!({"claimName": "x", "storage": "1Ti"}), "outside"),
+            (json!({"claimName": "x", "size": 1}), "unknown field"),
+        ] {
+            let got = one(json!({"name": "w", "pvc": pvc, "mountPath": "/w"}));
+            let text = message(got.expect_err(&pvc.to_string()));
+            assert!(text.contains(expected), "{pvc}: {text}");
+        }
+    }
+
+    #[test]
+    fn a_named_volume_takes_the_spec_defaults() {
+        let got = one(
+            json!({"name": "d", "pvc": {"claimName": "data", "storageClass": "x",
+            "accessModes": ["ReadWriteOnce"]}, "mountPath": "/data"}),
+        )
+        .unwrap();
+        assert_eq!(
+            got[0].source,
+            VolumeSource::Named {
+                name: "data".into(),
+                create: true,
+                size_bytes: DEFAULT_NAMED_BYTES,
+                delete_on_termination: false,
+            }
+        );
+        let got = one(
+            json!({"name": "d", "pvc": {"claimName": "data", "storage": "2Gi",
+            "createIfNotExists": false, "deleteOnSandboxTermination": true}, "mountPath": "/data"}),
+        )
+        .unwrap();
+        assert_eq!(
+            got[0].source,
+            VolumeSource::Named {
+                name: "data".into(),
+                create: false,
+                size_bytes: 2 << 30,
+                delete_on_termination: true,
+            }
+        );
     }
 
     #[test]
