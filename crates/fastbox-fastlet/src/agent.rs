@@ -1256,6 +1256,17 @@ impl Fastlet {
         };
         sandbox::stop_processes(&handle, &self.host.cgroups).map_err(|e| remove_err(e.into()))?;
         let processes_gone_ms = clock.ms();
+        if placement.is_some() && !handle.dir.exists() {
+            // Removed already: an earlier removal moved its directory to the reaper, whose
+            // teardown releases (or released) the slot. A second removal (a server taking
+            // over a removal whose node call its predecessor left running) releasing it
+            // again would free it under its next holder.
+            tracing::info!(sandbox = %id, slot = ?slot, "removed already: the slot is not released again");
+            return Ok(RemoveReport {
+                processes_gone_ms,
+                total_ms: clock.ms(),
+            });
+        }
         let job = self.queue_teardown(&handle, slot).map_err(remove_err)?;
         if let Some(job) = job {
             self.reap(&job).map_err(remove_err)?;
