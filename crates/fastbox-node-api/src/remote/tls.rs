@@ -107,6 +107,8 @@ impl std::fmt::Debug for TlsIdentity {
 pub const CERT_FILE: &str = "cert.pem";
 /// The key's file in an identity's directory (mode 0600).
 pub const KEY_FILE: &str = "key.pem";
+/// Held (`flock`) while an identity is looked for and made.
+const LOCK_FILE: &str = ".lock";
 
 impl TlsIdentity {
     /// The identity kept in `dir` (`cert.pem`, `key.pem`), made there first when it has none:
@@ -118,8 +120,18 @@ impl TlsIdentity {
             move |source| TlsError::Io { what, path, source }
         };
         let (cert_path, key_path) = (dir.join(CERT_FILE), dir.join(KEY_FILE));
+        create_private_dir(dir).map_err(io_err("create", dir))?;
+        // Two processes (or threads) making the identity at once would otherwise each write
+        // a key and a certificate, and could leave one's key beside the other's certificate.
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io_err("open", &lock_path))?;
+        lock.lock().map_err(io_err("lock", &lock_path))?;
         if !cert_path.exists() {
-            create_private_dir(dir).map_err(io_err("create", dir))?;
             let names = if names.is_empty() {
                 vec!["fastbox".to_string()]
             } else {
@@ -133,6 +145,7 @@ impl TlsIdentity {
             write_new(&cert_path, made.cert.pem().as_bytes(), 0o644)
                 .map_err(io_err("write", &cert_path))?;
         }
+        drop(lock);
         let certs = read_certs(&cert_path)?;
         let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| TlsError::Pem {
             path: key_path.clone(),
@@ -328,7 +341,7 @@ fn create_private_dir(dir: &Path) -> io::Result<()> {
 fn write_new(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
-    let tmp = path.with_extension("new");
+    let tmp = path.with_extension(format!("new.{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     let mut file = std::fs::OpenOptions::new()
         .write(true)
@@ -358,6 +371,23 @@ mod tests {
         assert_eq!(mode(&tls), 0o700);
         let other = TlsIdentity::load_or_create(&dir.path().join("other"), &[]).unwrap();
         assert_ne!(other.pin(), made.pin());
+    }
+
+    #[test]
+    fn an_identity_made_by_many_at_once_is_one_whole_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        let tls = dir.path().join("tls");
+        let made: Vec<TlsIdentity> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| scope.spawn(|| TlsIdentity::load_or_create(&tls, &[]).unwrap()))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for identity in &made {
+            assert_eq!(identity.pin(), made[0].pin());
+            // rustls refuses a key that is not the certificate's.
+            identity.acceptor().expect("the key is the certificate's");
+        }
     }
 
     #[test]
