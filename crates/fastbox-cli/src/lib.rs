@@ -10,6 +10,7 @@ pub mod bench_snapshot;
 pub mod client;
 pub mod node;
 pub mod paths;
+pub mod plaintext;
 pub mod route_key;
 pub mod sandbox_run;
 pub mod scenario_net;

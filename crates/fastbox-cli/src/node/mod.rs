@@ -63,6 +63,14 @@ pub struct NodeArgs {
         conflicts_with = "join"
     )]
     pub control_url: Option<String>,
+    /// Accept a plain-HTTP --control-url beyond loopback: the node's credential and the
+    /// sandboxes' tokens cross the link readable (a link only the two hosts reach).
+    #[arg(
+        long,
+        env = "FASTBOX_ALLOW_PLAINTEXT_PAIRING",
+        requires = "control_url"
+    )]
+    pub allow_plaintext_pairing: bool,
     /// Join the server whose control API is at this URL (its --control-listen, with
     /// --accept-nodes), e.g. `https://10.0.0.1:8092`; `URL,URL,...` for the servers sharing
     /// one etcd state (any answers; the node moves to another when one does not).
@@ -150,7 +158,10 @@ pub fn node(args: NodeArgs) -> anyhow::Result<i32> {
             },
         },
         (_, _, Some(url)) => Meeting::Static {
-            control_url: url.clone(),
+            control_url: {
+                crate::plaintext::check(url, "--control-url", args.allow_plaintext_pairing)?;
+                url.clone()
+            },
         },
         _ => anyhow::bail!("--control-url or --join is required"),
     };

@@ -174,6 +174,14 @@ pub struct UpArgs {
         requires = "remote_node"
     )]
     pub remote_node_credentials: Option<PathBuf>,
+    /// Accept a plain-HTTP --remote-node beyond loopback: its credentials and the
+    /// sandboxes' tokens cross the link readable (a link only the two hosts reach).
+    #[arg(
+        long,
+        env = "FASTBOX_ALLOW_PLAINTEXT_PAIRING",
+        requires = "remote_node"
+    )]
+    pub allow_plaintext_pairing: bool,
     /// Where the control API nodes call listens (their --control-url / --join).
     #[arg(long, env = "FASTBOX_CONTROL_LISTEN", default_value = "127.0.0.1:8092")]
     pub control_listen: SocketAddr,
@@ -419,7 +427,10 @@ pub fn up(args: UpArgs) -> anyhow::Result<i32> {
     let cfg = ServerConfig::resolve(args.settings().over(file))?;
     let mode = match (&args.remote_node, &args.remote_node_credentials) {
         (Some(url), Some(credentials)) => NodeMode::Remote(RemoteNode {
-            url: url.clone(),
+            url: {
+                crate::plaintext::check(url, "--remote-node", args.allow_plaintext_pairing)?;
+                url.clone()
+            },
             credentials: NodeCredentials::read(credentials)?,
             control_listen: args.control_listen,
         }),
