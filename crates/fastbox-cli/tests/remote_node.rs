@@ -693,7 +693,8 @@ fn a_paused_sandbox_resumes_on_another_node_when_its_node_is_lost() {
 /// admitted for it. When its server died before it recorded the placement, the server that
 /// finishes the create knows only the sandbox's id and the admitted slot: a release by
 /// those alone must stop the claimed sandbox and free its slot (it ran on, as the sandbox,
-/// after the sandbox was deleted: found by the real-process chaos test).
+/// after the sandbox was deleted: found by the real-process chaos test). And a stale release
+/// of a slot that holds a running sandbox must not free it.
 #[test]
 fn a_claim_whose_placement_was_never_recorded_goes_with_a_release_by_id() {
     use fastbox_node_api::NodeAgent;
@@ -769,6 +770,15 @@ fn a_claim_whose_placement_was_never_recorded_goes_with_a_release_by_id() {
             .await
             .expect("the release");
         let alive = client.is_alive(&claimed.placement).await;
+        // A stale release of the slot a running sandbox holds (a server that woke up after
+        // another took its work over) does not free it: the next admission is another slot.
+        client.release_slot(first.placement.slot).await;
+        let next = client.admit().await.expect("admit");
+        assert_ne!(
+            next, first.placement.slot,
+            "a slot holding a running sandbox was released and admitted again"
+        );
+        client.release_slot(next).await;
         client
             .remove("claimed", None, Some(admitted))
             .await

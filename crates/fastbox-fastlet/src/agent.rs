@@ -399,6 +399,23 @@ impl Fastlet {
         self.reaper.pending()
     }
 
+    /// What holds slot `slot` now, as far as this node can tell: a running sandbox (its
+    /// route), a paused one (its kept index), a pooled sandbox or a spare. `None` for an
+    /// admitted slot nothing was started in (or a start still in progress).
+    pub fn slot_holder(&self, slot: u32) -> Option<String> {
+        let routed = self
+            .routes
+            .read()
+            .expect("routes lock")
+            .iter()
+            .find(|(_, r)| r.slot == slot)
+            .map(|(id, _)| id.clone());
+        routed
+            .or_else(|| self.kept_slots().holder(slot))
+            .or_else(|| self.pools.in_slot(slot))
+            .or_else(|| self.spares.holds(slot).then(|| format!("spare-{slot}")))
+    }
+
     /// Gives back a slot index (reserved but never used, or torn down); a paused sandbox's
     /// hold on it ends too.
     pub fn release_slot(&self, slot: u32) {

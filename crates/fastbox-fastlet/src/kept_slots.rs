@@ -40,6 +40,11 @@ impl KeptSlots {
         }
     }
 
+    /// The sandbox that keeps index `slot`, if one does.
+    pub fn holder(&self, slot: u32) -> Option<String> {
+        std::fs::read_to_string(self.dir.join(slot.to_string())).ok()
+    }
+
     /// Every kept index, sorted.
     pub fn list(&self) -> Vec<u32> {
         let mut slots: Vec<u32> = std::fs::read_dir(&self.dir)

@@ -266,9 +266,22 @@ impl NodeAgent for LocalNode {
         }
     }
 
+    /// The server gives back a slot it admitted and never used. Never one that holds
+    /// something: a stale release (a server that was stopped, then woke up after another
+    /// took its work over) would free the slot under its holder, whose address the next
+    /// sandbox would then share. It waits for a start in the slot to end first.
     async fn release_slot(&self, slot: u32) {
         self.used(slot);
-        self.fastlet.release_slot(slot);
+        let fastlet = self.fastlet.clone();
+        self.in_turn(Some(slot), "fastbox-release", move || {
+            match fastlet.slot_holder(slot) {
+                Some(holder) => {
+                    tracing::warn!(slot, holder = %holder, "a release of an admitted slot that holds a sandbox: refused")
+                }
+                None => fastlet.release_slot(slot),
+            }
+        })
+        .await
     }
 
     async fn claim_slot(&self, slot: u32) {
@@ -281,7 +294,7 @@ impl NodeAgent for LocalNode {
         let old_enough = admitted
             .get(&slot)
             .is_some_and(|at| at.elapsed().as_millis() as u64 >= min_age_ms);
-        if old_enough {
+        if old_enough && self.fastlet.slot_holder(slot).is_none() {
             admitted.remove(&slot);
             // Under the lock: no call can use the admission meanwhile.
             self.fastlet.release_slot(slot);

@@ -170,6 +170,16 @@ impl WarmPools {
             .collect()
     }
 
+    /// The runtime id of the ready sandbox in slot `slot`, if one is there.
+    pub fn in_slot(&self, slot: u32) -> Option<String> {
+        self.lock()
+            .ready
+            .values()
+            .flatten()
+            .find(|p| p.placement.slot == slot)
+            .map(|p| p.placement.handle.id.clone())
+    }
+
     /// Runtime ids of the ready (unclaimed) sandboxes.
     pub fn ids(&self) -> Vec<String> {
         self.lock()

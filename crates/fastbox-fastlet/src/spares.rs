@@ -36,6 +36,16 @@ impl SparePool {
         self.target
     }
 
+    /// Whether a ready spare is slot `index`.
+    pub fn holds(&self, index: u32) -> bool {
+        self.state
+            .lock()
+            .expect("spares lock")
+            .ready
+            .iter()
+            .any(|s| s.index == index)
+    }
+
     /// A ready spare, if any; wakes the filler.
     pub fn take(&self) -> Option<Spare> {
         let spare = self.state.lock().expect("spares lock").ready.pop_front();
