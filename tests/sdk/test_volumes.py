@@ -1,6 +1,6 @@
 """Volumes through the official SDK (`Volume` of the lifecycle spec): host volumes under the
 directory the operator allows (`--allow-host-volume`), read-write and read-only, a `subPath`,
-pause and resume with volumes, named (`pvc`) volumes with their quota, sharing and
+pause and resume with volumes, a snapshot's clone on the same volumes, named (`pvc`) volumes with their quota, sharing and
 `deleteOnSandboxTermination` (and `fastbox volume list|rm`), and the answers for what is
 refused.
 
@@ -23,6 +23,7 @@ import httpx
 import pytest
 from opensandbox.exceptions import SandboxException
 from opensandbox.models.sandboxes import PVC, Host, Volume
+from opensandbox.sync.manager import SandboxManagerSync
 from opensandbox.sync.sandbox import SandboxSync
 
 lines = fb.lines
@@ -121,10 +122,6 @@ def test_a_read_only_volume_and_a_sub_path(fastbox: fb.FastboxServer, allowed: P
         assert (data / "scratch" / "new" / "out").read_text() == "kept\n"
         # Neither mount shows what lies beside its subPath.
         assert "secret-of-another-path" not in run_ok(sb, "ls -a /mnt/models /mnt/scratch")
-        # Its snapshots would hand its host directories to every clone: refused (409).
-        with pytest.raises(SandboxException) as e:
-            sb.create_snapshot()
-        assert "volumes" in str(e.value), e.value
     finally:
         sb.kill()
         sb.close()
@@ -316,3 +313,47 @@ def test_a_named_volume_that_must_exist_and_does_not_fails_the_create(
     assert "never-made" in str(e.value) and "does not exist" in str(e.value), e.value
     listed = fastbox_cli(fastbox, "volume", "list")
     assert "never-made" not in listed.stdout, listed.stdout
+
+
+def test_a_snapshot_s_clones_mount_the_same_volumes_never_a_copy(
+    fastbox: fb.FastboxServer, allowed: Path
+) -> None:
+    work = allowed / "cloned"
+    work.mkdir()
+    source = fastbox.create_sandbox(
+        volumes=[
+            Volume(name="work", host=Host(path=str(work)), mount_path="/workspace"),
+            Volume(
+                name="named",
+                pvc=PVC(claim_name="clones", storage="16Mi"),
+                mount_path="/data",
+            ),
+        ]
+    )
+    clone: SandboxSync | None = None
+    manager = SandboxManagerSync.create(fastbox.connection_config())
+    try:
+        run_ok(source, "echo before > /workspace/f && echo before > /data/f")
+        info = source.create_snapshot()
+        deadline = time.monotonic() + 120
+        while manager.get_snapshot(info.id).status.state != "Ready":
+            assert time.monotonic() < deadline, manager.get_snapshot(info.id)
+            time.sleep(0.25)
+        clone = SandboxSync.create(
+            snapshot_id=info.id,
+            connection_config=fastbox.connection_config(),
+            timeout=timedelta(minutes=10),
+            ready_timeout=timedelta(seconds=120),
+            resource={"cpu": "1", "memory": "1Gi"},
+        )
+        # The clone writes where the source and the host see it: the same directories.
+        run_ok(clone, "echo from the clone > /workspace/g && echo from the clone > /data/g")
+        assert (work / "g").read_text() == "from the clone\n"
+        assert source.files.read_file("/data/g") == "from the clone\n"
+        assert clone.files.read_file("/workspace/f") == "before\n"
+    finally:
+        manager.close()
+        for sb in (clone, source):
+            if sb is not None:
+                sb.kill()
+                sb.close()

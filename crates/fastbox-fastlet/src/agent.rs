@@ -601,13 +601,15 @@ impl Fastlet {
             source: Box::new(source),
         };
         let staged = match mode {
-            StartMode::Resume | StartMode::Moved => crate::volumes::Staged::mount(
-                &self.cfg.data_dir,
-                self.volume_sources(&req.id),
-                &req.volumes,
-            )
-            .map_err(volumes_err)?,
-            StartMode::Claim | StartMode::Clone => Default::default(),
+            StartMode::Resume | StartMode::Moved | StartMode::Clone => {
+                crate::volumes::Staged::mount(
+                    &self.cfg.data_dir,
+                    self.volume_sources(&req.id),
+                    &req.volumes,
+                )
+                .map_err(volumes_err)?
+            }
+            StartMode::Claim => Default::default(),
         };
         let opts = StartOptions {
             external_mounts: staged.sources(),
@@ -762,8 +764,9 @@ impl Fastlet {
                 .map_err(|e| place_err(e.into()))?;
             clock.lap("identity");
         }
-        // A resume's volumes are CRIU's to mount again (external mounts of its checkpoint).
-        if !req.volumes.is_empty() && matches!(mode, StartMode::Claim | StartMode::Clone) {
+        // A restore's volumes (a resume, a clone) are CRIU's to mount again: external mounts
+        // of its checkpoint.
+        if !req.volumes.is_empty() && mode == StartMode::Claim {
             crate::volumes::detached_mounts(self.volume_sources(&req.id), &req.volumes)
                 .and_then(|mounts| Ok(fastbox_runtime::volume::attach(handle.init_pid, mounts)?))
                 .map_err(|source| FastletError::Volumes {

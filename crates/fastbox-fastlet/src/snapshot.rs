@@ -256,7 +256,7 @@ impl Fastlet {
             checkpoint::DumpOptions {
                 leave_running: true,
                 stream: short_freeze,
-                external_mounts: &[],
+                external_mounts: &crate::volumes::dump_keys(source.volumes),
             },
         )
         .map_err(|e| {

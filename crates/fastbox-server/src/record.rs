@@ -333,6 +333,10 @@ pub struct SnapshotRecord {
     /// it from there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifest: Option<String>,
+    /// The source's volumes: its clones mount the same ones (the same host directories, the
+    /// same named volumes; never a copy), so they start only on the snapshot's node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<fastbox_node_api::wire::VolumeMount>,
 }
 
 impl SnapshotRecord {

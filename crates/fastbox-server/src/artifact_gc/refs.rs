@@ -114,6 +114,7 @@ mod tests {
             manifest: None,
             report: None,
             secure_access: false,
+            volumes: Vec::new(),
         }
     }
 

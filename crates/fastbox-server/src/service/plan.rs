@@ -290,7 +290,7 @@ pub fn plan_from_snapshot(
         // A clone of a secure sandbox is secure (`false` is the SDK's default, not a
         // request to open it); `true` makes a clone of any sandbox secure.
         secure_access: snapshot.secure_access || req.secure_access == Some(true),
-        volumes: Vec::new(),
+        volumes: snapshot.volumes.clone(),
     })
 }
 
@@ -608,6 +608,7 @@ mod tests {
             secure_access: false,
             node: None,
             manifest: None,
+            volumes: Vec::new(),
         }
     }
 

@@ -98,7 +98,8 @@ impl Lifecycle {
         if let Ok(holder) = &holder {
             candidates.push(holder.clone());
         }
-        if snapshot.manifest.is_some() {
+        // A clone mounts the source's volumes, which are its node's.
+        if snapshot.manifest.is_some() && snapshot.volumes.is_empty() {
             for node in self.nodes.ranked(None) {
                 if !candidates.iter().any(|c| c.node_id() == node.node_id()) {
                     candidates.push(node);
@@ -182,7 +183,6 @@ impl Lifecycle {
                 ": only a running sandbox is snapshotted",
             ));
         }
-        no_volumes(&source, "snapshotted or forked")?;
         if !self.claim(sandbox_id) {
             return Err(busy(sandbox_id));
         }
@@ -215,6 +215,7 @@ impl Lifecycle {
             secure_access: source.secure_access.is_some(),
             node: source.node.clone(),
             manifest: None,
+            volumes: source.volumes.clone(),
         };
         let stored = self.store.put_snapshot(&snapshot);
         if let Err(e) = stored {
@@ -1202,23 +1203,4 @@ fn busy(id: &str) -> ApiError {
     ApiError::Conflict(format!(
         "sandbox {id} is busy with another operation; retry when it is done"
     ))
-}
-
-/// 409 for a sandbox with volumes: a snapshot's clones would get its host directories (not
-/// a copy of them) on whatever node they start (snapshots and forks of such sandboxes are
-/// not supported yet; a pause keeps the volumes, the resume mounts them again).
-fn no_volumes(record: &SandboxRecord, what: &str) -> Result<(), ApiError> {
-    match record.volumes.is_empty() {
-        true => Ok(()),
-        false => Err(ApiError::Conflict(format!(
-            "sandbox {} has volumes ({}): a sandbox with volumes cannot be {what} yet",
-            record.id,
-            record
-                .volumes
-                .iter()
-                .map(|v| format!("{} at {}", v.name, v.mount_path))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))),
-    }
 }
