@@ -86,8 +86,13 @@ pub async fn download(
     Ok(resp)
 }
 
+/// The most bytes a line window answers: a larger one is refused (read the file by byte
+/// ranges instead), so no file makes execd hold more than this.
+pub const MAX_LINE_WINDOW_BYTES: u64 = 64 << 20;
+
 /// Lines `offset..offset + limit` (1-based) joined by `\n`, as the reference execd answers:
-/// each line without its end (`\n`, or `\r\n`), so the last one has none.
+/// each line without its end (`\n`, or `\r\n`), so the last one has none. Lines before the
+/// window are skipped without being held; more than [`MAX_LINE_WINDOW_BYTES`] is an error.
 fn read_lines(file: std::fs::File, w: LineWindow) -> std::io::Result<String> {
     let mut out = Vec::new();
     let mut reader = BufReader::new(file);
@@ -96,8 +101,28 @@ fn read_lines(file: std::fs::File, w: LineWindow) -> std::io::Result<String> {
     let mut taken = 0u64;
     while taken < w.limit {
         line.clear();
-        if reader.read_until(b'\n', &mut line)? == 0 {
+        if number + 1 < w.offset {
+            if reader.skip_until(b'\n')? == 0 {
+                break;
+            }
+            number += 1;
+            continue;
+        }
+        // A line's end (`\r\n`) and one byte more: a line past the cap is seen as one.
+        let room = MAX_LINE_WINDOW_BYTES.saturating_sub(out.len() as u64) + 3;
+        if std::io::Read::take(&mut reader, room).read_until(b'\n', &mut line)? == 0 {
             break;
+        }
+        let text_len =
+            line.len() - usize::from(line.ends_with(b"\n")) - usize::from(line.ends_with(b"\r\n"));
+        if out.len() as u64 + text_len as u64 > MAX_LINE_WINDOW_BYTES {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "the lines asked for hold more than {} MiB: read the file by byte ranges",
+                    MAX_LINE_WINDOW_BYTES >> 20
+                ),
+            ));
         }
         number += 1;
         if number >= w.offset {
@@ -177,6 +202,25 @@ mod tests {
         assert_eq!(window(4, 9), "\nfive");
         assert_eq!(window(9, 9), "");
         assert_eq!(window(2, 0), "");
+    }
+
+    #[test]
+    fn a_line_window_holds_at_most_its_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        // A first line larger than the cap, then a short one: skipping it holds nothing.
+        let mut big = vec![b'x'; (MAX_LINE_WINDOW_BYTES + 10) as usize];
+        big.extend_from_slice(b"\nshort\n");
+        std::fs::write(&path, &big).unwrap();
+        let window = |offset, limit| {
+            read_lines(
+                std::fs::File::open(&path).unwrap(),
+                LineWindow { offset, limit },
+            )
+        };
+        assert_eq!(window(2, 1).unwrap(), "short");
+        let refused = window(1, 1).expect_err("a window above the cap");
+        assert!(refused.to_string().contains("byte ranges"), "{refused}");
     }
 
     #[test]

@@ -68,6 +68,7 @@ impl FilesError {
         match source.kind() {
             std::io::ErrorKind::NotFound => FilesError::NotFound(p),
             std::io::ErrorKind::PermissionDenied => FilesError::PermissionDenied(p),
+            std::io::ErrorKind::InvalidInput => FilesError::Invalid(format!("{p}: {source}")),
             _ => FilesError::Io { path: p, source },
         }
     }
