@@ -10,6 +10,7 @@ refused with a 400 that names the volume.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -357,3 +358,25 @@ def test_a_snapshot_s_clones_mount_the_same_volumes_never_a_copy(
             if sb is not None:
                 sb.kill()
                 sb.close()
+
+
+def test_a_named_volume_larger_than_the_node_s_free_disk_is_refused(
+    fastbox: fb.FastboxServer,
+) -> None:
+    assert fastbox.data_dir is not None
+    st = os.statvfs(fastbox.data_dir)
+    if st.f_bavail * st.f_frsize >= 256 << 30:
+        pytest.skip("this disk has 256 GiB free: the largest named volume fits")
+    with pytest.raises(SandboxException) as e:
+        fastbox.create_sandbox(
+            volumes=[
+                Volume(
+                    name="huge",
+                    pvc=PVC(claim_name="huge", storage="256Gi"),
+                    mount_path="/data",
+                )
+            ],
+            ready_timeout=timedelta(seconds=30),
+        )
+    assert "huge" in str(e.value) and "free" in str(e.value), e.value
+    assert "huge " not in fastbox_cli(fastbox, "volume", "list").stdout

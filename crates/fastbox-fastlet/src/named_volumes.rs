@@ -54,6 +54,12 @@ pub enum NamedVolumeError {
     BadName { what: &'static str, text: String },
     #[error("named volume {name} does not exist on this node")]
     NotFound { name: String },
+    #[error("named volume {name}: {size_bytes} bytes asked, the node's disk has {free_bytes} free")]
+    NoRoom {
+        name: String,
+        size_bytes: u64,
+        free_bytes: u64,
+    },
 }
 
 /// A volume name or sandbox id as a file name of its own: never a path.
@@ -123,6 +129,18 @@ impl NamedVolumes {
             if !create {
                 return Err(NamedVolumeError::Missing {
                     name: name.to_string(),
+                });
+            }
+            // Its image is sparse, but it may fill up: never promise more than the disk has.
+            make_private_dir(&self.dir).map_err(io("create", &self.dir))?;
+            let free_bytes = nix::sys::statvfs::statvfs(&self.dir)
+                .map(|st| st.blocks_available().saturating_mul(st.fragment_size()))
+                .map_err(|e| io("stat", &self.dir)(std::io::Error::from(e)))?;
+            if size_bytes > free_bytes {
+                return Err(NamedVolumeError::NoRoom {
+                    name: name.to_string(),
+                    size_bytes,
+                    free_bytes,
                 });
             }
             make_private_dir(&dir).map_err(io("create", &dir))?;
