@@ -131,6 +131,11 @@ impl NodeProxy {
     ) -> Result<Response, NodeProxyError> {
         let signer = self.keys.current();
         let route = split_route(path, |c| signer.holds(c));
+        // Only a sandbox this node runs is asked about (the server may read its store).
+        let sandbox = self
+            .fastlet
+            .route(id)
+            .ok_or_else(|| NodeProxyError::NotRunning(id.to_string()))?;
         let access = self
             .access
             .access(id)
@@ -152,10 +157,6 @@ impl NodeProxy {
         };
         self.guard
             .authorize(id, port, &access, &signer, &presented, now)?;
-        let sandbox = self
-            .fastlet
-            .route(id)
-            .ok_or_else(|| NodeProxyError::NotRunning(id.to_string()))?;
         if port == EGRESS_PORT {
             return Ok(egress::serve(self.egress.clone(), id, &sandbox, &route.rest, req).await);
         }

@@ -9,9 +9,15 @@ use super::lifecycle::Lifecycle;
 
 #[async_trait]
 impl AccessApi for Lifecycle {
+    /// From this server's records; a sandbox it has not heard of yet (made through another
+    /// server a moment ago, its change not yet here through the store's watch) is read from
+    /// the store. The node asks only for sandboxes it runs.
     async fn access(&self, id: &str) -> Option<SandboxAccess> {
-        let records = self.records.lock().expect("records lock");
-        let record = records.get(id)?;
+        let cached = self.records.lock().expect("records lock").get(id).cloned();
+        let record = match cached {
+            Some(record) => record,
+            None => self.refresh(id).ok()?,
+        };
         Some(match &record.secure_access {
             Some(secure) => SandboxAccess::Secure(secure.token()),
             None => SandboxAccess::Open,
