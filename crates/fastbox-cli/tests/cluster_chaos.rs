@@ -135,7 +135,18 @@ impl Drop for RunDir {
         if std::thread::panicking() || std::env::var_os("FASTBOX_CHAOS_KEEP").is_some() {
             eprintln!("the instances' logs are kept in {}", self.0.display());
         } else {
-            let _ = std::fs::remove_dir_all(&self.0);
+            // Processes stopped a moment ago may still be closing files in it: a few tries.
+            let mut last = Ok(());
+            for _ in 0..10 {
+                last = std::fs::remove_dir_all(&self.0);
+                if last.is_ok() || !self.0.exists() {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(300));
+            }
+            if let Err(e) = last {
+                eprintln!("could not remove {}: {e}", self.0.display());
+            }
         }
     }
 }
