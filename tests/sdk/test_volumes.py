@@ -297,23 +297,29 @@ def test_named_volumes_are_shared_limited_and_go_with_their_sandbox(
                 sb.close()
 
 
+def refused_named_create(fastbox: fb.FastboxServer, pvc: PVC, *expected: str) -> None:
+    """A create with named volume `pvc` fails, saying each of `expected`, and leaves no
+    volume behind."""
+    with pytest.raises(SandboxException) as e:
+        fastbox.create_sandbox(
+            volumes=[Volume(name="refused", pvc=pvc, mount_path="/data")],
+            ready_timeout=timedelta(seconds=30),
+        )
+    for text in expected:
+        assert text in str(e.value), e.value
+    listed = fastbox_cli(fastbox, "volume", "list")
+    assert f"{pvc.claim_name} " not in listed.stdout, listed.stdout
+
+
 def test_a_named_volume_that_must_exist_and_does_not_fails_the_create(
     fastbox: fb.FastboxServer,
 ) -> None:
-    with pytest.raises(SandboxException) as e:
-        fastbox.create_sandbox(
-            volumes=[
-                Volume(
-                    name="missing",
-                    pvc=PVC(claim_name="never-made", create_if_not_exists=False),
-                    mount_path="/data",
-                )
-            ],
-            ready_timeout=timedelta(seconds=30),
-        )
-    assert "never-made" in str(e.value) and "does not exist" in str(e.value), e.value
-    listed = fastbox_cli(fastbox, "volume", "list")
-    assert "never-made" not in listed.stdout, listed.stdout
+    refused_named_create(
+        fastbox,
+        PVC(claim_name="never-made", create_if_not_exists=False),
+        "never-made",
+        "does not exist",
+    )
 
 
 def test_a_snapshot_s_clones_mount_the_same_volumes_never_a_copy(
@@ -367,16 +373,4 @@ def test_a_named_volume_larger_than_the_node_s_free_disk_is_refused(
     st = os.statvfs(fastbox.data_dir)
     if st.f_bavail * st.f_frsize >= 256 << 30:
         pytest.skip("this disk has 256 GiB free: the largest named volume fits")
-    with pytest.raises(SandboxException) as e:
-        fastbox.create_sandbox(
-            volumes=[
-                Volume(
-                    name="huge",
-                    pvc=PVC(claim_name="huge", storage="256Gi"),
-                    mount_path="/data",
-                )
-            ],
-            ready_timeout=timedelta(seconds=30),
-        )
-    assert "huge" in str(e.value) and "free" in str(e.value), e.value
-    assert "huge " not in fastbox_cli(fastbox, "volume", "list").stdout
+    refused_named_create(fastbox, PVC(claim_name="huge", storage="256Gi"), "huge", "free")

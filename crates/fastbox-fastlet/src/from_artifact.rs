@@ -266,7 +266,8 @@ pub fn unmount_all(data_dir: &Path) {
     }
 }
 
-fn is_mount_point(path: &Path) -> bool {
+/// Whether `path` (a path of fastbox's own) is a mount point.
+pub(crate) fn is_mount_point(path: &Path) -> bool {
     path.canonicalize()
         .is_ok_and(|canonical| fastbox_runtime::rootfs::is_mount_point(&canonical))
 }

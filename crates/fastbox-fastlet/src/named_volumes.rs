@@ -156,7 +156,7 @@ impl NamedVolumes {
             }
         }
         let mount = dir.join(MOUNT);
-        if !is_mounted(&mount) {
+        if !crate::from_artifact::is_mount_point(&mount) {
             make_private_dir(&mount).map_err(io("create", &mount))?;
             fastbox_runtime::loopdev::mount_image(
                 &image,
@@ -229,7 +229,7 @@ impl NamedVolumes {
             });
         }
         let mount = dir.join(MOUNT);
-        if is_mounted(&mount) {
+        if crate::from_artifact::is_mount_point(&mount) {
             nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH)
                 .map_err(|e| io("unmount", &mount)(std::io::Error::from(e)))?;
         }
@@ -263,7 +263,7 @@ impl NamedVolumes {
                 let mount = dir.join(MOUNT);
                 VolumeInfo {
                     size_bytes: std::fs::metadata(dir.join(IMAGE)).map_or(0, |m| m.len()),
-                    used_bytes: is_mounted(&mount)
+                    used_bytes: crate::from_artifact::is_mount_point(&mount)
                         .then(|| nix::sys::statvfs::statvfs(&mount).ok())
                         .flatten()
                         .map(|s| (s.blocks() - s.blocks_free()) * s.fragment_size()),
@@ -278,7 +278,7 @@ impl NamedVolumes {
     pub fn unmount_all(&self) {
         for name in self.names() {
             let mount = self.dir.join(&name).join(MOUNT);
-            if is_mounted(&mount) {
+            if crate::from_artifact::is_mount_point(&mount) {
                 let _ = nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH);
             }
         }
@@ -336,9 +336,4 @@ fn make_private_dir(path: &Path) -> std::io::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(e),
     }
-}
-
-fn is_mounted(path: &Path) -> bool {
-    path.canonicalize()
-        .is_ok_and(|p| fastbox_runtime::rootfs::is_mount_point(&p))
 }
