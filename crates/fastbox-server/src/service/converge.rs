@@ -45,12 +45,16 @@ impl Lifecycle {
         let (image_tx, mut image_rx) = oneshot::channel::<ImageOutcome>();
         let (done_tx, done_rx) = oneshot::channel::<()>();
         self.claim(&id);
+        self.create_answers
+            .lock()
+            .expect("create answers lock")
+            .insert(id.clone(), done_tx);
         let this = self.clone();
         let task_id = id.clone();
         tokio::spawn(async move {
             this.run_create(&task_id, plan, Some(image_tx)).await;
-            this.release(&task_id);
-            let _ = done_tx.send(());
+            // (Unless it was answered, and the sandbox given up, as it started.)
+            this.answer_create(&task_id);
         });
         let outcome = match tokio::time::timeout(self.cfg.image_wait, &mut image_rx).await {
             Ok(Ok(outcome)) => Some(outcome),
@@ -76,6 +80,22 @@ impl Lifecycle {
                 Ok(())
             }
             None => Ok(()),
+        }
+    }
+
+    /// Lets the request of create `id` answer (with the state its record shows now), and
+    /// gives the sandbox up to other operations: once it runs, or its task ended. Once per
+    /// create ([`Lifecycle::start_create`]); nothing for creates no request waits for (a
+    /// restart's, a takeover's), which stay busy until their task ends.
+    fn answer_create(&self, id: &str) {
+        let waiter = self
+            .create_answers
+            .lock()
+            .expect("create answers lock")
+            .remove(id);
+        if let Some(waiter) = waiter {
+            self.release(id);
+            let _ = waiter.send(());
         }
     }
 
@@ -204,8 +224,19 @@ impl Lifecycle {
             Ok(Placed { placement, report }) => {
                 self.start_metrics.record(&report);
                 let address = placement.address;
-                let reserved = slot;
-                let updated = self.update(id, |r| {
+                let node_name = self.record(id).ok().and_then(|r| r.node);
+                // Answered (and no longer busy) once this server's cache shows it running,
+                // before that is durable: a create waits for one durable write (its intent)
+                // and one node call. Should this server die before the write lands, the
+                // create is taken over from its intent like any unfinished one.
+                // Meanwhile a change made here from the version shown (a delete, a pause)
+                // may land first: it carries the placement, and this start is recorded.
+                let mut recorded_meanwhile = false;
+                let change = |r: &mut SandboxRecord| {
+                    if r.placement.as_ref() == Some(&placement) {
+                        recorded_meanwhile = true;
+                        return Err(ApiError::Conflict(format!("{id} was changed meanwhile")));
+                    }
                     self.still_acting(r)?;
                     if let Some(image_event) = image_event {
                         r.event("ImageReady", image_event);
@@ -221,18 +252,17 @@ impl Lifecycle {
                         );
                     }
                     Ok(())
-                });
-                if let Ok(r) = &updated
-                    && r.slot != Some(reserved)
-                {
+                };
+                let updated = self.update_shown_first(id, change, true, |_| self.answer_create(id));
+                if (updated.is_ok() || recorded_meanwhile) && placement.slot != slot {
                     // Claimed from the pool: the slot reserved at admission is not needed.
-                    let node = r.node.clone();
-                    if let Ok(node) = self.node(node.as_deref()) {
+                    if let Ok(node) = self.node(node_name.as_deref()) {
                         self.nodes.claimed(node.node_id());
-                        node.release_slot(reserved).await;
+                        node.release_slot(slot).await;
                     }
                 }
                 if updated.is_ok_and(|r| r.state() != SandboxState::Running) {
+                    // Deleted while it started: the removal was left to this task.
                     self.remove_now(id).await;
                 }
             }

@@ -50,6 +50,8 @@ pub struct Lifecycle {
     pub(super) records: Mutex<HashMap<String, SandboxRecord>>,
     /// Sandboxes with a create or removal task running; the reconciler leaves them alone.
     pub(super) busy: Mutex<HashSet<String>>,
+    /// Creates whose request waits for its answer ([`Lifecycle::answer_create`]).
+    pub(super) create_answers: Mutex<HashMap<String, tokio::sync::oneshot::Sender<()>>>,
     /// Slots admitted on a node (node, slot) whose holder is not recorded yet: never given
     /// back as forgotten ([`Lifecycle::admitting`]).
     pub(super) admitting: Mutex<HashSet<(String, u32)>>,
@@ -165,6 +167,7 @@ impl Lifecycle {
             store,
             records: Mutex::new(records),
             busy: Mutex::new(HashSet::new()),
+            create_answers: Mutex::new(HashMap::new()),
             admitting: Mutex::new(HashSet::new()),
             deferred_recovery: Mutex::new(HashSet::new()),
             policy_changes: tokio::sync::Mutex::new(()),
@@ -257,15 +260,42 @@ impl Lifecycle {
     pub(super) fn update(
         &self,
         id: &str,
+        change: impl FnMut(&mut SandboxRecord) -> Result<(), ApiError>,
+    ) -> Result<SandboxRecord, ApiError> {
+        self.update_shown_first(id, change, false, |_| {})
+    }
+
+    /// [`Lifecycle::update`] whose change this server shows before it is durable: each
+    /// version is in this server's cache (under the revision it was made from) while it is
+    /// written, and `shown` is called once, with the first. So an answer given meanwhile
+    /// (the create's, [`Lifecycle::answer_create`]) waits for no write, and this server's
+    /// reads never go back to the version before. A write that fails for good puts that
+    /// version back. Other servers see the change once it is durable, as always.
+    pub(super) fn update_shown_first(
+        &self,
+        id: &str,
         mut change: impl FnMut(&mut SandboxRecord) -> Result<(), ApiError>,
+        show_first: bool,
+        mut shown: impl FnMut(&SandboxRecord),
     ) -> Result<SandboxRecord, ApiError> {
         let mut current = self.record(id)?;
         let mut conflicts = 0;
+        let mut told = false;
         loop {
             let mut next = current.clone();
             change(&mut next)?;
             if next.state() != current.state() {
                 next.acting = self.next_actor(&current, next.state());
+            }
+            if show_first {
+                // Same revision as `current`: a later version (the watch's, a refresh's)
+                // replaces it, and a change made from it here is a compare-and-swap on
+                // `current`.
+                self.replace_cached(&next);
+                if !told {
+                    told = true;
+                    shown(&next);
+                }
             }
             // The write runs without the records lock: it is a compare-and-swap on the
             // version `next` was made from, so a change that landed meanwhile (here or on
@@ -274,6 +304,9 @@ impl Lifecycle {
                 Ok(revision) => {
                     next.revision = revision;
                     self.cache(&next, false);
+                    if !told {
+                        shown(&next);
+                    }
                     return Ok(next);
                 }
                 // Changed elsewhere since this version was read: decide again on what the
@@ -282,8 +315,24 @@ impl Lifecycle {
                     conflicts += 1;
                     current = self.refresh(id)?;
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    if show_first {
+                        self.replace_cached(&current);
+                    }
+                    return Err(e.into());
+                }
             }
+        }
+    }
+
+    /// Puts `record` in the cache in place of the version of the same revision (nothing
+    /// when the cache holds a later one, or none).
+    fn replace_cached(&self, record: &SandboxRecord) {
+        let mut records = self.records.lock().expect("records lock");
+        if let Some(cached) = records.get_mut(&record.id)
+            && cached.revision == record.revision
+        {
+            *cached = record.clone();
         }
     }
 
