@@ -352,6 +352,68 @@ fn pooled_sandboxes_have_no_route_out_until_claimed() {
 }
 
 #[test]
+fn a_pooled_sandbox_that_does_not_take_its_claim_is_discarded_and_the_create_restores() {
+    let Some(server) = UpServer::start('k', &["--pool-size", "1"]) else {
+        return;
+    };
+    let sandboxes = server.data_dir.join("sandboxes");
+    let pooled = || -> Vec<String> {
+        std::fs::read_dir(&sandboxes)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().join("pool-slot").exists())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while pooled().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pool never filled"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // Its processes stopped: the claim reaches its execd's socket and gets no answer.
+    let stuck = pooled().remove(0);
+    let root = CgroupRoot::detect().unwrap();
+    let cgroup = Cgroup::open(&root, &server.prefix, &stuck).expect("the pooled sandbox's cgroup");
+    let pids = cgroup.procs().unwrap();
+    assert!(!pids.is_empty());
+    for pid in &pids {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::SIGSTOP)
+            .unwrap();
+    }
+    let id = server.create_busybox();
+    server.wait_state(&id, "Running");
+    assert_eq!(
+        server.ping(&id),
+        200,
+        "the create restored a sandbox that answers"
+    );
+    let (_, body) = server.get(&format!("/v1/sandboxes/{id}/diagnostics/events"));
+    let events = body["content"].as_str().unwrap();
+    assert!(
+        events.contains("restore:"),
+        "restored, not claimed: {events}"
+    );
+    // The stopped pooled sandbox is gone, processes and all.
+    assert!(!sandboxes.join(&stuck).exists(), "its directory went");
+    for pid in pids {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        assert!(
+            state.is_empty() || state.split(' ').nth(2) == Some("Z"),
+            "process {pid} of the discarded sandbox lives on: {state}"
+        );
+    }
+    assert!(
+        server.log_text().contains("did not take its claim"),
+        "the discarded claim is logged"
+    );
+    server.finish();
+}
+
+#[test]
 fn golden_checkpoints_and_their_artifacts_hold_no_golden_token() {
     let Some(server) = UpServer::start('w', &[]) else {
         return;

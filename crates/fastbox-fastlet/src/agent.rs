@@ -959,6 +959,14 @@ impl Fastlet {
         clock.lap("limits");
         match self.configure(&placement.handle, &slot, template, req, StartMode::Claim) {
             Ok(configured) => clock.laps(&configured),
+            // Its execd did not take the claim (not reached, no answer): the pooled sandbox
+            // goes, whatever it took of the claim with it, and the create restores instead
+            // (a restore waits for its own execd).
+            Err(e @ FastletError::Claim { .. }) => {
+                tracing::warn!(sandbox = %req.id, pooled = %placement.handle.id, error = %e, "a pooled sandbox did not take its claim: discarded, the create restores instead");
+                let _ = self.remove(&placement.handle.id, Some(&placement), None);
+                return None;
+            }
             Err(e) => {
                 let _ = self.remove(&placement.handle.id, Some(&placement), None);
                 return Some(Err(e));

@@ -1,0 +1,117 @@
+// fastbox-execd javascript code-context driver (embedded in execd, run with `node -e`).
+// Reads one JSON request per line from stdin: {"code": str, "sentinel": str}. Runs the code
+// in one persistent context (as the node REPL does: top-level `let`, `const`, `function` and
+// `class` declarations stay for the next runs); the value of the last expression is the
+// result (util.inspect of it; a promise is awaited first). A cell using top-level `await`
+// runs as an async function. After each execution it writes
+// `<sentinel> <json>` to stdout and `<sentinel>` to stderr so execd knows all output of that
+// execution has been read. SIGINT interrupts a running execution.
+'use strict';
+const fs = require('fs');
+const util = require('util');
+const vm = require('vm');
+
+const context = vm.createContext({
+  console,
+  process,
+  require,
+  Buffer,
+  URL,
+  URLSearchParams,
+  TextEncoder,
+  TextDecoder,
+  setTimeout,
+  clearTimeout,
+  setInterval,
+  clearInterval,
+  setImmediate,
+  clearImmediate,
+  queueMicrotask,
+  structuredClone,
+  fetch: globalThis.fetch,
+  module: { exports: {} },
+  __filename: '<cell>',
+  __dirname: process.cwd(),
+});
+context.global = context;
+context.globalThis = context;
+
+// The frames of the cell, not of this driver.
+function cellFrames(stack) {
+  const lines = String(stack).split('\n');
+  const driver = lines.findIndex((l) => /\(node:vm:|\[eval\]|at (new )?Script[. ]/.test(l));
+  return driver < 0 ? lines : lines.slice(0, driver);
+}
+
+function errorOf(e) {
+  if (e instanceof Error || (e && typeof e === 'object' && 'stack' in e)) {
+    const stack = cellFrames(e.stack || `${e.name}: ${e.message}`);
+    return { ename: String(e.name || 'Error'), evalue: String(e.message || ''), traceback: stack };
+  }
+  return { ename: 'Error', evalue: util.inspect(e), traceback: [`Uncaught ${util.inspect(e)}`] };
+}
+
+async function run(code, out) {
+  try {
+    let script;
+    try {
+      script = new vm.Script(code, { filename: '<cell>' });
+    } catch (e) {
+      // Top-level await: the cell runs as an async function (its declarations stay in it;
+      // `return` gives the result).
+      if (!(e instanceof SyntaxError) || !/await/.test(e.message)) throw e;
+      script = new vm.Script(`(async () => {\n${code}\n})()`, { filename: '<cell>' });
+    }
+    let value = script.runInContext(context, { breakOnSigint: true, displayErrors: false });
+    if (value && typeof value.then === 'function') {
+      value = await value;
+    }
+    if (value !== undefined) {
+      context._ = value;
+      out.result = util.inspect(value, { depth: 4 });
+    }
+  } catch (e) {
+    out.error = errorOf(e);
+  }
+}
+
+function write(fd, text) {
+  const bytes = Buffer.from(text);
+  let at = 0;
+  while (at < bytes.length) {
+    try {
+      at += fs.writeSync(fd, bytes, at);
+    } catch (e) {
+      if (e.code !== 'EAGAIN') throw e;
+    }
+  }
+}
+
+async function main() {
+  // SIGINT between executions is ignored; during one, `breakOnSigint` ends the script.
+  process.on('SIGINT', () => {});
+  const lines = require('readline').createInterface({ input: process.stdin, terminal: false });
+  let count = 0;
+  // One execution at a time, in order; the event loop runs between them (timers go on).
+  for await (const line of lines) {
+    let msg;
+    try {
+      msg = JSON.parse(line);
+    } catch (e) {
+      continue;
+    }
+    count += 1;
+    const out = { execution_count: count };
+    await run(String(msg.code || ''), out);
+    // Let output written by timers of this execution that are already due go first.
+    await new Promise((resolve) => setImmediate(resolve));
+    const sentinel = String(msg.sentinel || '');
+    write(1, `${sentinel} ${JSON.stringify(out)}\n`);
+    write(2, `${sentinel}\n`);
+  }
+}
+
+main().catch((e) => {
+  write(2, `driver failed: ${e && e.stack}\n`);
+  process.exit(1);
+});
