@@ -1,5 +1,5 @@
-//! `/code`: python contexts keep state and report results and errors; bash contexts; default
-//! contexts; context management; interrupt.
+//! `/code`: python and javascript contexts keep state and report results and errors; bash
+//! contexts; default contexts; context management; interrupt.
 
 mod common;
 
@@ -7,17 +7,22 @@ use axum::http::StatusCode;
 use common::*;
 use serde_json::{Value, json};
 
-fn have_python() -> bool {
-    let found = ["python3", "python"].iter().any(|p| {
+/// Whether one of `programs` is on `PATH` (a test without it says it is skipped).
+fn have(programs: &[&str]) -> bool {
+    let found = programs.iter().any(|p| {
         std::env::var("PATH")
             .unwrap_or_default()
             .split(':')
             .any(|d| std::path::Path::new(d).join(p).exists())
     });
     if !found {
-        eprintln!("skipped: python3 is not installed on this machine");
+        eprintln!("skipped: {} is not installed on this machine", programs[0]);
     }
     found
+}
+
+fn have_python() -> bool {
+    have(&["python3", "python"])
 }
 
 async fn run(app: &TestApp, body: Value) -> Vec<Value> {
@@ -225,4 +230,116 @@ async fn no_context_runs_a_command_and_unknown_languages_are_refused() {
         app.delete("/code?id=nope").await.status,
         StatusCode::NOT_FOUND
     );
+}
+
+#[tokio::test]
+async fn javascript_context_keeps_state_reports_results_and_is_interrupted() {
+    if !have(&["node", "nodejs"]) {
+        return;
+    }
+    let app = std::sync::Arc::new(test_app());
+    let r = app
+        .post_json("/code/context", json!({"language": "javascript"}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let ctx = r.json();
+    assert_eq!(ctx["language"], "javascript");
+    let id = ctx["id"].as_str().unwrap().to_string();
+    let context = json!({"id": id, "language": "javascript"});
+
+    let ev = run(
+        &app,
+        json!({"code": "let x = 40\nconsole.log('hello')\nx + 2", "context": context}),
+    )
+    .await;
+    assert_eq!(
+        types(&ev),
+        [
+            "init",
+            "stdout",
+            "execution_count",
+            "result",
+            "execution_complete"
+        ]
+    );
+    assert_eq!(texts(&ev, "stdout"), ["hello\n"]);
+    assert_eq!(ev[2]["execution_count"], 1);
+    assert_eq!(ev[3]["results"]["text"], "42");
+
+    // Declarations stay; stderr streams; a string result reads as the REPL shows it.
+    let ev = run(
+        &app,
+        json!({"code": "function twice(s) { return s + s }\nconsole.error('warn')\ntwice('ab') + x", "context": context}),
+    )
+    .await;
+    assert_eq!(texts(&ev, "stderr"), ["warn\n"]);
+    let result = ev.iter().find(|e| e["type"] == "result").unwrap();
+    assert_eq!(result["results"]["text"], "'abab40'");
+
+    let ev = run(
+        &app,
+        json!({"code": "function boom() { throw new TypeError('bad input') }\nboom()", "context": context}),
+    )
+    .await;
+    assert!(!types(&ev).contains(&"execution_complete".to_string()));
+    let err = &ev.last().unwrap()["error"];
+    assert_eq!(err["ename"], "TypeError");
+    assert_eq!(err["evalue"], "bad input");
+    let traceback: Vec<&str> = err["traceback"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    assert!(
+        traceback.iter().any(|l| l.contains("at boom (<cell>")),
+        "{traceback:?}"
+    );
+    assert!(
+        !traceback.iter().any(|l| l.contains("node:vm")),
+        "the driver's frames are not the cell's: {traceback:?}"
+    );
+
+    // A promise is awaited; top-level await runs the cell as an async function.
+    let ev = run(
+        &app,
+        json!({"code": "Promise.resolve(x * 2)", "context": context}),
+    )
+    .await;
+    assert_eq!(
+        ev.iter().find(|e| e["type"] == "result").unwrap()["results"]["text"],
+        "80"
+    );
+    let ev = run(
+        &app,
+        json!({"code": "const v = await new Promise(r => setTimeout(() => r(x), 10))\nreturn v + 1", "context": context}),
+    )
+    .await;
+    assert_eq!(
+        ev.iter().find(|e| e["type"] == "result").unwrap()["results"]["text"],
+        "41"
+    );
+
+    // An endless loop is interrupted, and the context's state survives it.
+    let app2 = std::sync::Arc::clone(&app);
+    let interrupted = id.clone();
+    let interrupter = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        app2.delete(&format!("/code?id={interrupted}")).await.status
+    });
+    let ev = run(&app, json!({"code": "while (true) {}", "context": context})).await;
+    assert_eq!(interrupter.await.unwrap(), StatusCode::OK);
+    let err = &ev.last().unwrap()["error"];
+    assert!(
+        err["evalue"].as_str().unwrap().contains("interrupted"),
+        "{err}"
+    );
+    let ev = run(&app, json!({"code": "x", "context": context})).await;
+    assert_eq!(
+        ev.iter().find(|e| e["type"] == "result").unwrap()["results"]["text"],
+        "40",
+        "state survives"
+    );
+    let ev = run(&app, json!({"code": "x", "context": context})).await;
+    assert_eq!(ev[1]["execution_count"], 8, "{ev:?}");
 }

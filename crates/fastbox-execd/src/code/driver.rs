@@ -1,6 +1,7 @@
-//! Python code contexts: one `python3` per context running the embedded driver
-//! (`driver.py`), which keeps a persistent namespace and reports each execution's result,
-//! error and count in the trailer after the run's sentinel.
+//! Interpreter code contexts: one interpreter per context running an embedded driver
+//! (`driver_python.py` under `python3`, `driver_javascript.js` under `node`), which keeps a
+//! persistent namespace and reports each execution's result, error and count in the trailer
+//! after the run's sentinel. Both drivers speak the same protocol.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -15,25 +16,70 @@ use crate::repl::{Repl, RunEnd};
 use crate::sse::{EventTx, StreamEvent};
 use crate::state::AppState;
 
-pub const DRIVER: &str = include_str!("driver.py");
+/// An interpreter with an embedded driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    Python,
+    JavaScript,
+}
 
-/// Starts a driver in `cwd`.
-pub fn spawn(state: &AppState, cwd: Option<&str>) -> Result<Repl, CodeError> {
+impl Driver {
+    /// The driver's source.
+    pub fn source(self) -> &'static str {
+        match self {
+            Driver::Python => include_str!("driver_python.py"),
+            Driver::JavaScript => include_str!("driver_javascript.js"),
+        }
+    }
+
+    /// The interpreters that run it, the first found on the sandbox's `PATH` wins.
+    fn programs(self) -> &'static [&'static str] {
+        match self {
+            Driver::Python => &["python3", "python"],
+            Driver::JavaScript => &["node", "nodejs"],
+        }
+    }
+
+    /// The arguments that run `source` (unbuffered, for python).
+    fn args(self) -> Vec<OsString> {
+        let run = match self {
+            Driver::Python => vec!["-u", "-c"],
+            Driver::JavaScript => vec!["-e"],
+        };
+        run.into_iter()
+            .map(OsString::from)
+            .chain([OsString::from(self.source())])
+            .collect()
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Driver::Python => "python",
+            Driver::JavaScript => "node",
+        }
+    }
+}
+
+/// Starts `driver` in `cwd`.
+pub fn spawn(state: &AppState, driver: Driver, cwd: Option<&str>) -> Result<Repl, CodeError> {
     let ctx = state
         .child_context(&HashMap::new(), cwd, None, None)
         .map_err(|e| CodeError::Invalid(e.to_string()))?;
-    let python = process::which("python3", &ctx.env)
-        .or_else(|| process::which("python", &ctx.env))
-        .ok_or_else(|| CodeError::Unavailable("python3 is not installed in this sandbox".into()))?;
+    let program = driver
+        .programs()
+        .iter()
+        .find_map(|p| process::which(p, &ctx.env))
+        .ok_or_else(|| {
+            CodeError::Unavailable(format!(
+                "{} is not installed in this sandbox",
+                driver.programs()[0]
+            ))
+        })?;
     let child = process::launch(
         &state.reaper,
         Launch {
-            program: python.into_os_string(),
-            args: vec![
-                OsString::from("-u"),
-                OsString::from("-c"),
-                OsString::from(DRIVER),
-            ],
+            program: program.into_os_string(),
+            args: driver.args(),
             env: ctx.env,
             cwd: ctx.cwd.map(PathBuf::from),
             user: None,
@@ -59,8 +105,14 @@ struct TrailerError {
     traceback: Vec<String>,
 }
 
-/// Executes `code`, streaming output to `tx`; returns the events that close the run.
-pub async fn execute(repl: &Repl, code: &str, tx: &EventTx) -> (Vec<StreamEvent>, bool) {
+/// Executes `code` on `driver`'s `repl`, streaming output to `tx`; returns the events that
+/// close the run, and whether the interpreter lives on.
+pub async fn execute(
+    driver: Driver,
+    repl: &Repl,
+    code: &str,
+    tx: &EventTx,
+) -> (Vec<StreamEvent>, bool) {
     let started = Instant::now();
     let sentinel = Repl::sentinel();
     let mut request =
@@ -92,7 +144,7 @@ pub async fn execute(repl: &Repl, code: &str, tx: &EventTx) -> (Vec<StreamEvent>
         RunEnd::Died(status) => (
             vec![StreamEvent::error(
                 "DeadKernelError",
-                format!("python exited: {}", status.describe()),
+                format!("{} exited: {}", driver.name(), status.describe()),
                 vec![status.describe()],
             )],
             false,

@@ -1,11 +1,11 @@
-//! Code contexts (`/code`): stateful interpreters per context, `python` (the embedded driver,
-//! see [`python`]) and `bash` (a persistent shell, as sessions use). A run without a context id
+//! Code contexts (`/code`): stateful interpreters per context, `python` and `javascript` (the
+//! embedded drivers, see [`driver`]) and `bash` (a persistent shell, as sessions use). A run without a context id
 //! uses the language's default context, created on first use; a run with no context at all is
 //! a plain shell command. Streams carry `init` (the context id), output with line terminators
 //! kept (as Jupyter streams them), `execution_count`, `result`, then `execution_complete` or
 //! `error`.
 
-pub mod python;
+pub mod driver;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,12 +27,13 @@ use crate::repl::Repl;
 use crate::session::ShellSlot;
 use crate::sse::{self, StreamEvent};
 use crate::state::AppState;
+use driver::Driver;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodeError {
     #[error("context {0} not found")]
     NotFound(String),
-    #[error("language {0:?} is not supported (python, bash)")]
+    #[error("language {0:?} is not supported (python, javascript, bash)")]
     UnsupportedLanguage(String),
     #[error("{0}")]
     Unavailable(String),
@@ -45,6 +46,7 @@ pub enum CodeError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Language {
     Python,
+    JavaScript,
     Bash,
 }
 
@@ -52,21 +54,32 @@ impl Language {
     pub fn parse(s: &str) -> Result<Self, CodeError> {
         match s.to_ascii_lowercase().as_str() {
             "python" | "python3" => Ok(Language::Python),
+            "javascript" | "js" | "node" | "nodejs" => Ok(Language::JavaScript),
             "bash" | "shell" | "sh" => Ok(Language::Bash),
             other => Err(CodeError::UnsupportedLanguage(other.to_string())),
+        }
+    }
+
+    /// The embedded driver that runs the language (None: bash, a persistent shell).
+    fn driver(self) -> Option<Driver> {
+        match self {
+            Language::Python => Some(Driver::Python),
+            Language::JavaScript => Some(Driver::JavaScript),
+            Language::Bash => None,
         }
     }
 
     pub fn name(self) -> &'static str {
         match self {
             Language::Python => "python",
+            Language::JavaScript => "javascript",
             Language::Bash => "bash",
         }
     }
 }
 
 enum Engine {
-    Python(tokio::sync::Mutex<Option<Repl>>),
+    Driver(Driver, tokio::sync::Mutex<Option<Repl>>),
     Bash(ShellSlot),
 }
 
@@ -75,10 +88,10 @@ pub struct CodeContext {
     pub language: Language,
     cwd: Option<String>,
     engine: Engine,
-    /// Executions so far (bash; python's driver counts itself).
+    /// Executions so far (bash; a driver counts itself).
     runs: AtomicU64,
-    /// Pid of the python driver, for interrupts while a run holds the lock.
-    python_pid: Mutex<Option<i32>>,
+    /// Pid of the driver's interpreter, for interrupts while a run holds the lock.
+    driver_pid: Mutex<Option<i32>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -95,12 +108,13 @@ impl CodeContext {
         }
     }
 
-    /// Interrupts the running execution: SIGINT to python (KeyboardInterrupt), or kills the
-    /// shell (its state is lost, as with a timeout).
+    /// Interrupts the running execution: SIGINT to a driver (python's KeyboardInterrupt, the
+    /// end of a javascript script), or kills the shell (its state is lost, as with a
+    /// timeout).
     fn interrupt(&self) {
         match &self.engine {
-            Engine::Python(_) => {
-                if let Some(pid) = *self.python_pid.lock().unwrap_or_else(|e| e.into_inner()) {
+            Engine::Driver(..) => {
+                if let Some(pid) = *self.driver_pid.lock().unwrap_or_else(|e| e.into_inner()) {
                     let _ = nix::sys::signal::kill(
                         nix::unistd::Pid::from_raw(pid),
                         nix::sys::signal::Signal::SIGINT,
@@ -113,8 +127,8 @@ impl CodeContext {
 
     fn kill(&self) {
         match &self.engine {
-            Engine::Python(_) => {
-                if let Some(pid) = *self.python_pid.lock().unwrap_or_else(|e| e.into_inner()) {
+            Engine::Driver(..) => {
+                if let Some(pid) = *self.driver_pid.lock().unwrap_or_else(|e| e.into_inner()) {
                     crate::process::signal_group(pid, nix::sys::signal::Signal::SIGKILL);
                 }
             }
@@ -124,12 +138,12 @@ impl CodeContext {
 
     async fn run(&self, state: &AppState, code: &str, tx: &sse::EventTx) -> Vec<StreamEvent> {
         match &self.engine {
-            Engine::Python(slot) => {
+            Engine::Driver(driver, slot) => {
                 let mut guard = slot.lock().await;
                 if !guard.as_ref().is_some_and(Repl::is_alive) {
-                    match python::spawn(state, self.cwd.as_deref()) {
+                    match driver::spawn(state, *driver, self.cwd.as_deref()) {
                         Ok(r) => {
-                            *self.python_pid.lock().unwrap_or_else(|e| e.into_inner()) =
+                            *self.driver_pid.lock().unwrap_or_else(|e| e.into_inner()) =
                                 Some(r.pid);
                             *guard = Some(r);
                         }
@@ -145,7 +159,7 @@ impl CodeContext {
                 let Some(repl) = guard.as_ref() else {
                     return Vec::new();
                 };
-                let (events, alive) = python::execute(repl, code, tx).await;
+                let (events, alive) = driver::execute(*driver, repl, code, tx).await;
                 if !alive {
                     *guard = None;
                 }
@@ -210,16 +224,16 @@ impl CodeStore {
         cwd: Option<String>,
     ) -> Result<Arc<CodeContext>, CodeError> {
         let id = ids::uuid_v4();
-        let (engine, pid) = match language {
-            Language::Python => {
-                let repl = python::spawn(state, cwd.as_deref())?;
+        let (engine, pid) = match language.driver() {
+            Some(driver) => {
+                let repl = driver::spawn(state, driver, cwd.as_deref())?;
                 let pid = repl.pid;
                 (
-                    Engine::Python(tokio::sync::Mutex::new(Some(repl))),
+                    Engine::Driver(driver, tokio::sync::Mutex::new(Some(repl))),
                     Some(pid),
                 )
             }
-            Language::Bash => {
+            None => {
                 let shell = ShellSlot::new(cwd.clone(), true);
                 shell
                     .start(state)
@@ -234,7 +248,7 @@ impl CodeStore {
             cwd,
             engine,
             runs: AtomicU64::new(0),
-            python_pid: Mutex::new(pid),
+            driver_pid: Mutex::new(pid),
         });
         self.contexts
             .lock()
