@@ -253,6 +253,7 @@ class FastboxServer:
         *,
         use_server_proxy: bool = False,
         metadata: dict[str, str] | None = None,
+        image: str = TEST_IMAGE,
         **kw: Any,
     ) -> SandboxSync:
         """SandboxSync.create with the suite's defaults; metadata always carries fbt-run."""
@@ -261,7 +262,7 @@ class FastboxServer:
         kw.setdefault("resource", {"cpu": "1", "memory": "1Gi"})
         t0 = time.monotonic()
         sb = SandboxSync.create(
-            TEST_IMAGE,
+            image,
             metadata={"fbt-run": self.prefix, **(metadata or {})},
             connection_config=self.connection_config(use_server_proxy=use_server_proxy),
             **kw,

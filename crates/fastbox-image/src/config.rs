@@ -55,6 +55,9 @@ pub struct ImageConfig {
 /// The recipe every default alias points at.
 pub const DEFAULT_PYTHON_RECIPE: &str = "debian-bookworm-python3";
 
+/// The recipe the code-interpreter image's names point at (Python and Node.js).
+pub const CODE_INTERPRETER_RECIPE: &str = "debian-bookworm-code-interpreter";
+
 impl Default for ImageConfig {
     fn default() -> Self {
         let offline_aliases = [
@@ -68,6 +71,15 @@ impl Default for ImageConfig {
         ]
         .into_iter()
         .map(|r| (r.to_owned(), DEFAULT_PYTHON_RECIPE.to_owned()))
+        .chain(
+            [
+                "opensandbox/code-interpreter:latest",
+                "opensandbox/code-interpreter",
+                "code-interpreter",
+            ]
+            .into_iter()
+            .map(|r| (r.to_owned(), CODE_INTERPRETER_RECIPE.to_owned())),
+        )
         .collect();
         ImageConfig {
             cache_dir: PathBuf::from("/var/lib/fastbox/cache"),
@@ -183,6 +195,17 @@ mod tests {
             assert_eq!(cfg.alias_for(r), Some(Recipe::DebianBookwormPython3), "{r}");
         }
         for r in [
+            "opensandbox/code-interpreter:latest",
+            "docker.io/opensandbox/code-interpreter",
+            "code-interpreter",
+        ] {
+            assert_eq!(
+                cfg.alias_for(r),
+                Some(Recipe::DebianBookwormCodeInterpreter),
+                "{r}"
+            );
+        }
+        for r in [
             "python:3.12-slim",
             "ghcr.io/x/python:3.12",
             "alpine",
@@ -229,6 +252,9 @@ mod tests {
         let err = serde_json::from_str::<ImageConfig>(r#"{"cache_dirr": "/x"}"#).unwrap_err();
         assert!(err.to_string().contains("unknown field"));
         let cfg: ImageConfig = serde_json::from_str(r#"{"cache_dir": "/x"}"#).unwrap();
-        assert_eq!(cfg.offline_aliases.len(), 7);
+        assert_eq!(
+            cfg.offline_aliases.len(),
+            ImageConfig::default().offline_aliases.len()
+        );
     }
 }

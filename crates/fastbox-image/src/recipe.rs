@@ -4,6 +4,8 @@
 //!   mirror, with what users of the `python` image expect on the path (python3 and pip, curl,
 //!   wget, git, ca-certificates, procps). `pip install` works as on that image: Debian's
 //!   `EXTERNALLY-MANAGED` marker is removed. Takes minutes once.
+//! - `debian-bookworm-code-interpreter`: the same with Node.js, for code contexts in
+//!   JavaScript next to Python (what `opensandbox/code-interpreter` answers to).
 //! - `busybox`: the host's static busybox and its applet symlinks, `/etc/passwd`, `/etc/group`.
 //!   Takes milliseconds; used by tests as a minimal rootfs.
 //!
@@ -29,6 +31,7 @@ use crate::resolved::ImageRuntimeConfig;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Recipe {
     DebianBookwormPython3,
+    DebianBookwormCodeInterpreter,
     Busybox,
 }
 
@@ -43,18 +46,40 @@ const DEBIAN_INCLUDE: &[&str] = &[
     "git",
     "procps",
 ];
+/// What the code-interpreter recipe adds to [`DEBIAN_INCLUDE`].
+const CODE_INTERPRETER_INCLUDE: &[&str] = &["nodejs"];
 /// Bump when the recipe's output changes, so caches rebuild.
 const RECIPE_VERSION: u32 = 2;
 
 const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 impl Recipe {
-    pub const ALL: &'static [Recipe] = &[Recipe::DebianBookwormPython3, Recipe::Busybox];
+    pub const ALL: &'static [Recipe] = &[
+        Recipe::DebianBookwormPython3,
+        Recipe::DebianBookwormCodeInterpreter,
+        Recipe::Busybox,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Recipe::DebianBookwormPython3 => "debian-bookworm-python3",
+            Recipe::DebianBookwormCodeInterpreter => "debian-bookworm-code-interpreter",
             Recipe::Busybox => "busybox",
+        }
+    }
+
+    /// The Debian packages a debootstrap recipe installs (None: not a debootstrap recipe).
+    fn packages(self) -> Option<Vec<&'static str>> {
+        match self {
+            Recipe::DebianBookwormPython3 => Some(DEBIAN_INCLUDE.to_vec()),
+            Recipe::DebianBookwormCodeInterpreter => Some(
+                DEBIAN_INCLUDE
+                    .iter()
+                    .chain(CODE_INTERPRETER_INCLUDE)
+                    .copied()
+                    .collect(),
+            ),
+            Recipe::Busybox => None,
         }
     }
 
@@ -79,16 +104,16 @@ fn recipe_err(recipe: Recipe, reason: impl Into<String>) -> ImageError {
 
 /// The content address of a recipe's output on this host.
 pub(crate) fn digest(recipe: Recipe, cfg: &ImageConfig) -> Result<String, ImageError> {
-    match recipe {
-        Recipe::DebianBookwormPython3 => Ok(sha256_digest(
+    match recipe.packages() {
+        Some(packages) => Ok(sha256_digest(
             format!(
                 "fastbox-recipe\0{}\0v{RECIPE_VERSION}\0suite={DEBIAN_SUITE}\0variant={DEBIAN_VARIANT}\0include={}",
                 recipe.name(),
-                DEBIAN_INCLUDE.join(",")
+                packages.join(",")
             )
             .as_bytes(),
         )),
-        Recipe::Busybox => {
+        None => {
             let binary = fs::read(&cfg.busybox).map_err(|e| {
                 recipe_err(recipe, format!("cannot read {} ({e}); install busybox-static", cfg.busybox.display()))
             })?;
@@ -107,9 +132,9 @@ pub(crate) fn build(
     logs_dir: &Path,
     progress: &dyn Progress,
 ) -> Result<RecipeOutput, ImageError> {
-    match recipe {
-        Recipe::Busybox => build_busybox(cfg, rootfs, progress),
-        Recipe::DebianBookwormPython3 => build_debootstrap(recipe, cfg, rootfs, logs_dir, progress),
+    match recipe.packages() {
+        None => build_busybox(cfg, rootfs, progress),
+        Some(packages) => build_debootstrap(recipe, &packages, cfg, rootfs, logs_dir, progress),
     }
 }
 
@@ -131,6 +156,7 @@ pub(crate) fn debian_mirror(cfg: &ImageConfig) -> Result<String, ImageError> {
 
 fn build_debootstrap(
     recipe: Recipe,
+    packages: &[&str],
     cfg: &ImageConfig,
     rootfs: &Path,
     logs_dir: &Path,
@@ -151,7 +177,7 @@ fn build_debootstrap(
         fs::File::create(&log_path).map_err(ImageError::io("cannot create log", &log_path))?;
     let mut child = Command::new(&cfg.debootstrap)
         .arg(format!("--variant={DEBIAN_VARIANT}"))
-        .arg(format!("--include={}", DEBIAN_INCLUDE.join(",")))
+        .arg(format!("--include={}", packages.join(",")))
         .arg("--components=main")
         .arg(DEBIAN_SUITE)
         .arg(rootfs)
@@ -247,7 +273,12 @@ fn build_debootstrap(
         mib(dir_size(rootfs))
     ));
     Ok(RecipeOutput {
-        served_by: format!("debian-{DEBIAN_SUITE}-python{version}"),
+        served_by: match recipe {
+            Recipe::DebianBookwormCodeInterpreter => {
+                format!("debian-{DEBIAN_SUITE}-python{version}-nodejs")
+            }
+            _ => format!("debian-{DEBIAN_SUITE}-python{version}"),
+        },
         runtime: ImageRuntimeConfig {
             cmd: vec!["/bin/bash".into()],
             env: vec![PATH_ENV.into(), "LANG=C.UTF-8".into()],
@@ -525,6 +556,11 @@ mod tests {
             a,
             digest(Recipe::DebianBookwormPython3, &cfg2).unwrap(),
             "the mirror is not part of the identity"
+        );
+        assert_ne!(
+            a,
+            digest(Recipe::DebianBookwormCodeInterpreter, &cfg2).unwrap(),
+            "each recipe its own name"
         );
     }
 }

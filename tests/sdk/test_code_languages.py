@@ -1,0 +1,97 @@
+"""Code contexts in each language the code-interpreter image offers, through the official
+code-interpreter SDK 1.1.1, on a sandbox of `opensandbox/code-interpreter:latest` (the offline
+recipe with Python and Node.js). Prints each language's first-run latency in a fresh sandbox.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import fastbox_server as fb
+import pytest
+from code_interpreter.models.code_sync import SupportedLanguageSync
+from code_interpreter.sync.code_interpreter import CodeInterpreterSync
+from opensandbox.exceptions import SandboxException
+
+lines = fb.lines
+
+CODE_INTERPRETER_IMAGE = "opensandbox/code-interpreter:latest"
+
+
+@pytest.fixture(scope="module")
+def interpreter(fastbox: fb.FastboxServer) -> Iterator[CodeInterpreterSync]:
+    # The first create builds the image (debootstrap, a few minutes once per cache).
+    sb = fastbox.create_sandbox(
+        image=CODE_INTERPRETER_IMAGE,
+        metadata={"fbt-suite": "code-languages"},
+        ready_timeout=timedelta(minutes=15),
+    )
+    ci = CodeInterpreterSync.create(sb, ready_timeout=timedelta(seconds=60))
+    yield ci
+    ci.close()
+    with contextlib.suppress(SandboxException):
+        sb.kill()
+    sb.close()
+
+
+def first_run(ci: CodeInterpreterSync, language: str, code: str) -> float:
+    """Seconds from a new context of `language` to the end of its first run of `code`."""
+    t0 = time.monotonic()
+    ctx = ci.codes.create_context(language)
+    r = ci.codes.run(code, context=ctx)
+    took = time.monotonic() - t0
+    assert r.error is None, r.error
+    print(f"[fastbox] first run in a new {language} context: {took * 1000:.1f} ms", flush=True)
+    return took
+
+
+def test_javascript_context_keeps_state_and_reports_errors(
+    interpreter: CodeInterpreterSync,
+) -> None:
+    codes = interpreter.codes
+    first_run(interpreter, SupportedLanguageSync.JAVASCRIPT, "1 + 1")
+    ctx = codes.create_context(SupportedLanguageSync.JAVASCRIPT)
+    assert ctx.language == "javascript"
+
+    r1 = codes.run("let fbtX = 20 + 1\nconsole.log('x is set')", context=ctx)
+    assert r1.error is None, r1.error
+    assert lines(r1.logs.stdout) == ["x is set"]
+    r2 = codes.run("fbtX * 2", context=ctx)
+    assert r2.error is None, r2.error
+    assert [r.text for r in r2.result] == ["42"]
+    r3 = codes.run("const sq = (n) => n * n\nconsole.log(sq(fbtX))", context=ctx)
+    assert lines(r3.logs.stdout) == ["441"]
+    r4 = codes.run("require('os').platform()", context=ctx)
+    assert [r.text for r in r4.result] == ["'linux'"]
+
+    r5 = codes.run("null.boom", context=ctx)
+    assert r5.error is not None and r5.error.name == "TypeError", r5.error
+    assert "null" in r5.error.value
+    assert any("<cell>" in line for line in r5.error.traceback), r5.error.traceback
+
+    # Contexts do not share state.
+    other = codes.create_context(SupportedLanguageSync.JAVASCRIPT)
+    r6 = codes.run("typeof fbtX", context=other)
+    assert [r.text for r in r6.result] == ["'undefined'"]
+    listed = {c.id for c in codes.list_contexts(SupportedLanguageSync.JAVASCRIPT)}
+    assert {ctx.id, other.id} <= listed
+    codes.delete_contexts(SupportedLanguageSync.JAVASCRIPT)
+    assert codes.list_contexts(SupportedLanguageSync.JAVASCRIPT) == []
+
+
+def test_python_and_bash_run_in_the_same_image(interpreter: CodeInterpreterSync) -> None:
+    first_run(interpreter, SupportedLanguageSync.PYTHON, "1 + 1")
+    first_run(interpreter, SupportedLanguageSync.BASH, "true")
+    codes = interpreter.codes
+    py = codes.create_context(SupportedLanguageSync.PYTHON)
+    r = codes.run("import subprocess\nsubprocess.check_output(['node', '-p', '6 * 7']).decode().strip()", context=py)
+    assert r.error is None, r.error
+    assert [x.text for x in r.result] == ["'42'"]
+
+
+def test_an_unsupported_language_is_refused(interpreter: CodeInterpreterSync) -> None:
+    with pytest.raises(SandboxException):
+        interpreter.codes.create_context("cobol")
