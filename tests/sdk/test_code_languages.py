@@ -1,11 +1,13 @@
-"""Code contexts in each language the code-interpreter image offers, through the official
-code-interpreter SDK 1.1.1, on a sandbox of `opensandbox/code-interpreter:latest` (the offline
-recipe with Python and Node.js). Prints each language's first-run latency in a fresh sandbox.
+"""Code contexts in each language the code-interpreter image offers (javascript, python,
+bash, sql), through the official code-interpreter SDK 1.1.1, on a sandbox of
+`opensandbox/code-interpreter:latest` (the offline recipe with Python and Node.js). Prints
+each language's first-run latency in a fresh sandbox.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -90,6 +92,29 @@ def test_python_and_bash_run_in_the_same_image(interpreter: CodeInterpreterSync)
     r = codes.run("import subprocess\nsubprocess.check_output(['node', '-p', '6 * 7']).decode().strip()", context=py)
     assert r.error is None, r.error
     assert [x.text for x in r.result] == ["'42'"]
+
+
+def test_sql_runs_against_the_sandboxs_database(interpreter: CodeInterpreterSync) -> None:
+    first_run(interpreter, "sql", "SELECT 1")
+    codes = interpreter.codes
+    ctx = codes.create_context("sql")
+    assert ctx.language == "sql"
+    created = codes.run("CREATE TABLE fbt_langs (name TEXT, year INTEGER)", context=ctx)
+    assert created.error is None, created.error
+    inserted = codes.run(
+        "INSERT INTO fbt_langs VALUES ('python', 1991), ('javascript', 1995)", context=ctx
+    )
+    assert json.loads(inserted.result[0].text) == {"columns": ["affected_rows"], "rows": [[2]]}
+    # Another context, the same database.
+    other = codes.create_context("sql")
+    selected = codes.run("SELECT name, year FROM fbt_langs ORDER BY year", context=other)
+    assert selected.error is None, selected.error
+    assert json.loads(selected.result[0].text) == {
+        "columns": ["name", "year"],
+        "rows": [["python", "1991"], ["javascript", "1995"]],
+    }
+    bad = codes.run("SELECT * FROM fbt_nowhere", context=other)
+    assert bad.error is not None and bad.error.name == "DBQueryError", bad.error
 
 
 def test_an_unsupported_language_is_refused(interpreter: CodeInterpreterSync) -> None:

@@ -1,5 +1,6 @@
-//! `/code`: python and javascript contexts keep state and report results and errors; bash
-//! contexts; default contexts; context management; interrupt.
+//! `/code`: python and javascript contexts keep state and report results and errors; sql
+//! contexts against the sandbox's database; bash contexts; default contexts; context
+//! management; interrupt.
 
 mod common;
 
@@ -342,4 +343,77 @@ async fn javascript_context_keeps_state_reports_results_and_is_interrupted() {
     );
     let ev = run(&app, json!({"code": "x", "context": context})).await;
     assert_eq!(ev[1]["execution_count"], 8, "{ev:?}");
+}
+
+#[tokio::test]
+async fn sql_contexts_share_the_sandboxs_database() {
+    if !have_python() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let database = dir.path().join("db/sandbox.db");
+    // Contexts start with execd's environment.
+    let app = test_app_with(|c| {
+        c.daemon_env.push((
+            "FASTBOX_SQL_DATABASE".into(),
+            database.display().to_string(),
+        ))
+    });
+    let result = |ev: &[Value]| -> Value {
+        let text = ev.iter().find(|e| e["type"] == "result").unwrap()["results"]["text"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        serde_json::from_str(&text).unwrap()
+    };
+    let ev = run(
+        &app,
+        json!({"code": "CREATE TABLE fbt (n INTEGER, s TEXT)", "context": {"language": "sql"}}),
+    )
+    .await;
+    assert_eq!(types(&ev).last().unwrap(), "execution_complete", "{ev:?}");
+    assert_eq!(
+        result(&ev),
+        json!({"columns": ["affected_rows"], "rows": [[0]]})
+    );
+    let ev = run(
+        &app,
+        json!({"code": "INSERT INTO fbt VALUES (1, 'one'), (2, NULL)", "context": {"language": "sql"}}),
+    )
+    .await;
+    assert_eq!(
+        result(&ev),
+        json!({"columns": ["affected_rows"], "rows": [[2]]})
+    );
+
+    // Another context sees the same database.
+    let r = app
+        .post_json("/code/context", json!({"language": "sql"}))
+        .await;
+    assert_eq!(r.json()["language"], "sql");
+    let other = json!({"id": r.json()["id"], "language": "sql"});
+    let ev = run(
+        &app,
+        json!({"code": "SELECT n, s FROM fbt ORDER BY n", "context": other}),
+    )
+    .await;
+    assert_eq!(
+        result(&ev),
+        json!({"columns": ["n", "s"], "rows": [["1", "one"], ["2", null]]})
+    );
+    let ev = run(
+        &app,
+        json!({"code": "SELECT * FROM missing", "context": other}),
+    )
+    .await;
+    let err = &ev.last().unwrap()["error"];
+    assert_eq!(err["ename"], "DBQueryError");
+    assert!(err["evalue"].as_str().unwrap().contains("missing"), "{err}");
+    let ev = run(
+        &app,
+        json!({"code": "DROP TABLE missing", "context": other}),
+    )
+    .await;
+    assert_eq!(ev.last().unwrap()["error"]["ename"], "DBExecError");
+    assert!(database.exists(), "the database is the file named");
 }

@@ -1,7 +1,8 @@
 //! Interpreter code contexts: one interpreter per context running an embedded driver
-//! (`driver_python.py` under `python3`, `driver_javascript.js` under `node`), which keeps a
-//! persistent namespace and reports each execution's result, error and count in the trailer
-//! after the run's sentinel. Both drivers speak the same protocol.
+//! (`driver_python.py` under `python3`, `driver_javascript.js` under `node`,
+//! `driver_sql.py` under `python3` against the sandbox's SQLite database), which keeps its
+//! state and reports each execution's result, error and count in the trailer after the
+//! run's sentinel. Every driver speaks the same protocol.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -21,6 +22,7 @@ use crate::state::AppState;
 pub enum Driver {
     Python,
     JavaScript,
+    Sql,
 }
 
 impl Driver {
@@ -29,13 +31,14 @@ impl Driver {
         match self {
             Driver::Python => include_str!("driver_python.py"),
             Driver::JavaScript => include_str!("driver_javascript.js"),
+            Driver::Sql => include_str!("driver_sql.py"),
         }
     }
 
     /// The interpreters that run it, the first found on the sandbox's `PATH` wins.
     fn programs(self) -> &'static [&'static str] {
         match self {
-            Driver::Python => &["python3", "python"],
+            Driver::Python | Driver::Sql => &["python3", "python"],
             Driver::JavaScript => &["node", "nodejs"],
         }
     }
@@ -43,7 +46,7 @@ impl Driver {
     /// The arguments that run `source` (unbuffered, for python).
     fn args(self) -> Vec<OsString> {
         let run = match self {
-            Driver::Python => vec!["-u", "-c"],
+            Driver::Python | Driver::Sql => vec!["-u", "-c"],
             Driver::JavaScript => vec!["-e"],
         };
         run.into_iter()
@@ -54,7 +57,7 @@ impl Driver {
 
     fn name(self) -> &'static str {
         match self {
-            Driver::Python => "python",
+            Driver::Python | Driver::Sql => "python",
             Driver::JavaScript => "node",
         }
     }
