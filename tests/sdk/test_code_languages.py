@@ -1,6 +1,7 @@
-"""Code contexts in each language the code-interpreter image offers (javascript, python,
-bash, sql), through the official code-interpreter SDK 1.1.1, on a sandbox of
-`opensandbox/code-interpreter:latest` (the offline recipe with Python and Node.js). Prints
+"""Code contexts in each language the code-interpreter image offers (javascript, typescript,
+python, bash, sql), through the official code-interpreter SDK 1.1.1, on a sandbox of
+`opensandbox/code-interpreter:latest` (the offline recipe with Python, Node.js and
+TypeScript). Prints
 each language's first-run latency in a fresh sandbox.
 """
 
@@ -82,6 +83,26 @@ def test_javascript_context_keeps_state_and_reports_errors(
     assert {ctx.id, other.id} <= listed
     codes.delete_contexts(SupportedLanguageSync.JAVASCRIPT)
     assert codes.list_contexts(SupportedLanguageSync.JAVASCRIPT) == []
+
+
+def test_typescript_context_transpiles_and_keeps_state(interpreter: CodeInterpreterSync) -> None:
+    first_run(interpreter, SupportedLanguageSync.TYPESCRIPT, "const one: number = 1\none")
+    codes = interpreter.codes
+    ctx = codes.create_context(SupportedLanguageSync.TYPESCRIPT)
+    assert ctx.language == "typescript"
+    r1 = codes.run(
+        "interface Point { x: number; y: number }\n"
+        "const p: Point = { x: 3, y: 4 }\n"
+        "function norm(q: Point): number { return Math.hypot(q.x, q.y) }\n"
+        "console.log(`norm ${norm(p)}`)",
+        context=ctx,
+    )
+    assert r1.error is None, r1.error
+    assert lines(r1.logs.stdout) == ["norm 5"]
+    r2 = codes.run("norm({ x: 6, y: 8 } as Point) * 2", context=ctx)
+    assert [r.text for r in r2.result] == ["20"]
+    r3 = codes.run("const broken: number = (", context=ctx)
+    assert r3.error is not None and r3.error.name == "SyntaxError", r3.error
 
 
 def test_python_and_bash_run_in_the_same_image(interpreter: CodeInterpreterSync) -> None:

@@ -417,3 +417,48 @@ async fn sql_contexts_share_the_sandboxs_database() {
     assert_eq!(ev.last().unwrap()["error"]["ename"], "DBExecError");
     assert!(database.exists(), "the database is the file named");
 }
+
+#[tokio::test]
+async fn typescript_contexts_transpile_each_cell_or_say_what_is_missing() {
+    if !have(&["node", "nodejs"]) {
+        return;
+    }
+    let app = test_app();
+    let ev = run(
+        &app,
+        json!({"code": "let n: number = 40\nconst add = (a: number, b: number): number => a + b\nadd(n, 2)", "context": {"language": "typescript"}}),
+    )
+    .await;
+    let has_typescript = std::process::Command::new("node")
+        .args(["-e", "require('typescript')"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if has_typescript {
+        assert_eq!(
+            ev.iter().find(|e| e["type"] == "result").unwrap()["results"]["text"],
+            "42",
+            "{ev:?}"
+        );
+        let ev = run(
+            &app,
+            json!({"code": "interface P { n: number }\nconst p: P = { n }\np.n * 2", "context": {"language": "typescript"}}),
+        )
+        .await;
+        assert_eq!(
+            ev.iter().find(|e| e["type"] == "result").unwrap()["results"]["text"],
+            "80",
+            "state survives: {ev:?}"
+        );
+    } else {
+        // Without the package (this machine), the context says what it needs.
+        let err = &ev.last().unwrap()["error"];
+        assert_eq!(err["ename"], "ModuleNotFoundError", "{ev:?}");
+        assert!(
+            err["evalue"]
+                .as_str()
+                .unwrap()
+                .contains("typescript package"),
+            "{err}"
+        );
+    }
+}

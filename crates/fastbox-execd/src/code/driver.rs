@@ -1,5 +1,6 @@
 //! Interpreter code contexts: one interpreter per context running an embedded driver
-//! (`driver_python.py` under `python3`, `driver_javascript.js` under `node`,
+//! (`driver_python.py` under `python3`, `driver_javascript.js` under `node` for javascript
+//! and typescript,
 //! `driver_sql.py` under `python3` against the sandbox's SQLite database), which keeps its
 //! state and reports each execution's result, error and count in the trailer after the
 //! run's sentinel. Every driver speaks the same protocol.
@@ -22,6 +23,7 @@ use crate::state::AppState;
 pub enum Driver {
     Python,
     JavaScript,
+    TypeScript,
     Sql,
 }
 
@@ -30,7 +32,7 @@ impl Driver {
     pub fn source(self) -> &'static str {
         match self {
             Driver::Python => include_str!("driver_python.py"),
-            Driver::JavaScript => include_str!("driver_javascript.js"),
+            Driver::JavaScript | Driver::TypeScript => include_str!("driver_javascript.js"),
             Driver::Sql => include_str!("driver_sql.py"),
         }
     }
@@ -39,26 +41,29 @@ impl Driver {
     fn programs(self) -> &'static [&'static str] {
         match self {
             Driver::Python | Driver::Sql => &["python3", "python"],
-            Driver::JavaScript => &["node", "nodejs"],
+            Driver::JavaScript | Driver::TypeScript => &["node", "nodejs"],
         }
     }
 
-    /// The arguments that run `source` (unbuffered, for python).
+    /// The arguments that run `source` (unbuffered, for python; in typescript mode for the
+    /// javascript driver).
     fn args(self) -> Vec<OsString> {
-        let run = match self {
-            Driver::Python | Driver::Sql => vec!["-u", "-c"],
-            Driver::JavaScript => vec!["-e"],
+        let (run, mode): (&[&str], &[&str]) = match self {
+            Driver::Python | Driver::Sql => (&["-u", "-c"], &[]),
+            Driver::JavaScript => (&["-e"], &[]),
+            Driver::TypeScript => (&["-e"], &["typescript"]),
         };
-        run.into_iter()
+        run.iter()
             .map(OsString::from)
             .chain([OsString::from(self.source())])
+            .chain(mode.iter().map(OsString::from))
             .collect()
     }
 
     fn name(self) -> &'static str {
         match self {
             Driver::Python | Driver::Sql => "python",
-            Driver::JavaScript => "node",
+            Driver::JavaScript | Driver::TypeScript => "node",
         }
     }
 }

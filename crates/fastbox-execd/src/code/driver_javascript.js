@@ -1,4 +1,6 @@
-// fastbox-execd javascript code-context driver (embedded in execd, run with `node -e`).
+// fastbox-execd javascript and typescript code-context driver (embedded in execd, run with
+// `node -e`; with the argument `typescript`, each cell is first transpiled by the sandbox's
+// `typescript` package: types are removed, not checked).
 // Reads one JSON request per line from stdin: {"code": str, "sentinel": str}. Runs the code
 // in one persistent context (as the node REPL does: top-level `let`, `const`, `function` and
 // `class` declarations stay for the next runs); the value of the last expression is the
@@ -43,6 +45,40 @@ function cellFrames(stack) {
   return driver < 0 ? lines : lines.slice(0, driver);
 }
 
+const TYPESCRIPT = process.argv.slice(1).includes('typescript');
+let typescript = null;
+
+// The cell as javascript: itself, or its typescript transpiled.
+function compiled(code) {
+  if (!TYPESCRIPT) return code;
+  if (typescript === null) {
+    try {
+      typescript = require('typescript');
+    } catch (e) {
+      const missing = new Error(
+        'typescript contexts need the typescript package in the sandbox (the code-interpreter image has it)'
+      );
+      missing.name = 'ModuleNotFoundError';
+      throw missing;
+    }
+  }
+  const out = typescript.transpileModule(code, {
+    compilerOptions: {
+      target: typescript.ScriptTarget.ES2020,
+      module: typescript.ModuleKind.None,
+      noImplicitUseStrict: true,
+    },
+    reportDiagnostics: true,
+  });
+  if (out.diagnostics && out.diagnostics.length) {
+    const text = out.diagnostics
+      .map((d) => typescript.flattenDiagnosticMessageText(d.messageText, '\n'))
+      .join('\n');
+    throw new SyntaxError(text);
+  }
+  return out.outputText;
+}
+
 function errorOf(e) {
   if (e instanceof Error || (e && typeof e === 'object' && 'stack' in e)) {
     const stack = cellFrames(e.stack || `${e.name}: ${e.message}`);
@@ -55,12 +91,12 @@ async function run(code, out) {
   try {
     let script;
     try {
-      script = new vm.Script(code, { filename: '<cell>' });
+      script = new vm.Script(compiled(code), { filename: '<cell>' });
     } catch (e) {
       // Top-level await: the cell runs as an async function (its declarations stay in it;
       // `return` gives the result).
       if (!(e instanceof SyntaxError) || !/await/.test(e.message)) throw e;
-      script = new vm.Script(`(async () => {\n${code}\n})()`, { filename: '<cell>' });
+      script = new vm.Script(compiled(`(async () => {\n${code}\n})()`), { filename: '<cell>' });
     }
     let value = script.runInContext(context, { breakOnSigint: true, displayErrors: false });
     if (value && typeof value.then === 'function') {

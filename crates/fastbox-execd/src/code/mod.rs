@@ -1,5 +1,5 @@
-//! Code contexts (`/code`): stateful interpreters per context, `python`, `javascript` and
-//! `sql` (the embedded drivers, see [`driver`]) and `bash` (a persistent shell, as sessions
+//! Code contexts (`/code`): stateful interpreters per context, `python`, `javascript`,
+//! `typescript` and `sql` (the embedded drivers, see [`driver`]) and `bash` (a persistent shell, as sessions
 //! use). A run without a context id
 //! uses the language's default context, created on first use; a run with no context at all is
 //! a plain shell command. Streams carry `init` (the context id), output with line terminators
@@ -34,7 +34,7 @@ use driver::Driver;
 pub enum CodeError {
     #[error("context {0} not found")]
     NotFound(String),
-    #[error("language {0:?} is not supported (python, javascript, sql, bash)")]
+    #[error("language {0:?} is not supported (python, javascript, typescript, sql, bash)")]
     UnsupportedLanguage(String),
     #[error("{0}")]
     Unavailable(String),
@@ -48,6 +48,7 @@ pub enum CodeError {
 pub enum Language {
     Python,
     JavaScript,
+    TypeScript,
     Sql,
     Bash,
 }
@@ -57,6 +58,7 @@ impl Language {
         match s.to_ascii_lowercase().as_str() {
             "python" | "python3" => Ok(Language::Python),
             "javascript" | "js" | "node" | "nodejs" => Ok(Language::JavaScript),
+            "typescript" | "ts" => Ok(Language::TypeScript),
             "sql" => Ok(Language::Sql),
             "bash" | "shell" | "sh" => Ok(Language::Bash),
             other => Err(CodeError::UnsupportedLanguage(other.to_string())),
@@ -68,6 +70,7 @@ impl Language {
         match self {
             Language::Python => Some(Driver::Python),
             Language::JavaScript => Some(Driver::JavaScript),
+            Language::TypeScript => Some(Driver::TypeScript),
             Language::Sql => Some(Driver::Sql),
             Language::Bash => None,
         }
@@ -77,6 +80,7 @@ impl Language {
         match self {
             Language::Python => "python",
             Language::JavaScript => "javascript",
+            Language::TypeScript => "typescript",
             Language::Sql => "sql",
             Language::Bash => "bash",
         }
