@@ -1,7 +1,7 @@
 """Code contexts in each language the code-interpreter image offers (javascript, typescript,
-python, bash, sql), through the official code-interpreter SDK 1.1.1, on a sandbox of
-`opensandbox/code-interpreter:latest` (the offline recipe with Python, Node.js and
-TypeScript). Prints
+java, go, python, bash, sql), through the official code-interpreter SDK 1.1.1, on a sandbox of
+`opensandbox/code-interpreter:latest` (the offline recipe with Python, Node.js,
+TypeScript, Go and a JDK). Prints
 each language's first-run latency in a fresh sandbox.
 """
 
@@ -103,6 +103,42 @@ def test_typescript_context_transpiles_and_keeps_state(interpreter: CodeInterpre
     assert [r.text for r in r2.result] == ["20"]
     r3 = codes.run("const broken: number = (", context=ctx)
     assert r3.error is not None and r3.error.name == "SyntaxError", r3.error
+
+
+def test_java_context_keeps_state_in_jshell(interpreter: CodeInterpreterSync) -> None:
+    first_run(interpreter, SupportedLanguageSync.JAVA, "1 + 1")
+    codes = interpreter.codes
+    ctx = codes.create_context(SupportedLanguageSync.JAVA)
+    assert ctx.language == "java"
+    r1 = codes.run(
+        "import java.util.*;\nList<Integer> xs = new ArrayList<>(List.of(3, 1, 2));\n"
+        "Collections.sort(xs);\nSystem.out.println(xs);",
+        context=ctx,
+    )
+    assert r1.error is None, r1.error
+    assert lines(r1.logs.stdout) == ["[1, 2, 3]"]
+    r2 = codes.run("xs.stream().mapToInt(Integer::intValue).sum() * 7", context=ctx)
+    assert [r.text for r in r2.result] == ["42"]
+    r3 = codes.run("Object o = null; o.toString()", context=ctx)
+    assert r3.error is not None and r3.error.name == "java.lang.NullPointerException", r3.error
+
+
+def test_go_runs_each_cell_as_a_program(interpreter: CodeInterpreterSync) -> None:
+    first_run(interpreter, SupportedLanguageSync.GO, 'fmt.Println("warm")')
+    codes = interpreter.codes
+    ctx = codes.create_context(SupportedLanguageSync.GO)
+    assert ctx.language == "go"
+    r1 = codes.run('n := 6 * 7\nfmt.Println(strings.ToUpper("go"), n)', context=ctx)
+    assert r1.error is None, r1.error
+    assert lines(r1.logs.stdout) == ["GO 42"]
+    r2 = codes.run(
+        'package main\n\nimport "fmt"\n\nfunc main() { fmt.Println("whole program") }',
+        context=ctx,
+    )
+    assert lines(r2.logs.stdout) == ["whole program"]
+    # Nothing carries over: each cell is a program of its own.
+    r3 = codes.run("fmt.Println(n)", context=ctx)
+    assert r3.error is not None and r3.error.name == "ExitError", r3.error
 
 
 def test_python_and_bash_run_in_the_same_image(interpreter: CodeInterpreterSync) -> None:

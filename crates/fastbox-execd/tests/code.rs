@@ -462,3 +462,119 @@ async fn typescript_contexts_transpile_each_cell_or_say_what_is_missing() {
         );
     }
 }
+
+#[tokio::test]
+async fn go_contexts_run_each_cell_as_a_program_or_say_what_is_missing() {
+    if !have_python() {
+        return;
+    }
+    let app = test_app();
+    let context = json!({"language": "go"});
+    let ev = run(
+        &app,
+        json!({"code": "n := 6 * 7\nfmt.Println(strings.Repeat(\"go\", 2), n)", "context": context}),
+    )
+    .await;
+    if have(&["go"]) {
+        assert_eq!(texts(&ev, "stdout"), ["gogo 42\n"], "{ev:?}");
+        assert_eq!(types(&ev).last().unwrap(), "execution_complete");
+        // A whole program; nothing carried over (`n` is gone); a failing one is an error.
+        let ev = run(
+            &app,
+            json!({"code": "package main\nimport \"os\"\nfunc main() { os.Exit(3) }", "context": context}),
+        )
+        .await;
+        assert_eq!(ev.last().unwrap()["error"]["evalue"], "exit status 3");
+        let ev = run(&app, json!({"code": "fmt.Println(n)", "context": context})).await;
+        assert_eq!(ev.last().unwrap()["error"]["ename"], "ExitError");
+        assert!(
+            texts(&ev, "stderr").concat().contains("undefined: n"),
+            "{ev:?}"
+        );
+    } else {
+        // Without the toolchain (this machine), the context says what it needs.
+        let err = &ev.last().unwrap()["error"];
+        assert_eq!(err["ename"], "ModuleNotFoundError", "{ev:?}");
+        assert!(
+            err["evalue"].as_str().unwrap().contains("go toolchain"),
+            "{err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn java_context_keeps_state_in_jshell_and_is_interrupted() {
+    if !have(&["java"]) {
+        return;
+    }
+    let app = std::sync::Arc::new(test_app());
+    let r = app
+        .post_json("/code/context", json!({"language": "java"}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    let context = json!({"id": id, "language": "java"});
+    let ev = run(
+        &app,
+        json!({"code": "int x = 40;\nSystem.out.println(\"hello\");\nx + 2", "context": context}),
+    )
+    .await;
+    assert_eq!(texts(&ev, "stdout"), ["hello\n"], "{ev:?}");
+    assert_eq!(
+        ev.iter().find(|e| e["type"] == "result").unwrap()["results"]["text"],
+        "42"
+    );
+    let ev = run(
+        &app,
+        json!({"code": "String twice(String s) { return s + s; }\ntwice(\"ab\") + x", "context": context}),
+    )
+    .await;
+    assert_eq!(
+        ev.iter().find(|e| e["type"] == "result").unwrap()["results"]["text"],
+        "\"abab40\""
+    );
+    let ev = run(
+        &app,
+        json!({"code": "Integer.parseInt(\"nope\")", "context": context}),
+    )
+    .await;
+    let err = &ev.last().unwrap()["error"];
+    assert_eq!(err["ename"], "java.lang.NumberFormatException", "{ev:?}");
+    let ev = run(&app, json!({"code": "int y = ;", "context": context})).await;
+    assert_eq!(ev.last().unwrap()["error"]["ename"], "CompilationError");
+
+    let app2 = std::sync::Arc::clone(&app);
+    let interrupted = id.clone();
+    let interrupter = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+        app2.delete(&format!("/code?id={interrupted}")).await.status
+    });
+    let ev = run(
+        &app,
+        json!({"code": "while (true) { }", "context": context}),
+    )
+    .await;
+    assert_eq!(interrupter.await.unwrap(), StatusCode::OK);
+    assert_eq!(
+        ev.last().unwrap()["error"]["ename"],
+        "InterruptedException",
+        "{ev:?}"
+    );
+    let ev = run(&app, json!({"code": "x", "context": context})).await;
+    assert_eq!(
+        ev.iter().find(|e| e["type"] == "result").unwrap()["results"]["text"],
+        "40",
+        "state survives: {ev:?}"
+    );
+    // The driver's source file went as it started.
+    let leftovers: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("fastbox-java-driver-")
+        })
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}

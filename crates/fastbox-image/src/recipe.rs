@@ -4,9 +4,9 @@
 //!   mirror, with what users of the `python` image expect on the path (python3 and pip, curl,
 //!   wget, git, ca-certificates, procps). `pip install` works as on that image: Debian's
 //!   `EXTERNALLY-MANAGED` marker is removed. Takes minutes once.
-//! - `debian-bookworm-code-interpreter`: the same with Node.js and TypeScript, for code
-//!   contexts in JavaScript and TypeScript next to Python (what `opensandbox/code-interpreter`
-//!   answers to).
+//! - `debian-bookworm-code-interpreter`: the same with Node.js, TypeScript, Go and a JDK, for
+//!   code contexts in every language the code interpreter offers (what
+//!   `opensandbox/code-interpreter` answers to).
 //! - `busybox`: the host's static busybox and its applet symlinks, `/etc/passwd`, `/etc/group`.
 //!   Takes milliseconds; used by tests as a minimal rootfs.
 //!
@@ -48,7 +48,12 @@ const DEBIAN_INCLUDE: &[&str] = &[
     "procps",
 ];
 /// What the code-interpreter recipe adds to [`DEBIAN_INCLUDE`].
-const CODE_INTERPRETER_INCLUDE: &[&str] = &["nodejs", "node-typescript"];
+const CODE_INTERPRETER_INCLUDE: &[&str] = &[
+    "nodejs",
+    "node-typescript",
+    "golang-go",
+    "openjdk-17-jdk-headless",
+];
 /// Bump when the recipe's output changes, so caches rebuild.
 const RECIPE_VERSION: u32 = 2;
 

@@ -1,7 +1,9 @@
 //! Interpreter code contexts: one interpreter per context running an embedded driver
 //! (`driver_python.py` under `python3`, `driver_javascript.js` under `node` for javascript
 //! and typescript,
-//! `driver_sql.py` under `python3` against the sandbox's SQLite database), which keeps its
+//! `driver_sql.py` under `python3` against the sandbox's SQLite database, `driver_go.py`
+//! under `python3`, building and running each cell with `go run`, `driver_java.java` under
+//! `java`, a JShell per context), which keeps its
 //! state and reports each execution's result, error and count in the trailer after the
 //! run's sentinel. Every driver speaks the same protocol.
 
@@ -25,6 +27,8 @@ pub enum Driver {
     JavaScript,
     TypeScript,
     Sql,
+    Go,
+    Java,
 }
 
 impl Driver {
@@ -34,36 +38,46 @@ impl Driver {
             Driver::Python => include_str!("driver_python.py"),
             Driver::JavaScript | Driver::TypeScript => include_str!("driver_javascript.js"),
             Driver::Sql => include_str!("driver_sql.py"),
+            Driver::Go => include_str!("driver_go.py"),
+            Driver::Java => include_str!("driver_java.java"),
         }
     }
 
     /// The interpreters that run it, the first found on the sandbox's `PATH` wins.
     fn programs(self) -> &'static [&'static str] {
         match self {
-            Driver::Python | Driver::Sql => &["python3", "python"],
+            Driver::Python | Driver::Sql | Driver::Go => &["python3", "python"],
             Driver::JavaScript | Driver::TypeScript => &["node", "nodejs"],
+            Driver::Java => &["java"],
         }
     }
 
     /// The arguments that run `source` (unbuffered, for python; in typescript mode for the
-    /// javascript driver).
-    fn args(self) -> Vec<OsString> {
+    /// javascript driver). Java runs a source file: written here into a directory of its own,
+    /// which the driver removes as it starts.
+    fn args(self) -> std::io::Result<Vec<OsString>> {
         let (run, mode): (&[&str], &[&str]) = match self {
-            Driver::Python | Driver::Sql => (&["-u", "-c"], &[]),
+            Driver::Python | Driver::Sql | Driver::Go => (&["-u", "-c"], &[]),
             Driver::JavaScript => (&["-e"], &[]),
             Driver::TypeScript => (&["-e"], &["typescript"]),
+            Driver::Java => {
+                let file = java_source_file(self.source())?;
+                return Ok(vec![file.clone().into_os_string(), file.into_os_string()]);
+            }
         };
-        run.iter()
+        Ok(run
+            .iter()
             .map(OsString::from)
             .chain([OsString::from(self.source())])
             .chain(mode.iter().map(OsString::from))
-            .collect()
+            .collect())
     }
 
     fn name(self) -> &'static str {
         match self {
-            Driver::Python | Driver::Sql => "python",
+            Driver::Python | Driver::Sql | Driver::Go => "python",
             Driver::JavaScript | Driver::TypeScript => "node",
+            Driver::Java => "java",
         }
     }
 }
@@ -87,7 +101,9 @@ pub fn spawn(state: &AppState, driver: Driver, cwd: Option<&str>) -> Result<Repl
         &state.reaper,
         Launch {
             program: program.into_os_string(),
-            args: driver.args(),
+            args: driver
+                .args()
+                .map_err(|e| CodeError::Spawn(format!("the {} driver: {e}", driver.name())))?,
             env: ctx.env,
             cwd: ctx.cwd.map(PathBuf::from),
             user: None,
@@ -96,6 +112,20 @@ pub fn spawn(state: &AppState, driver: Driver, cwd: Option<&str>) -> Result<Repl
     )
     .map_err(|e| CodeError::Spawn(e.to_string()))?;
     Repl::new(child, true).map_err(|e| CodeError::Spawn(e.to_string()))
+}
+
+/// Writes the java driver's source as `FastboxJavaDriver.java` (the name its class needs) in
+/// a new directory only root can enter, under the sandbox's temporary directory.
+fn java_source_file(source: &str) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = std::env::temp_dir().join(format!(
+        "fastbox-java-driver-{}",
+        crate::ids::random_hex(16)
+    ));
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    let file = dir.join("FastboxJavaDriver.java");
+    std::fs::write(&file, source)?;
+    Ok(file)
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,5 +1,6 @@
 //! Code contexts (`/code`): stateful interpreters per context, `python`, `javascript`,
-//! `typescript` and `sql` (the embedded drivers, see [`driver`]) and `bash` (a persistent shell, as sessions
+//! `typescript`, `java`, `sql` and `go` (the embedded drivers, see [`driver`]; go keeps no
+//! state) and `bash` (a persistent shell, as sessions
 //! use). A run without a context id
 //! uses the language's default context, created on first use; a run with no context at all is
 //! a plain shell command. Streams carry `init` (the context id), output with line terminators
@@ -34,7 +35,9 @@ use driver::Driver;
 pub enum CodeError {
     #[error("context {0} not found")]
     NotFound(String),
-    #[error("language {0:?} is not supported (python, javascript, typescript, sql, bash)")]
+    #[error(
+        "language {0:?} is not supported (python, javascript, typescript, java, go, sql, bash)"
+    )]
     UnsupportedLanguage(String),
     #[error("{0}")]
     Unavailable(String),
@@ -50,6 +53,8 @@ pub enum Language {
     JavaScript,
     TypeScript,
     Sql,
+    Go,
+    Java,
     Bash,
 }
 
@@ -60,6 +65,8 @@ impl Language {
             "javascript" | "js" | "node" | "nodejs" => Ok(Language::JavaScript),
             "typescript" | "ts" => Ok(Language::TypeScript),
             "sql" => Ok(Language::Sql),
+            "go" | "golang" => Ok(Language::Go),
+            "java" => Ok(Language::Java),
             "bash" | "shell" | "sh" => Ok(Language::Bash),
             other => Err(CodeError::UnsupportedLanguage(other.to_string())),
         }
@@ -72,6 +79,8 @@ impl Language {
             Language::JavaScript => Some(Driver::JavaScript),
             Language::TypeScript => Some(Driver::TypeScript),
             Language::Sql => Some(Driver::Sql),
+            Language::Go => Some(Driver::Go),
+            Language::Java => Some(Driver::Java),
             Language::Bash => None,
         }
     }
@@ -82,6 +91,8 @@ impl Language {
             Language::JavaScript => "javascript",
             Language::TypeScript => "typescript",
             Language::Sql => "sql",
+            Language::Go => "go",
+            Language::Java => "java",
             Language::Bash => "bash",
         }
     }
