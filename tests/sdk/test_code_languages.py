@@ -7,6 +7,7 @@ each language's first-run latency in a fresh sandbox.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import time
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import fastbox_server as fb
+import httpx
 import pytest
 from code_interpreter.models.code_sync import SupportedLanguageSync
 from code_interpreter.sync.code_interpreter import CodeInterpreterSync
@@ -139,6 +141,45 @@ def test_go_runs_each_cell_as_a_program(interpreter: CodeInterpreterSync) -> Non
     # Nothing carries over: each cell is a program of its own.
     r3 = codes.run("fmt.Println(n)", context=ctx)
     assert r3.error is not None and r3.error.name == "ExitError", r3.error
+
+
+def raw_code_events(sb, code: str, language: str) -> list[dict]:
+    """The events of one `/code` run, straight from execd (the SDK keeps only `text`)."""
+    ep = sb.get_endpoint(fb.EXECD_PORT)
+    with httpx.Client(timeout=120, trust_env=False) as client:
+        r = client.post(
+            f"http://{ep.endpoint}/code",
+            json={"code": code, "context": {"language": language}},
+            headers=ep.headers,
+        )
+    assert r.status_code == 200, r.text
+    return [json.loads(part) for part in r.text.split("\n\n") if part.strip()]
+
+
+def test_a_matplotlib_figure_is_a_png_result(interpreter: CodeInterpreterSync) -> None:
+    code = (
+        "import matplotlib.pyplot as plt\n"
+        "fig, ax = plt.subplots()\n"
+        "ax.plot([1, 2, 3], [1, 4, 9])\n"
+        "ax.set_title('squares')"
+    )
+    # Through the SDK: the run succeeds, the figure's text is among the results.
+    r = interpreter.codes.run(code, language=SupportedLanguageSync.PYTHON)
+    assert r.error is None, r.error
+    assert any((x.text or "").startswith("<Figure size") for x in r.result), r.result
+    # On the wire, as Jupyter has it: the figure as a base64 PNG, and HTML from a display.
+    events = raw_code_events(
+        interpreter.sandbox,
+        code + "\nclass Table:\n    def _repr_html_(self): return '<table><tr><td>1</td></tr></table>'\n"
+        "display(Table())",
+        "python",
+    )
+    results = [e["results"] for e in events if e["type"] == "result"]
+    pngs = [base64.b64decode(x["image/png"]) for x in results if "image/png" in x]
+    assert len(pngs) == 1, results
+    assert pngs[0].startswith(b"\x89PNG\r\n\x1a\n") and len(pngs[0]) > 1000
+    assert any(x.get("text/html", "").startswith("<table>") for x in results), results
+    assert events[-1]["type"] == "execution_complete", events[-1]
 
 
 def test_python_and_bash_run_in_the_same_image(interpreter: CodeInterpreterSync) -> None:

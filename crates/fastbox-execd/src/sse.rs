@@ -159,6 +159,26 @@ impl StreamEvent {
         }
     }
 
+    /// A rich result: a MIME bundle (`image/png` base64, `text/html`, ...), its
+    /// `text/plain` named `text` as the reference execd names it.
+    pub fn result_bundle(bundle: std::collections::BTreeMap<String, String>) -> Self {
+        let results = bundle
+            .into_iter()
+            .map(|(mime, data)| {
+                let key = if mime == "text/plain" {
+                    "text".to_string()
+                } else {
+                    mime
+                };
+                (key, serde_json::Value::String(data))
+            })
+            .collect();
+        StreamEvent {
+            results: Some(results),
+            ..Self::new(EventType::Result)
+        }
+    }
+
     pub fn ping() -> Self {
         Self::with_text(EventType::Ping, "pong")
     }

@@ -578,3 +578,27 @@ async fn java_context_keeps_state_in_jshell_and_is_interrupted() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+#[tokio::test]
+async fn python_rich_results_carry_their_mime_types() {
+    if !have_python() {
+        return;
+    }
+    let app = test_app();
+    let context = json!({"language": "python"});
+    let code = "class Page:\n    def _repr_html_(self): return '<b>bold</b>'\n    def _repr_png_(self): return b'\\x89PNG'\n    def __repr__(self): return 'Page()'\ndisplay(Page(), 7)\nprint('between')\nPage()";
+    let ev = run(&app, json!({"code": code, "context": context})).await;
+    let results: Vec<&Value> = ev
+        .iter()
+        .filter(|e| e["type"] == "result")
+        .map(|e| &e["results"])
+        .collect();
+    assert_eq!(results.len(), 3, "two displays, then the value: {ev:?}");
+    assert_eq!(results[0]["text"], "Page()");
+    assert_eq!(results[0]["text/html"], "<b>bold</b>");
+    assert_eq!(results[0]["image/png"], "iVBORw==", "PNG bytes as base64");
+    assert_eq!(results[1], &json!({"text": "7"}));
+    assert_eq!(results[2]["text/html"], "<b>bold</b>");
+    assert_eq!(texts(&ev, "stdout"), ["between\n"]);
+    assert_eq!(types(&ev).last().unwrap(), "execution_complete");
+}

@@ -49,6 +49,7 @@ const DEBIAN_INCLUDE: &[&str] = &[
 ];
 /// What the code-interpreter recipe adds to [`DEBIAN_INCLUDE`].
 const CODE_INTERPRETER_INCLUDE: &[&str] = &[
+    "python3-matplotlib",
     "nodejs",
     "node-typescript",
     "golang-go",

@@ -131,7 +131,15 @@ fn java_source_file(source: &str) -> std::io::Result<PathBuf> {
 #[derive(Debug, Deserialize)]
 struct Trailer {
     execution_count: u64,
+    /// What the run displayed (python: `display()` calls, figures), MIME type to data, in
+    /// order; before `result`.
+    #[serde(default)]
+    displays: Vec<std::collections::BTreeMap<String, String>>,
+    /// The last expression's value as text.
     result: Option<String>,
+    /// Its other representations (`text/html`, `image/png`, ...), when it has any.
+    #[serde(default)]
+    result_bundle: Option<std::collections::BTreeMap<String, String>>,
     error: Option<TrailerError>,
 }
 
@@ -161,8 +169,11 @@ pub async fn execute(
         RunEnd::Done(trailer) => match serde_json::from_str::<Trailer>(&trailer) {
             Ok(t) => {
                 let mut events = vec![StreamEvent::count(t.execution_count)];
-                if let Some(r) = t.result {
-                    events.push(StreamEvent::result(r));
+                events.extend(t.displays.into_iter().map(StreamEvent::result_bundle));
+                match (t.result_bundle, t.result) {
+                    (Some(bundle), _) => events.push(StreamEvent::result_bundle(bundle)),
+                    (None, Some(r)) => events.push(StreamEvent::result(r)),
+                    (None, None) => {}
                 }
                 events.push(match t.error {
                     Some(e) => StreamEvent::error(&e.ename, e.evalue, e.traceback),
