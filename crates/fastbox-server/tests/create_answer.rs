@@ -6,6 +6,7 @@
 //! The store is the embedded one behind a wrapper that runs a test's step just before the
 //! start's `Running` write reaches it: the moment after the answer, before the write.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -27,6 +28,8 @@ type Step = Box<dyn FnOnce(&Arc<Lifecycle>, &str) + Send>;
 /// sandbox record whose state is `Running`.
 struct BeforeRunning {
     inner: RedbBackend,
+    /// How many `Running` writes fail as an unreachable store would.
+    unreachable_running_writes: AtomicUsize,
     before_running: Mutex<Option<Step>>,
     lifecycle: OnceLock<Arc<Lifecycle>>,
     /// What the store held of the sandbox when the step ran.
@@ -57,6 +60,13 @@ impl StateBackend for BeforeRunning {
         fence: Option<&Fence>,
     ) -> Result<Revision, StateError> {
         if table == SANDBOXES && state_in(value) == "Running" {
+            if self
+                .unreachable_running_writes
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                return Err(StateError::Unavailable("the store is cut off".into()));
+            }
             let step = self.before_running.lock().unwrap().take();
             if let Some(step) = step {
                 let durable = self.inner.get(table, key)?.expect("the intent is durable");
@@ -88,8 +98,20 @@ fn create_with_step_before_running(
     step: Step,
     settled: SandboxState,
 ) -> (String, SandboxState) {
+    create_with(fake, step, settled, 0)
+}
+
+/// [`create_with_step_before_running`], the first `unreachable` `Running` writes failing as
+/// an unreachable store's.
+fn create_with(
+    fake: &Arc<FakeNode>,
+    step: Step,
+    settled: SandboxState,
+    unreachable: usize,
+) -> (String, SandboxState) {
     let dir = tempfile::tempdir().expect("tempdir");
     let backend = Arc::new(BeforeRunning {
+        unreachable_running_writes: AtomicUsize::new(unreachable),
         inner: RedbBackend::open(&dir.path().join("state.redb")).expect("redb"),
         before_running: Mutex::new(Some(step)),
         lifecycle: OnceLock::new(),
@@ -132,7 +154,14 @@ fn create_with_step_before_running(
         let deadline = tokio::time::Instant::now() + PATIENCE;
         loop {
             let now = lc.get(&created.id).expect("record").status.state;
-            if now == settled || tokio::time::Instant::now() > deadline {
+            let durable = backend
+                .inner
+                .get(SANDBOXES, &created.id)
+                .expect("get")
+                .map(|e| state_in(&e.value));
+            if (now == settled && durable.as_deref() == Some(&format!("{settled:?}")))
+                || tokio::time::Instant::now() > deadline
+            {
                 break now;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -201,4 +230,14 @@ fn a_pause_sent_before_the_running_write_lands_pauses_the_sandbox() {
         "only the paused sandbox's slot is held: {:?}",
         fake.slots()
     );
+}
+
+#[test]
+fn a_running_write_the_store_refuses_for_a_while_is_written_when_it_answers() {
+    let fake = Arc::new(FakeNode::new(4).with_image(IMAGE));
+    // Two writes of `Running` fail as an unreachable store's; the third lands.
+    let (_, settled) = create_with(&fake, Box::new(|_, _| {}), SandboxState::Running, 2);
+    assert_eq!(settled, SandboxState::Running, "durable at last");
+    assert_eq!(fake.count(Verb::Remove), 0, "the sandbox ran on");
+    assert_eq!(fake.sandboxes().len(), 1);
 }

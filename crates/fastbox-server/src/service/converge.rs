@@ -30,6 +30,11 @@ pub const START_FAILED: &str = "START_FAILED";
 pub const PROCESS_LOST: &str = "PROCESS_LOST";
 pub const EXPIRED: &str = "EXPIRED";
 
+/// How long a start that ran keeps trying to record `Running` in a store that does not
+/// answer, and how often.
+const RUNNING_WRITE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+const RUNNING_WRITE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What the create task tells the waiting request about the image.
 type ImageOutcome = Result<(), String>;
 
@@ -54,7 +59,7 @@ impl Lifecycle {
         tokio::spawn(async move {
             this.run_create(&task_id, plan, Some(image_tx)).await;
             // (Unless it was answered, and the sandbox given up, as it started.)
-            this.answer_create(&task_id);
+            let _ = this.answer_create(&task_id);
         });
         let outcome = match tokio::time::timeout(self.cfg.image_wait, &mut image_rx).await {
             Ok(Ok(outcome)) => Some(outcome),
@@ -87,15 +92,20 @@ impl Lifecycle {
     /// gives the sandbox up to other operations: once it runs, or its task ended. Once per
     /// create ([`Lifecycle::start_create`]); nothing for creates no request waits for (a
     /// restart's, a takeover's), which stay busy until their task ends.
-    fn answer_create(&self, id: &str) {
+    /// True when it did (the sandbox is no longer this task's alone).
+    fn answer_create(&self, id: &str) -> bool {
         let waiter = self
             .create_answers
             .lock()
             .expect("create answers lock")
             .remove(id);
-        if let Some(waiter) = waiter {
-            self.release(id);
-            let _ = waiter.send(());
+        match waiter {
+            Some(waiter) => {
+                self.release(id);
+                let _ = waiter.send(());
+                true
+            }
+            None => false,
         }
     }
 
@@ -253,7 +263,21 @@ impl Lifecycle {
                     }
                     Ok(())
                 };
-                let updated = self.update_shown_first(id, change, true, |_| self.answer_create(id));
+                let mut change = change;
+                let mut answered = false;
+                let mut updated = self.update_shown_first(id, &mut change, true, |_| {
+                    answered = self.answer_create(id);
+                });
+                // Answered already: a store that does not answer now gets the write when it
+                // answers again (for a while; after that, the create is restarted from its
+                // intent by recovery, as one whose server died).
+                let mut patience = RUNNING_WRITE_PATIENCE;
+                while matches!(updated, Err(ApiError::StoreUnavailable(_))) && !patience.is_zero() {
+                    tracing::warn!(sandbox = %id, "the state store does not answer: the start is written once it does");
+                    tokio::time::sleep(RUNNING_WRITE_RETRY).await;
+                    patience = patience.saturating_sub(RUNNING_WRITE_RETRY);
+                    updated = self.update_shown_first(id, &mut change, true, |_| {});
+                }
                 if (updated.is_ok() || recorded_meanwhile) && placement.slot != slot {
                     // Claimed from the pool: the slot reserved at admission is not needed.
                     if let Ok(node) = self.node(node_name.as_deref()) {
@@ -262,8 +286,13 @@ impl Lifecycle {
                     }
                 }
                 if updated.is_ok_and(|r| r.state() != SandboxState::Running) {
-                    // Deleted while it started: the removal was left to this task.
-                    self.remove_now(id).await;
+                    // Deleted while it started: the removal was left to this task. Once the
+                    // create has answered, the sandbox is not this task's alone any more:
+                    // the removal is claimed like any other (one at a time).
+                    match answered {
+                        true => self.start_removal(id),
+                        false => self.remove_now(id).await,
+                    }
                 }
             }
             Err(e) => match self.refresh(id).and_then(|r| self.still_acting(&r)) {
