@@ -389,3 +389,30 @@ fn a_node_registered_with_one_server_is_reached_and_kept_alive_by_every_server()
     assert_eq!(renewal.losses, 1);
     b.cluster.leave();
 }
+
+/// A node asks a server about a sandbox another server created a moment ago, before the
+/// store's watch brought it to this server's cache: the server reads the store and answers
+/// (a node proxy's 404 right after a create that answered, otherwise).
+#[test]
+fn a_server_that_has_not_heard_of_a_new_sandbox_yet_answers_its_node_from_the_store() {
+    use fastbox_node_api::membership::ControlPlane;
+    fastbox_testkit::skip_unless!(etcd_unavailable());
+    let etcd = EtcdCluster::start(1).expect("etcd");
+    let node = fake();
+    let a = Server::start("a", &etcd, "fbt-servers-holds", std::slice::from_ref(&node));
+    let lagging =
+        Server::start_unfollowing("b", &etcd, "fbt-servers-holds", std::slice::from_ref(&node));
+    let id = a.create();
+    until("running on a", || {
+        a.state(&id) == Some(SandboxState::Running)
+    });
+    let node_id = node.node_id().to_string();
+    assert!(
+        lagging.lc.holds(&node_id, &id),
+        "the node holds the sandbox its record names"
+    );
+    assert!(!lagging.lc.holds("another-node", &id));
+    assert!(!lagging.lc.holds(&node_id, "no-such-sandbox"));
+    a.cluster.leave();
+    lagging.cluster.leave();
+}

@@ -483,7 +483,11 @@ impl ControlPlane for Lifecycle {
     }
 
     fn holds(&self, node_id: &str, sandbox_id: &str) -> bool {
+        // A sandbox another server created a moment ago may not have reached this server's
+        // cache through the store's watch yet: the store has it (its intent is durable
+        // before any node holds it).
         self.record(sandbox_id)
+            .or_else(|_| self.refresh(sandbox_id))
             .is_ok_and(|r| self.node_name(r.node.as_deref()) == node_id)
     }
 

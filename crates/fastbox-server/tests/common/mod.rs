@@ -138,6 +138,28 @@ impl Server {
         nodes: &[Arc<FakeNode>],
         tune: impl FnOnce(&mut Settings),
     ) -> Server {
+        Self::start_following(id, etcd, prefix, nodes, tune, true)
+    }
+
+    /// A server that does not follow the store's watch: its cache holds only what it wrote
+    /// or read itself (a server whose watch lags, for as long as a test needs).
+    pub fn start_unfollowing(
+        id: &str,
+        etcd: &EtcdCluster,
+        prefix: &str,
+        nodes: &[Arc<FakeNode>],
+    ) -> Server {
+        Self::start_following(id, etcd, prefix, nodes, |_| {}, false)
+    }
+
+    fn start_following(
+        id: &str,
+        etcd: &EtcdCluster,
+        prefix: &str,
+        nodes: &[Arc<FakeNode>],
+        tune: impl FnOnce(&mut Settings),
+        follow: bool,
+    ) -> Server {
         let StateUrl::Etcd(target) =
             StateUrl::parse(&format!("{}/{prefix}", etcd.state_url())).unwrap()
         else {
@@ -185,7 +207,9 @@ impl Server {
             )
             .expect("lifecycle")
         });
-        lc.follow_store().expect("follow");
+        if follow {
+            lc.follow_store().expect("follow");
+        }
         runtime.spawn(lc.clone().reconcile_forever());
         Server {
             lc,
