@@ -433,12 +433,15 @@ fn a_node_joins_a_server_shares_its_creates_and_is_lost_when_killed() {
         lost_after >= Duration::from_millis(5000),
         "declared lost after {lost_after:?}, before its lease could run out"
     );
+    // The node shows lost as soon as it is declared so; its sandboxes fail right after (a
+    // write each), so they are waited for.
+    let failed = ("Failed".to_string(), Some("NODE_LOST".to_string()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     for id in &on_n1 {
-        assert_eq!(
-            server.state(id),
-            ("Failed".to_string(), Some("NODE_LOST".to_string())),
-            "{id}"
-        );
+        while server.state(id) != failed && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(server.state(id), failed, "{id}");
     }
     for id in &on_local {
         assert_eq!(server.state(id).0, "Running", "{id}");
