@@ -223,10 +223,21 @@ fn a_checkpointed_sandbox_restores_into_a_new_root_and_network_namespace() {
     };
     let f = fixture("d", 4);
     let sb = start_with_state(&f);
-    let (_, before, _) = Fixture::sh(
-        &sb,
-        "ps -o pid,args | grep 'while sleep' | grep -v grep | wc -l",
-    );
+    // The loop's subshell alone (the shell that started it may not have exited yet).
+    let count = || {
+        Fixture::sh(
+            &sb,
+            "ps -o pid,args | grep 'while sleep' | grep -v grep | wc -l",
+        )
+        .1
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut before = count();
+    while before.trim() != "1" && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        before = count();
+    }
+    assert_eq!(before.trim(), "1", "one background loop");
     let checkpoint = f.dir.path().join("ckpt");
     let old_address = sb.slot.address;
     f.checkpoint(&criu, &sb, &checkpoint);

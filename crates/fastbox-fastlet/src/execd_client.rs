@@ -97,11 +97,12 @@ impl ExecdClient {
     /// The HTTP client execd clients use. It keeps no connection open between calls: a
     /// slot's address passes to the next sandbox in it, and a connection kept to the one
     /// before (whose network namespace went without closing it) would reach the new one,
-    /// which resets it (claims failed that way under load).
+    /// which resets it (claims failed that way under load). A connection gets 5 s: under
+    /// load a claim's first SYNs were seen lost, and TCP sends its third at 3 s.
     pub fn http_client() -> Result<reqwest::blocking::Client, ExecdClientError> {
         Ok(reqwest::blocking::Client::builder()
             .timeout(None)
-            .connect_timeout(Duration::from_secs(2))
+            .connect_timeout(Duration::from_secs(5))
             .pool_max_idle_per_host(0)
             .build()?)
     }
