@@ -205,7 +205,7 @@ fn artifact_manifest(dir: &Path) {
         digest: Some(format!("sha256:{}", "ab".repeat(32))),
     });
     template.policy = Some(
-        serde_json::json!({"egress": {"default": "deny", "allow": ["pypi.org"]}, "ttl": 3600.5}),
+        serde_json::json!({"egress": {"default": "deny", "allow": ["files.example.org"]}, "ttl": 3600.5}),
     );
     template.labels.insert("team".into(), "ml".into());
     template.rootfs = Some(RootfsImage {

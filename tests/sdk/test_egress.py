@@ -58,27 +58,27 @@ def test_policy_round_trips_through_port_18080(
 ) -> None:
     sb = fastbox.create_sandbox(
         network_policy=NetworkPolicy(
-            default_action="deny", egress=[allow("pypi.org"), allow("*.Example.com")]
+            default_action="deny", egress=[allow("files.example.org"), allow("*.Example.com")]
         )
     )
     try:
         assert sb.origin != "template"
         policy = sb.get_egress_policy()
         assert policy.default_action == "deny"
-        assert rules(policy) == [("allow", "pypi.org"), ("allow", "*.example.com")]
+        assert rules(policy) == [("allow", "files.example.org"), ("allow", "*.example.com")]
         assert recorded(api, sb.id)["mode"] == "enforcing"
 
         # PATCH: new rules first, the first rule of a target wins, the default stays.
-        sb.patch_egress_rules([deny("pypi.org"), allow("10.1.2.0/24"), allow("pypi.org")])
+        sb.patch_egress_rules([deny("files.example.org"), allow("10.1.2.0/24"), allow("files.example.org")])
         policy = sb.get_egress_policy()
         assert policy.default_action == "deny"
         assert rules(policy) == [
-            ("deny", "pypi.org"),
+            ("deny", "files.example.org"),
             ("allow", "10.1.2.0/24"),
             ("allow", "*.example.com"),
         ]
         # DELETE: by target, unknown targets ignored.
-        sb.delete_egress_rules(["PYPI.org.", "*.example.com", "unknown.test"])
+        sb.delete_egress_rules(["FILES.example.org.", "*.example.com", "unknown.test"])
         assert rules(sb.get_egress_policy()) == [("allow", "10.1.2.0/24")]
         sb.delete_egress_rules(["10.1.2.0/24"])
         policy = sb.get_egress_policy()
@@ -166,14 +166,14 @@ def test_policy_round_trips_through_the_lifecycle_api(
         policy = sb.get_egress_policy()
         assert (policy.default_action, rules(policy)) == ("deny", [])
         assert recorded(api, sb.id)["mode"] == "deny_all"
-        sb.patch_egress_rules([allow("pypi.org"), allow("*.pythonhosted.org")])
+        sb.patch_egress_rules([allow("files.example.org"), allow("*.cdn.example.org")])
         assert rules(sb.get_egress_policy()) == [
-            ("allow", "pypi.org"),
-            ("allow", "*.pythonhosted.org"),
+            ("allow", "files.example.org"),
+            ("allow", "*.cdn.example.org"),
         ]
         assert recorded(api, sb.id)["mode"] == "enforcing"
-        sb.delete_egress_rules(["*.pythonhosted.org"])
-        assert rules(sb.get_egress_policy()) == [("allow", "pypi.org")]
+        sb.delete_egress_rules(["*.cdn.example.org"])
+        assert rules(sb.get_egress_policy()) == [("allow", "files.example.org")]
         # PUT replaces the whole policy; {} is allow-all.
         r = api.put(f"/v1/sandboxes/{sb.id}/networkpolicy", json={})
         assert r.status_code == 200, r.text

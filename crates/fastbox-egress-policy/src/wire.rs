@@ -148,13 +148,13 @@ mod tests {
     #[test]
     fn the_wire_form_is_canonical_and_round_trips() {
         let p = parse(
-            r#"{"defaultAction":"DENY","egress":[{"action":"Allow","target":"API.Example.com."},{"action":"deny","target":"10.0.0.0/8"},{"action":"allow","target":"*.Pypi.org"}]}"#,
+            r#"{"defaultAction":"DENY","egress":[{"action":"Allow","target":"API.Example.com."},{"action":"deny","target":"10.0.0.0/8"},{"action":"allow","target":"*.Example.org"}]}"#,
         )
         .unwrap();
         let out = serde_json::to_string(&p.to_wire()).unwrap();
         assert_eq!(
             out,
-            r#"{"defaultAction":"deny","egress":[{"action":"allow","target":"api.example.com"},{"action":"deny","target":"10.0.0.0/8"},{"action":"allow","target":"*.pypi.org"}]}"#
+            r#"{"defaultAction":"deny","egress":[{"action":"allow","target":"api.example.com"},{"action":"deny","target":"10.0.0.0/8"},{"action":"allow","target":"*.example.org"}]}"#
         );
         assert_eq!(EgressPolicy::try_from(p.to_wire()).unwrap(), p);
         for policy in [EgressPolicy::allow_all(), EgressPolicy::deny_all()] {

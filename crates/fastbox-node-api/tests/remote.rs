@@ -1415,7 +1415,7 @@ async fn control_routes_round_trip() {
         }),
         PolicyChange::Patch(vec![NetworkRule {
             action: "allow".into(),
-            target: "*.pypi.org".into(),
+            target: "*.example.org".into(),
         }]),
         PolicyChange::Delete(vec!["example.com".into()]),
     ];

@@ -49,7 +49,7 @@ pub struct CreateBenchArgs {
     #[arg(long, value_name = "S")]
     pub batch_pause: Option<f64>,
     /// Send this `networkPolicy` (JSON) with every create, e.g.
-    /// '{"defaultAction":"deny","egress":[{"action":"allow","target":"pypi.org"}]}'.
+    /// '{"defaultAction":"deny","egress":[{"action":"allow","target":"files.example.org"}]}'.
     #[arg(long, value_name = "JSON", value_parser = parse_policy)]
     pub network_policy: Option<serde_json::Value>,
     /// Untimed creates before the timed ones.
