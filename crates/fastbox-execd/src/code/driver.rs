@@ -32,14 +32,15 @@ pub enum Driver {
 }
 
 impl Driver {
-    /// The driver's source.
-    pub fn source(self) -> &'static str {
+    /// The driver's source (the Python-run ones after their shared request loop).
+    pub fn source(self) -> String {
+        const LOOP: &str = include_str!("driver_loop.py");
         match self {
-            Driver::Python => include_str!("driver_python.py"),
-            Driver::JavaScript | Driver::TypeScript => include_str!("driver_javascript.js"),
-            Driver::Sql => include_str!("driver_sql.py"),
-            Driver::Go => include_str!("driver_go.py"),
-            Driver::Java => include_str!("driver_java.java"),
+            Driver::Python => [LOOP, include_str!("driver_python.py")].concat(),
+            Driver::Sql => [LOOP, include_str!("driver_sql.py")].concat(),
+            Driver::Go => [LOOP, include_str!("driver_go.py")].concat(),
+            Driver::JavaScript | Driver::TypeScript => include_str!("driver_javascript.js").into(),
+            Driver::Java => include_str!("driver_java.java").into(),
         }
     }
 
@@ -61,7 +62,7 @@ impl Driver {
             Driver::JavaScript => (&["-e"], &[]),
             Driver::TypeScript => (&["-e"], &["typescript"]),
             Driver::Java => {
-                let file = java_source_file(self.source())?;
+                let file = java_source_file(&self.source())?;
                 return Ok(vec![file.clone().into_os_string(), file.into_os_string()]);
             }
         };

@@ -5,8 +5,7 @@
 # (`fmt.`, `strings.`, ...) are imported for it. Output streams as the program writes it; a
 # program that fails to build or exits non-zero is an error (its compiler or runtime
 # messages are on stderr).
-# Reads one JSON request per line from the original stdin: {"code": str, "sentinel": str};
-# after each execution writes `<sentinel> <json>` to stdout and `<sentinel>` to stderr.
+# Its requests come through `driver_loop.py`, put in front of it.
 import json
 import os
 import pwd
@@ -78,33 +77,4 @@ def _run(code, out):
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _main():
-    requests = os.fdopen(os.dup(0), "r", encoding="utf-8", errors="replace")
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    count = 0
-    while True:
-        try:
-            line = requests.readline()
-        except KeyboardInterrupt:
-            continue
-        if not line:
-            return
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            continue
-        count += 1
-        out = {"execution_count": count}
-        try:
-            _run(msg.get("code", ""), out)
-        except KeyboardInterrupt:
-            out["error"] = {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []}
-        sentinel = msg.get("sentinel", "")
-        os.write(1, (sentinel + " " + json.dumps(out) + "\n").encode())
-        os.write(2, (sentinel + "\n").encode())
-
-
-_main()
+_serve(_run)

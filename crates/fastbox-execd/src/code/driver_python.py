@@ -1,12 +1,10 @@
-# fastbox-execd python code-context driver (embedded in execd, run with `python3 -u -c`).
-# Reads one JSON request per line from the original stdin: {"code": str, "sentinel": str}.
+# fastbox-execd python code-context driver (embedded in execd after `driver_loop.py`, run
+# with `python3 -u -c`).
 # Executes the code in one persistent namespace; the value of a trailing expression is the
 # result (its repr, and its rich representations as Jupyter has them: `_repr_html_`,
 # `_repr_png_`, ...). `display(obj)` shows an object's representations as the run goes, and
 # matplotlib figures still open at the end of a run are shown as PNG images and closed (as
-# Jupyter's inline backend does). After each execution it writes `<sentinel> <json>` to
-# stdout and `<sentinel>` to stderr so execd knows all output of that execution has been
-# read.
+# Jupyter's inline backend does).
 import ast
 import base64
 import io
@@ -109,45 +107,20 @@ def _run(code, ns, out):
         }
 
 
-def _main():
-    requests = os.fdopen(os.dup(0), "r", encoding="utf-8", errors="replace")
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    ns = {"__name__": "__main__", "__builtins__": __builtins__, "display": display}
-    count = 0
-    while True:
-        try:
-            line = requests.readline()
-        except KeyboardInterrupt:
-            continue
-        if not line:
-            return
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            continue
-        count += 1
-        out = {"execution_count": count}
+def _cell(ns):
+    def run_cell(code, out):
         del _displays[:]
         try:
-            _run(msg.get("code", ""), ns, out)
+            _run(code, ns, out)
             _open_figures()
         except KeyboardInterrupt:
-            out["error"] = {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []}
+            raise
         except Exception as e:  # a figure that fails to render
             out["error"] = {"ename": type(e).__name__, "evalue": str(e), "traceback": []}
         if _displays:
             out["displays"] = list(_displays)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        sentinel = msg.get("sentinel", "")
-        os.write(1, (sentinel + " " + json.dumps(out) + "\n").encode())
-        os.write(2, (sentinel + "\n").encode())
+
+    return run_cell
 
 
-_main()
+_serve(_cell({"__name__": "__main__", "__builtins__": __builtins__, "display": display}))

@@ -4,8 +4,7 @@
 # execution is one statement. A SELECT's result is `{"columns": [...], "rows": [[...]]}`
 # (values as text, NULL as null); any other statement's is
 # `{"columns": ["affected_rows"], "rows": [[n]]}`: the shapes the reference execd returns.
-# Reads one JSON request per line from the original stdin: {"code": str, "sentinel": str};
-# after each execution writes `<sentinel> <json>` to stdout and `<sentinel>` to stderr.
+# Its requests come through `driver_loop.py`, put in front of it.
 import json
 import os
 import signal
@@ -45,38 +44,16 @@ def _run(db, code, out):
         out["error"] = {"ename": name, "evalue": str(e), "traceback": []}
 
 
-def _main():
-    requests = os.fdopen(os.dup(0), "r", encoding="utf-8", errors="replace")
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    db = None
-    count = 0
-    while True:
-        try:
-            line = requests.readline()
-        except KeyboardInterrupt:
-            continue
-        if not line:
-            return
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            continue
-        count += 1
-        out = {"execution_count": count}
-        try:
-            if db is None:
-                db = _connect()
-            _run(db, msg.get("code", ""), out)
-        except KeyboardInterrupt:
-            out["error"] = {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []}
-        except (sqlite3.Error, OSError) as e:
-            out["error"] = {"ename": "DBInitError", "evalue": str(e), "traceback": []}
-        sentinel = msg.get("sentinel", "")
-        os.write(1, (sentinel + " " + json.dumps(out) + "\n").encode())
-        os.write(2, (sentinel + "\n").encode())
+_db = []
 
 
-_main()
+def _cell(code, out):
+    try:
+        if not _db:
+            _db.append(_connect())
+        _run(_db[0], code, out)
+    except (sqlite3.Error, OSError) as e:
+        out["error"] = {"ename": "DBInitError", "evalue": str(e), "traceback": []}
+
+
+_serve(_cell)

@@ -1,0 +1,44 @@
+# fastbox-execd: the request loop of its Python-run drivers (python, sql, go), put in front
+# of each driver's own code (`driver.rs`). Reads one JSON request per line from the original
+# stdin: {"code": str, "sentinel": str}; the code itself gets no stdin. Each request is
+# `run_cell(code, out)`, `out` holding the execution count, and the result or error the
+# cell adds. After each execution it writes `<sentinel> <json>` to stdout and `<sentinel>`
+# to stderr so execd knows all output of that execution has been read.
+import json
+import os
+import signal
+import sys
+
+
+def _serve(run_cell):
+    requests = os.fdopen(os.dup(0), "r", encoding="utf-8", errors="replace")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    count = 0
+    while True:
+        try:
+            line = requests.readline()
+        except KeyboardInterrupt:
+            continue
+        if not line:
+            return
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        count += 1
+        out = {"execution_count": count}
+        try:
+            run_cell(msg.get("code", ""), out)
+        except KeyboardInterrupt:
+            out["error"] = {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []}
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        sentinel = msg.get("sentinel", "")
+        os.write(1, (sentinel + " " + json.dumps(out) + "\n").encode())
+        os.write(2, (sentinel + "\n").encode())
