@@ -208,6 +208,20 @@ impl Store {
         ))
     }
 
+    /// Creates `record` (new: it must not exist) only while the `guard` holds (its
+    /// idempotency key still names it); returns its revision.
+    pub fn create_under(
+        &self,
+        record: &SandboxRecord,
+        guard: &fastbox_state::Guard,
+    ) -> Result<Revision, StoreError> {
+        let bytes = serde_json::to_vec(record).expect("records serialize");
+        self.noted(
+            self.backend
+                .create_under(SANDBOXES, &record.id, &bytes, guard),
+        )
+    }
+
     /// Removes `record` if the store still has it at `record.revision`.
     pub fn remove(&self, record: &SandboxRecord) -> Result<(), StoreError> {
         self.noted(
@@ -268,20 +282,44 @@ impl Store {
     }
 
     /// Records the create of idempotency key `key`, unless one is recorded (a conflict).
+    /// Returns the key's revision: the guard of the sandbox's creation
+    /// ([`Store::idempotency_guard`]).
     pub fn record_idempotent_create(
         &self,
         key: &str,
         create: &IdempotentCreate,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Revision, StoreError> {
         let bytes = serde_json::to_vec(create).expect("records serialize");
         let revision = self.noted(self.backend.put(IDEMPOTENCY, key, &bytes, 0, None))?;
         self.remember(IDEMPOTENCY, key, Some(revision));
-        Ok(())
+        Ok(revision)
+    }
+
+    /// The guard of a create recorded under idempotency key `key` at `revision`: its sandbox
+    /// is created only while the key is there, unchanged.
+    pub fn idempotency_guard(key: &str, revision: Revision) -> fastbox_state::Guard {
+        fastbox_state::Guard {
+            table: IDEMPOTENCY.to_string(),
+            key: key.to_string(),
+            revision,
+        }
     }
 
     /// Forgets idempotency key `key`.
     pub fn remove_idempotent_create(&self, key: &str) -> Result<(), StoreError> {
         self.remove_from(IDEMPOTENCY, key)
+    }
+
+    /// Forgets idempotency key `key` if it is still at `revision` (the one its create
+    /// recorded).
+    pub fn remove_idempotent_create_at(
+        &self,
+        key: &str,
+        revision: Revision,
+    ) -> Result<(), StoreError> {
+        self.noted(self.backend.delete(IDEMPOTENCY, key, revision, None))?;
+        self.remember(IDEMPOTENCY, key, None);
+        Ok(())
     }
 
     /// Every idempotency key and its create.

@@ -17,7 +17,7 @@ use fastbox_server::config::{ServerConfig, Settings};
 use fastbox_server::nodes::Nodes;
 use fastbox_server::service::Lifecycle;
 use fastbox_server::store::{SANDBOXES, Store};
-use fastbox_state::{Entry, Fence, RedbBackend, Revision, StateBackend, StateError};
+use fastbox_state::{Entry, Fence, Guard, RedbBackend, Revision, StateBackend, StateError};
 
 const IMAGE: &str = "registry.test/app:1";
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -75,6 +75,15 @@ impl StateBackend for BeforeRunning {
             }
         }
         self.inner.put(table, key, value, expected, fence)
+    }
+    fn create_under(
+        &self,
+        table: &str,
+        key: &str,
+        value: &[u8],
+        guard: &Guard,
+    ) -> Result<Revision, StateError> {
+        self.inner.create_under(table, key, value, guard)
     }
     fn delete(
         &self,

@@ -50,6 +50,15 @@ pub use watch::{Watch, WatchEvent};
 /// A record's version: 0 is "absent"; every write gives the record a larger one.
 pub type Revision = u64;
 
+/// A condition on another record: a write made under it lands only while record `key` of
+/// `table` is at `revision` (an idempotency key still naming the create that writes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Guard {
+    pub table: String,
+    pub key: String,
+    pub revision: Revision,
+}
+
 /// One stored record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -111,6 +120,18 @@ pub trait StateBackend: Send + Sync {
         value: &[u8],
         expected: Revision,
         fence: Option<&Fence>,
+    ) -> Result<Revision, StateError>;
+
+    /// Creates record `key` (it must not exist) only while the `guard` holds; a guard that
+    /// does not is a [`StateError::Conflict`] naming the guard's record. A writer whose
+    /// create did not answer can then give the guard up (change or remove its record) and
+    /// know the create will never land after that.
+    fn create_under(
+        &self,
+        table: &str,
+        key: &str,
+        value: &[u8],
+        guard: &Guard,
     ) -> Result<Revision, StateError>;
 
     /// Removes record `key` if its revision is `expected` (and the `fence` holds).

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableError};
 
-use crate::{Entry, Fence, Revision, StateBackend, StateError};
+use crate::{Entry, Fence, Guard, Revision, StateBackend, StateError};
 
 const REVISIONS: TableDefinition<&str, u64> = TableDefinition::new("revisions");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -74,16 +74,35 @@ impl RedbBackend {
         })
     }
 
-    /// Checks record `key` is at `expected`, then applies `write` (None: remove) with a new
-    /// revision, all in one transaction.
+    /// Checks record `key` is at `expected` (and the `guard`'s record at its revision), then
+    /// applies `write` (None: remove) with a new revision, all in one transaction.
     fn swap(
         &self,
         name: &str,
         key: &str,
         expected: Revision,
         write: Option<&[u8]>,
+        guard: Option<&Guard>,
     ) -> Result<Revision, StateError> {
         let txn = dbr(self.db.begin_write())?;
+        if let Some(guard) = guard {
+            let revision = {
+                let records = dbr(txn.open_table(table(&guard.table)))?;
+                let revisions = dbr(txn.open_table(REVISIONS))?;
+                match dbr(records.get(guard.key.as_str()))?.is_some() {
+                    false => 0,
+                    true => dbr(revisions.get(revision_key(&guard.table, &guard.key).as_str()))?
+                        .map_or(LEGACY_REVISION, |v| v.value()),
+                }
+            };
+            if revision != guard.revision {
+                return Err(StateError::Conflict {
+                    table: guard.table.clone(),
+                    key: guard.key.clone(),
+                    expected: guard.revision,
+                });
+            }
+        }
         let next = {
             let mut records = dbr(txn.open_table(table(name)))?;
             let mut revisions = dbr(txn.open_table(REVISIONS))?;
@@ -172,7 +191,17 @@ impl StateBackend for RedbBackend {
         expected: Revision,
         _fence: Option<&Fence>,
     ) -> Result<Revision, StateError> {
-        self.swap(name, key, expected, Some(value))
+        self.swap(name, key, expected, Some(value), None)
+    }
+
+    fn create_under(
+        &self,
+        name: &str,
+        key: &str,
+        value: &[u8],
+        guard: &Guard,
+    ) -> Result<Revision, StateError> {
+        self.swap(name, key, 0, Some(value), Some(guard))
     }
 
     fn delete(
@@ -185,7 +214,7 @@ impl StateBackend for RedbBackend {
         if expected == 0 && self.get(name, key)?.is_none() {
             return Ok(());
         }
-        self.swap(name, key, expected, None).map(drop)
+        self.swap(name, key, expected, None, None).map(drop)
     }
 
     fn describe(&self) -> String {

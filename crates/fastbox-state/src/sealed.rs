@@ -20,7 +20,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::{
-    CLUSTER_TABLE, Coordinator, Entry, Fence, Revision, StateBackend, StateError, Watch, WatchEvent,
+    CLUSTER_TABLE, Coordinator, Entry, Fence, Guard, Revision, StateBackend, StateError, Watch,
+    WatchEvent,
 };
 
 const MAGIC: &[u8; 4] = b"fbs1";
@@ -200,6 +201,17 @@ impl<B: StateBackend> StateBackend for SealedBackend<B> {
     ) -> Result<Revision, StateError> {
         let sealed = self.key.seal(table, key, value)?;
         self.inner.put(table, key, &sealed, expected, fence)
+    }
+
+    fn create_under(
+        &self,
+        table: &str,
+        key: &str,
+        value: &[u8],
+        guard: &Guard,
+    ) -> Result<Revision, StateError> {
+        let sealed = self.key.seal(table, key, value)?;
+        self.inner.create_under(table, key, &sealed, guard)
     }
 
     fn delete(

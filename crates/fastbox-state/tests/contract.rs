@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fastbox_state::{EtcdBackend, EtcdOptions, RedbBackend, StateBackend, StateError, StateUrl};
+use fastbox_state::{
+    EtcdBackend, EtcdOptions, Guard, RedbBackend, StateBackend, StateError, StateUrl,
+};
 use fastbox_testkit::etcd::{EtcdCluster, etcd_unavailable};
 
 fn conflict<T: std::fmt::Debug>(r: Result<T, StateError>) -> bool {
@@ -68,6 +70,47 @@ fn contract(store: &dyn StateBackend) {
     // A record created again starts over from "absent".
     let r3 = store.put("sandboxes", "a", b"three", 0, None).unwrap();
     assert!(r3 > r2);
+
+    // A create under a guard lands only while the guard's record is at its revision.
+    let g1 = store.put("keys", "k", b"key", 0, None).unwrap();
+    let guard = Guard {
+        table: "keys".into(),
+        key: "k".into(),
+        revision: g1,
+    };
+    store.create_under("sandboxes", "c", b"c", &guard).unwrap();
+    assert_eq!(store.get("sandboxes", "c").unwrap().unwrap().value, b"c");
+    assert!(
+        conflict(store.create_under("sandboxes", "c", b"again", &guard)),
+        "it exists"
+    );
+    let g2 = store.put("keys", "k", b"changed", g1, None).unwrap();
+    assert!(guard_failed(store.create_under(
+        "sandboxes",
+        "d",
+        b"d",
+        &guard
+    )));
+    store.delete("keys", "k", g2, None).unwrap();
+    let gone = Guard {
+        revision: g2,
+        ..guard
+    };
+    assert!(guard_failed(store.create_under(
+        "sandboxes",
+        "d",
+        b"d",
+        &gone
+    )));
+    assert!(
+        store.get("sandboxes", "d").unwrap().is_none(),
+        "nothing landed"
+    );
+}
+
+/// A conflict that names the guard's record, not the one created.
+fn guard_failed<T: std::fmt::Debug>(r: Result<T, StateError>) -> bool {
+    matches!(r, Err(StateError::Conflict { table, key, .. }) if table == "keys" && key == "k")
 }
 
 /// Writers racing on one record: a read-modify-write loop with compare-and-swap loses no

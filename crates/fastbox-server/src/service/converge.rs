@@ -306,7 +306,7 @@ impl Lifecycle {
 
     /// Conflict unless this server still acts on `r`: no other server took its operation
     /// over ([`Lifecycle::take_over`]), and the operation did not end meanwhile.
-    fn still_acting(&self, r: &SandboxRecord) -> Result<(), ApiError> {
+    pub(super) fn still_acting(&self, r: &SandboxRecord) -> Result<(), ApiError> {
         match r.acting.as_deref() {
             Some(me) if me == self.cluster.id() => Ok(()),
             Some(other) => Err(ApiError::Conflict(format!(

@@ -5,8 +5,15 @@
 //! The key is recorded (by a digest of it, with a digest of the request) before the
 //! sandbox's own record, with the id the sandbox will have; the record is a create-only
 //! write, so of two attempts racing on two servers one records it and the other waits for
-//! that sandbox. A create that fails gives the key back (a retry runs it again). Keys are
-//! kept [`IDEMPOTENCY_TTL`], then collected by the leader's reconciler.
+//! that sandbox. The sandbox's record is created only while the key is there, unchanged
+//! ([`fastbox_state::Guard`]).
+//!
+//! A create that fails gives the key back (a retry runs it again), but only when the store
+//! holds no record of its sandbox: a failure may be this server's alone (the store took the
+//! write and its answer was lost; the server was stopped long enough for another to take
+//! the create over, which finishes it). Once the key is given back, a write of the record
+//! still on its way can no longer land: its guard is gone. Keys are kept
+//! [`IDEMPOTENCY_TTL`], then collected by the leader's reconciler.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,6 +24,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
 use crate::record::IdempotentCreate;
+use crate::store::Store;
 
 use super::lifecycle::Lifecycle;
 
@@ -26,6 +34,13 @@ pub const IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
 const COLLECT_EVERY: Duration = Duration::from_secs(600);
 /// How long a retry waits for the sandbox of a create still starting elsewhere.
 const WAIT_FOR_FIRST: Duration = Duration::from_secs(10);
+
+/// The sandbox an Idempotency-Key was recorded for, and the guard of its record's creation
+/// (the key, at the revision recorded).
+pub(super) struct KeyedCreate {
+    pub id: String,
+    pub guard: fastbox_state::Guard,
+}
 
 /// The longest key a client may send.
 pub const MAX_KEY_LEN: usize = 255;
@@ -55,7 +70,7 @@ impl Lifecycle {
         let slot = sha256_hex(key.as_bytes());
         let digest = sha256_hex(body);
         let deadline = Instant::now() + WAIT_FOR_FIRST;
-        let id = loop {
+        let keyed = loop {
             if let Some(first) = self.store.idempotent_create(&slot)? {
                 if first.request_sha256 != digest {
                     return Err(ApiError::Conflict(
@@ -80,20 +95,46 @@ impl Lifecycle {
                 created_at: Utc::now(),
             };
             match self.store.record_idempotent_create(&slot, &create) {
-                Ok(()) => break id,
+                Ok(revision) => {
+                    break KeyedCreate {
+                        id,
+                        guard: Store::idempotency_guard(&slot, revision),
+                    };
+                }
                 // Another attempt recorded it first: its sandbox is the answer.
                 Err(e) if e.is_conflict() => continue,
                 Err(e) => return Err(e.into()),
             }
         };
-        match self.create_as(req, Some(id)).await {
+        match self.create_as(req, Some(&keyed)).await {
             Ok(sandbox) => Ok((sandbox, false)),
             Err(e) => {
-                if let Err(removal) = self.store.remove_idempotent_create(&slot) {
-                    tracing::warn!(error = %removal, "an Idempotency-Key of a failed create was not given back");
-                }
+                self.give_back_key(&keyed);
                 Err(e)
             }
+        }
+    }
+
+    /// Gives the key of a failed create back, unless the store holds its sandbox's record
+    /// (the failure was this server's alone: a retry gets that sandbox).
+    fn give_back_key(&self, keyed: &KeyedCreate) {
+        match self.store.reload(&keyed.id) {
+            Ok(None) => {}
+            Ok(Some(_)) => {
+                tracing::warn!(sandbox = %keyed.id, "a create failed here but its sandbox is recorded: its Idempotency-Key stays with it");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %keyed.id, error = %e, "a failed create's Idempotency-Key is kept: the store does not tell whether its sandbox is recorded");
+                return;
+            }
+        }
+        let guard = &keyed.guard;
+        if let Err(e) = self
+            .store
+            .remove_idempotent_create_at(&guard.key, guard.revision)
+        {
+            tracing::warn!(error = %e, "an Idempotency-Key of a failed create was not given back");
         }
     }
 

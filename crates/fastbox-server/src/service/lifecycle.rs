@@ -24,6 +24,7 @@ use crate::record::SandboxRecord;
 use crate::store::Store;
 
 use super::execd_logs;
+use super::idempotency::KeyedCreate;
 use super::plan::{Rules, plan, plan_from_snapshot, plan_from_template};
 
 /// How often a call in flight looks whether its node was declared lost.
@@ -336,11 +337,19 @@ impl Lifecycle {
         }
     }
 
-    /// Writes a new record durably (a conflict: its id exists already).
-    pub(super) fn insert(&self, mut record: SandboxRecord) -> Result<(), ApiError> {
+    /// Writes a new record durably (a conflict: its id exists already), with a `guard`
+    /// only while that holds.
+    pub(super) fn insert(
+        &self,
+        mut record: SandboxRecord,
+        guard: Option<&fastbox_state::Guard>,
+    ) -> Result<(), ApiError> {
         record.revision = 0;
         record.acting = self.acting_in(record.state());
-        record.revision = self.store.put(&record)?;
+        record.revision = match guard {
+            Some(guard) => self.store.create_under(&record, guard)?,
+            None => self.store.put(&record)?,
+        };
         self.cache(&record, true);
         Ok(())
     }
@@ -478,11 +487,12 @@ impl Lifecycle {
         self.create_as(req, None).await
     }
 
-    /// [`Lifecycle::create`] of a sandbox with the id `id` (a new one when `None`).
+    /// [`Lifecycle::create`] of the sandbox an idempotency key was recorded for (a new one
+    /// when `None`).
     pub(super) async fn create_as(
         self: &Arc<Self>,
         req: CreateSandboxRequest,
-        id: Option<String>,
+        keyed: Option<&KeyedCreate>,
     ) -> Result<Sandbox, ApiError> {
         let rules = Rules::of(&self.cfg);
         let plan = match (req.template_id.clone(), req.snapshot_id.clone()) {
@@ -496,17 +506,18 @@ impl Lifecycle {
             }
             (None, None) => plan(req, &rules)?,
         };
-        let id = self.admit_and_record(&plan, id).await?;
+        let id = self.admit_and_record(&plan, keyed).await?;
         self.start_create(id.clone(), plan).await?;
         Ok(self.record(&id)?.to_wire())
     }
 
     /// Admission and the durable intent of a create: a slot, then the `Pending` record that
-    /// holds it. Returns the new sandbox's id.
+    /// holds it (only while its idempotency key holds, for a `keyed` create). Returns the
+    /// new sandbox's id.
     pub(super) async fn admit_and_record(
         self: &Arc<Self>,
         plan: &super::plan::CreatePlan,
-        id: Option<String>,
+        keyed: Option<&KeyedCreate>,
     ) -> Result<String, ApiError> {
         self.nodes
             .first()
@@ -523,7 +534,7 @@ impl Lifecycle {
             false => None,
         };
         let (node, slot) = self.admit(plan).await?;
-        let id = id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let id = keyed.map_or_else(|| uuid::Uuid::new_v4().to_string(), |k| k.id.clone());
         let now = Utc::now();
         let mut record = SandboxRecord {
             id: id.clone(),
@@ -567,11 +578,26 @@ impl Lifecycle {
             None => format!("image {}", plan.image.uri),
         };
         record.event("Created", &format!("sandbox created from {from}"));
-        if let Err(e) = self.insert(record) {
-            node.release_slot(slot).await;
-            return Err(e);
+        match self.insert(record, keyed.map(|k| &k.guard)) {
+            Ok(()) => Ok(id),
+            // The store did not answer: the write may have landed all the same.
+            Err(e @ ApiError::StoreUnavailable(_)) => match self.store.reload(&id) {
+                Ok(Some(landed))
+                    if landed.state() == SandboxState::Pending
+                        && self.still_acting(&landed).is_ok() =>
+                {
+                    self.cache(&landed, true);
+                    Ok(id)
+                }
+                // Not known, or taken over already: the slot stays with whatever record
+                // holds it (an admission no record holds is given back by the reconciler).
+                _ => Err(e),
+            },
+            Err(e) => {
+                node.release_slot(slot).await;
+                Err(e)
+            }
         }
-        Ok(id)
     }
 
     /// A slot for `plan` on the best node that has one: the snapshot's node for a create

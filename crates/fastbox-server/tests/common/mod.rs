@@ -15,8 +15,8 @@ use fastbox_server::nodes::Nodes;
 use fastbox_server::service::Lifecycle;
 use fastbox_server::store::Store;
 use fastbox_state::{
-    Coordinator, Entry, EtcdBackend, EtcdOptions, Fence, Holder, LeaseId, Revision, StateBackend,
-    StateError, StateUrl,
+    Coordinator, Entry, EtcdBackend, EtcdOptions, Fence, Guard, Holder, LeaseId, Revision,
+    StateBackend, StateError, StateUrl,
 };
 use fastbox_testkit::etcd::EtcdCluster;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,6 +71,16 @@ impl StateBackend for Cuttable {
     ) -> Result<Revision, StateError> {
         self.check()?;
         self.inner.put(table, key, value, expected, fence)
+    }
+    fn create_under(
+        &self,
+        table: &str,
+        key: &str,
+        value: &[u8],
+        guard: &Guard,
+    ) -> Result<Revision, StateError> {
+        self.check()?;
+        self.inner.create_under(table, key, value, guard)
     }
     fn delete(
         &self,

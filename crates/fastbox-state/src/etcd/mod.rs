@@ -18,7 +18,9 @@ pub use client::EtcdOptions;
 use client::{GatewayClient, b64, int, unb64};
 
 use crate::url::EtcdTarget;
-use crate::{CLUSTER_TABLE, Coordinator, Entry, Fence, Revision, StateBackend, StateError, Watch};
+use crate::{
+    CLUSTER_TABLE, Coordinator, Entry, Fence, Guard, Revision, StateBackend, StateError, Watch,
+};
 
 pub struct EtcdBackend {
     client: Arc<GatewayClient>,
@@ -76,13 +78,16 @@ impl EtcdBackend {
         format!("{}/{table}/", self.client.target().prefix)
     }
 
-    /// A compare-and-swap: `request` runs if `key` is at `expected` (and the `fence` holds).
+    /// A compare-and-swap: `request` runs if `key` is at `expected` (and the `fence` and the
+    /// `guard` hold).
+    #[allow(clippy::too_many_arguments)]
     fn swap(
         &self,
         table: &str,
         key: &str,
         expected: Revision,
         fence: Option<&Fence>,
+        guard: Option<&Guard>,
         request: Value,
         landed: impl Fn(Option<&Entry>) -> bool,
     ) -> Result<Revision, StateError> {
@@ -101,6 +106,19 @@ impl EtcdBackend {
             }));
             // What the fence key is now, to tell a lost leadership from a conflict.
             failure.push(json!({"request_range": {"key": fence_key}}));
+        }
+        if let Some(guard) = guard {
+            let guard_key = b64(self.key(&guard.table, &guard.key).as_bytes());
+            compare.push(match guard.revision {
+                0 => json!({
+                    "key": guard_key, "target": "CREATE", "create_revision": "0", "result": "EQUAL"
+                }),
+                revision => json!({
+                    "key": guard_key, "target": "MOD",
+                    "mod_revision": revision.to_string(), "result": "EQUAL"
+                }),
+            });
+            failure.push(json!({"request_range": {"key": guard_key}}));
         }
         let answer = self.client.call(
             "/v3/kv/txn",
@@ -124,6 +142,20 @@ impl EtcdBackend {
             let current = self.get(table, key)?;
             if landed(current.as_ref()) {
                 return Ok(current.map_or(0, |e| e.revision));
+            }
+        }
+        if let Some(guard) = guard {
+            let at = usize::from(fence.is_some());
+            let kv = answer
+                .body
+                .pointer(&format!("/responses/{at}/response_range/kvs/0"));
+            let revision = kv.map_or(0, |kv| int(kv.get("mod_revision")));
+            if revision != guard.revision {
+                return Err(StateError::Conflict {
+                    table: guard.table.clone(),
+                    key: guard.key.clone(),
+                    expected: guard.revision,
+                });
             }
         }
         Err(StateError::Conflict {
@@ -187,7 +219,21 @@ impl StateBackend for EtcdBackend {
     ) -> Result<Revision, StateError> {
         let full = b64(self.key(table, key).as_bytes());
         let request = json!({"request_put": {"key": full, "value": b64(value)}});
-        self.swap(table, key, expected, fence, request, |current| {
+        self.swap(table, key, expected, fence, None, request, |current| {
+            current.is_some_and(|e| e.value == value)
+        })
+    }
+
+    fn create_under(
+        &self,
+        table: &str,
+        key: &str,
+        value: &[u8],
+        guard: &Guard,
+    ) -> Result<Revision, StateError> {
+        let full = b64(self.key(table, key).as_bytes());
+        let request = json!({"request_put": {"key": full, "value": b64(value)}});
+        self.swap(table, key, 0, None, Some(guard), request, |current| {
             current.is_some_and(|e| e.value == value)
         })
     }
@@ -212,7 +258,7 @@ impl StateBackend for EtcdBackend {
         }
         let full = b64(self.key(table, key).as_bytes());
         let request = json!({"request_delete_range": {"key": full}});
-        self.swap(table, key, expected, fence, request, |current| {
+        self.swap(table, key, expected, fence, None, request, |current| {
             current.is_none()
         })
         .map(drop)
