@@ -311,13 +311,22 @@ impl Store {
     }
 
     /// Forgets idempotency key `key` if it is still at `revision` (the one its create
-    /// recorded).
-    pub fn remove_idempotent_create_at(
+    /// recorded) and sandbox `id`, the one it was recorded for, is not recorded.
+    pub fn give_back_idempotent_create(
         &self,
         key: &str,
         revision: Revision,
+        id: &str,
     ) -> Result<(), StoreError> {
-        self.noted(self.backend.delete(IDEMPOTENCY, key, revision, None))?;
+        let absent = fastbox_state::Guard {
+            table: SANDBOXES.to_string(),
+            key: id.to_string(),
+            revision: 0,
+        };
+        self.noted(
+            self.backend
+                .delete_under(IDEMPOTENCY, key, revision, &absent),
+        )?;
         self.remember(IDEMPOTENCY, key, None);
         Ok(())
     }

@@ -94,6 +94,15 @@ impl StateBackend for BeforeRunning {
     ) -> Result<(), StateError> {
         self.inner.delete(table, key, expected, fence)
     }
+    fn delete_under(
+        &self,
+        table: &str,
+        key: &str,
+        expected: Revision,
+        guard: &Guard,
+    ) -> Result<(), StateError> {
+        self.inner.delete_under(table, key, expected, guard)
+    }
     fn describe(&self) -> String {
         self.inner.describe()
     }

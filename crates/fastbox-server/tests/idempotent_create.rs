@@ -94,6 +94,15 @@ impl StateBackend for LosesFirstAnswer {
     ) -> Result<(), StateError> {
         self.inner.delete(table, key, expected, fence)
     }
+    fn delete_under(
+        &self,
+        table: &str,
+        key: &str,
+        expected: Revision,
+        guard: &Guard,
+    ) -> Result<(), StateError> {
+        self.inner.delete_under(table, key, expected, guard)
+    }
     fn describe(&self) -> String {
         self.inner.describe()
     }
@@ -227,7 +236,11 @@ fn an_intent_still_on_its_way_when_the_key_is_given_back_can_no_longer_land() {
         let (retried, made_before) = lc.create_once(request(), KEY, BODY).await.expect("retry");
         assert!(!made_before, "the retry runs the create again");
         assert_ne!(retried.id, id);
-        assert_eq!(sandbox_ids(&backend), vec![retried.id.clone()], "one sandbox");
+        assert_eq!(
+            sandbox_ids(&backend),
+            vec![retried.id.clone()],
+            "one sandbox"
+        );
         assert_eq!(fake.sandboxes().len(), 1);
     });
 }

@@ -134,6 +134,17 @@ pub trait StateBackend: Send + Sync {
         guard: &Guard,
     ) -> Result<Revision, StateError>;
 
+    /// Removes record `key` if its revision is `expected` and the `guard` holds (a guard at
+    /// revision 0: its record must be absent); a guard that does not is a
+    /// [`StateError::Conflict`] naming the guard's record.
+    fn delete_under(
+        &self,
+        table: &str,
+        key: &str,
+        expected: Revision,
+        guard: &Guard,
+    ) -> Result<(), StateError>;
+
     /// Removes record `key` if its revision is `expected` (and the `fence` holds).
     /// Removing an absent record with `expected` 0 is a no-op.
     fn delete(

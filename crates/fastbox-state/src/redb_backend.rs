@@ -217,6 +217,16 @@ impl StateBackend for RedbBackend {
         self.swap(name, key, expected, None, None).map(drop)
     }
 
+    fn delete_under(
+        &self,
+        name: &str,
+        key: &str,
+        expected: Revision,
+        guard: &Guard,
+    ) -> Result<(), StateError> {
+        self.swap(name, key, expected, None, Some(guard)).map(drop)
+    }
+
     fn describe(&self) -> String {
         format!("redb file {}", self.path.display())
     }

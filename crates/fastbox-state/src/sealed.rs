@@ -224,6 +224,16 @@ impl<B: StateBackend> StateBackend for SealedBackend<B> {
         self.inner.delete(table, key, expected, fence)
     }
 
+    fn delete_under(
+        &self,
+        table: &str,
+        key: &str,
+        expected: Revision,
+        guard: &Guard,
+    ) -> Result<(), StateError> {
+        self.inner.delete_under(table, key, expected, guard)
+    }
+
     fn describe(&self) -> String {
         format!(
             "{} (sealed, key {})",

@@ -106,6 +106,31 @@ fn contract(store: &dyn StateBackend) {
         store.get("sandboxes", "d").unwrap().is_none(),
         "nothing landed"
     );
+
+    // A removal under a guard at revision 0: only while the guard's record is absent.
+    let g3 = store.put("keys", "k", b"again", 0, None).unwrap();
+    let absent = Guard {
+        table: "keys".into(),
+        key: "k".into(),
+        revision: 0,
+    };
+    let c = store.get("sandboxes", "c").unwrap().unwrap().revision;
+    assert!(guard_failed(store.delete_under(
+        "sandboxes",
+        "c",
+        c,
+        &absent
+    )));
+    assert!(store.get("sandboxes", "c").unwrap().is_some(), "kept");
+    store.delete("keys", "k", g3, None).unwrap();
+    assert!(conflict(store.delete_under(
+        "sandboxes",
+        "c",
+        c + 1000,
+        &absent
+    )));
+    store.delete_under("sandboxes", "c", c, &absent).unwrap();
+    assert!(store.get("sandboxes", "c").unwrap().is_none());
 }
 
 /// A conflict that names the guard's record, not the one created.

@@ -8,11 +8,12 @@
 //! that sandbox. The sandbox's record is created only while the key is there, unchanged
 //! ([`fastbox_state::Guard`]).
 //!
-//! A create that fails gives the key back (a retry runs it again), but only when the store
-//! holds no record of its sandbox: a failure may be this server's alone (the store took the
-//! write and its answer was lost; the server was stopped long enough for another to take
-//! the create over, which finishes it). Once the key is given back, a write of the record
-//! still on its way can no longer land: its guard is gone. Keys are kept
+//! A create that fails gives the key back (a retry runs it again), but only while the store
+//! holds no record of its sandbox (one write, conditional on that): a failure may be this
+//! server's alone (the store took the write and its answer was lost; the server was
+//! stopped long enough for another to take the create over, which finishes it). Once the
+//! key is given back, a write of the record still on its way can no longer land: its guard
+//! is gone. Keys are kept
 //! [`IDEMPOTENCY_TTL`], then collected by the leader's reconciler.
 
 use std::sync::Arc;
@@ -116,25 +117,21 @@ impl Lifecycle {
     }
 
     /// Gives the key of a failed create back, unless the store holds its sandbox's record
-    /// (the failure was this server's alone: a retry gets that sandbox).
+    /// (the failure was this server's alone: a retry gets that sandbox). The removal is
+    /// itself conditional on the record's absence, so a record landing meanwhile keeps it.
     fn give_back_key(&self, keyed: &KeyedCreate) {
-        match self.store.reload(&keyed.id) {
-            Ok(None) => {}
-            Ok(Some(_)) => {
+        let guard = &keyed.guard;
+        match self
+            .store
+            .give_back_idempotent_create(&guard.key, guard.revision, &keyed.id)
+        {
+            Ok(()) => {}
+            Err(e) if e.is_conflict() => {
                 tracing::warn!(sandbox = %keyed.id, "a create failed here but its sandbox is recorded: its Idempotency-Key stays with it");
-                return;
             }
             Err(e) => {
-                tracing::warn!(sandbox = %keyed.id, error = %e, "a failed create's Idempotency-Key is kept: the store does not tell whether its sandbox is recorded");
-                return;
+                tracing::warn!(sandbox = %keyed.id, error = %e, "a failed create's Idempotency-Key is kept: the store did not take its removal");
             }
-        }
-        let guard = &keyed.guard;
-        if let Err(e) = self
-            .store
-            .remove_idempotent_create_at(&guard.key, guard.revision)
-        {
-            tracing::warn!(error = %e, "an Idempotency-Key of a failed create was not given back");
         }
     }
 

@@ -92,6 +92,16 @@ impl StateBackend for Cuttable {
         self.check()?;
         self.inner.delete(table, key, expected, fence)
     }
+    fn delete_under(
+        &self,
+        table: &str,
+        key: &str,
+        expected: Revision,
+        guard: &Guard,
+    ) -> Result<(), StateError> {
+        self.check()?;
+        self.inner.delete_under(table, key, expected, guard)
+    }
     fn describe(&self) -> String {
         self.inner.describe()
     }

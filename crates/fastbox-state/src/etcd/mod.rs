@@ -264,6 +264,27 @@ impl StateBackend for EtcdBackend {
         .map(drop)
     }
 
+    fn delete_under(
+        &self,
+        table: &str,
+        key: &str,
+        expected: Revision,
+        guard: &Guard,
+    ) -> Result<(), StateError> {
+        let full = b64(self.key(table, key).as_bytes());
+        let request = json!({"request_delete_range": {"key": full}});
+        self.swap(
+            table,
+            key,
+            expected,
+            None,
+            Some(guard),
+            request,
+            |current| current.is_none(),
+        )
+        .map(drop)
+    }
+
     fn describe(&self) -> String {
         format!("etcd {}", self.client.target())
     }
