@@ -41,7 +41,7 @@ mod url;
 mod watch;
 
 pub use cluster::{CLUSTER_TABLE, Coordinator, Fence, Holder, LeaseId};
-pub use etcd::{EtcdBackend, EtcdOptions};
+pub use etcd::{EtcdBackend, EtcdOptions, WriteCounts};
 pub use redb_backend::RedbBackend;
 pub use sealed::{SealKey, SealedBackend};
 pub use url::{DEFAULT_PREFIX, EtcdTarget, StateUrl, StateUrlError};
@@ -67,7 +67,7 @@ pub struct Entry {
     pub revision: Revision,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StateError {
     /// The record is not at the revision the writer expected: someone else changed it (or it
     /// exists, for a create; or it is gone).

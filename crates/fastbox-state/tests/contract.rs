@@ -179,6 +179,66 @@ fn counter_race(store: Arc<dyn StateBackend>) {
     );
 }
 
+/// Many writers at once, on keys of their own and one shared: every write answers as it
+/// would alone (etcd's backend commits concurrent writes together), with the revision the
+/// record then has.
+fn many_writers(store: Arc<dyn StateBackend>) {
+    const WRITERS: usize = 8;
+    const EACH: usize = 12;
+    store.put("shared", "n", b"0", 0, None).unwrap();
+    let threads: Vec<_> = (0..WRITERS)
+        .map(|i| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for j in 0..EACH {
+                    let key = format!("w{i}-{j}");
+                    let created = store.put("own", &key, b"new", 0, None).unwrap();
+                    assert!(conflict(store.put("own", &key, b"again", 0, None)));
+                    let updated = store.put("own", &key, b"updated", created, None).unwrap();
+                    assert!(updated > created);
+                    assert_eq!(store.get("own", &key).unwrap().unwrap().revision, updated);
+                    // A guarded create, its guard removed at once by another write.
+                    let guard_key = format!("g{i}-{j}");
+                    let g = store.put("guards", &guard_key, b"g", 0, None).unwrap();
+                    let guard = Guard {
+                        table: "guards".into(),
+                        key: guard_key.clone(),
+                        revision: g,
+                    };
+                    store
+                        .create_under("guarded", &key, b"made", &guard)
+                        .unwrap();
+                    store.delete("guards", &guard_key, g, None).unwrap();
+                    let late = store.create_under("guarded", &format!("{key}-late"), b"x", &guard);
+                    assert!(
+                        matches!(&late, Err(StateError::Conflict { table, .. }) if table == "guards"),
+                        "{late:?}"
+                    );
+                    loop {
+                        let e = store.get("shared", "n").unwrap().unwrap();
+                        let n: usize = std::str::from_utf8(&e.value).unwrap().parse().unwrap();
+                        match store.put("shared", "n", (n + 1).to_string().as_bytes(), e.revision, None) {
+                            Ok(_) => break,
+                            Err(StateError::Conflict { .. }) => continue,
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let own = store.list("own").unwrap();
+    assert_eq!(own.len(), WRITERS * EACH);
+    assert!(own.iter().all(|e| e.value == b"updated"));
+    assert_eq!(store.list("guarded").unwrap().len(), WRITERS * EACH);
+    assert!(store.list("guards").unwrap().is_empty());
+    let n = store.get("shared", "n").unwrap().unwrap();
+    assert_eq!(n.value, (WRITERS * EACH).to_string().as_bytes());
+}
+
 fn etcd_backend(etcd: &EtcdCluster, prefix: &str) -> EtcdBackend {
     let StateUrl::Etcd(target) =
         StateUrl::parse(&format!("{}/{prefix}", etcd.state_url())).unwrap()
@@ -194,7 +254,10 @@ fn redb_keeps_the_contract() {
     let path = dir.path().join("state.redb");
     let store = RedbBackend::open(&path).unwrap();
     contract(&store);
-    counter_race(Arc::new(store));
+    let store = Arc::new(store);
+    counter_race(store.clone());
+    many_writers(store.clone());
+    drop(store);
     // Everything is still there after reopening, revisions included.
     let store = RedbBackend::open(&path).unwrap();
     let n = store.get("counters", "n").unwrap().unwrap();
@@ -242,7 +305,17 @@ fn etcd_keeps_the_contract() {
         store.describe()
     );
     contract(&store);
-    counter_race(Arc::new(store));
+    let store = Arc::new(store);
+    counter_race(store.clone());
+    let before = store.write_counts();
+    many_writers(store.clone());
+    let after = store.write_counts();
+    let (writes, transactions) = (
+        after.writes - before.writes,
+        after.transactions - before.transactions,
+    );
+    eprintln!("{writes} concurrent writes in {transactions} transactions");
+    assert!(transactions < writes, "concurrent writes went together");
     // Another prefix is another state.
     let other = etcd_backend(&etcd, "fbt-other");
     assert!(other.list("sandboxes").unwrap().is_empty());

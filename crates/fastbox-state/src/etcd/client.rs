@@ -49,6 +49,18 @@ pub(super) struct Answer {
     pub retried: bool,
 }
 
+/// Runs `wait`, a blocking wait; on a worker of a multi-threaded tokio runtime, after handing
+/// the worker's other tasks to another thread.
+pub(super) fn off_worker<T>(wait: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(wait)
+        }
+        _ => wait(),
+    }
+}
+
 pub(super) struct GatewayClient {
     agent: ureq::Agent,
     bases: Vec<String>,
@@ -107,16 +119,11 @@ impl GatewayClient {
     /// passes. On a worker of a multi-threaded tokio runtime the wait hands the worker's
     /// other tasks to another thread first, so the server's proxies go on meanwhile.
     pub fn call(&self, path: &str, body: &Value) -> Result<Answer, StateError> {
-        use tokio::runtime::{Handle, RuntimeFlavor};
-        match Handle::try_current() {
-            Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
-                tokio::task::block_in_place(|| self.call_blocking(path, body))
-            }
-            _ => self.call_blocking(path, body),
-        }
+        off_worker(|| self.call_blocking(path, body))
     }
 
-    fn call_blocking(&self, path: &str, body: &Value) -> Result<Answer, StateError> {
+    /// [`GatewayClient::call`] on the calling thread as it is.
+    pub fn call_blocking(&self, path: &str, body: &Value) -> Result<Answer, StateError> {
         let deadline = Instant::now() + self.timeout;
         let mut retried = false;
         let mut failures = 0usize;

@@ -6,6 +6,7 @@
 //! failure that may have applied it and then meets a conflict reads the key back: finding
 //! its own value (or, for a delete, nothing) means the first attempt landed.
 
+mod batch;
 mod client;
 mod coordinate;
 mod watch;
@@ -14,6 +15,8 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+pub use batch::WriteCounts;
+use batch::{Batcher, Write};
 pub use client::EtcdOptions;
 use client::{GatewayClient, b64, int, unb64};
 
@@ -24,6 +27,7 @@ use crate::{
 
 pub struct EtcdBackend {
     client: Arc<GatewayClient>,
+    batcher: Batcher,
 }
 
 impl EtcdBackend {
@@ -31,12 +35,19 @@ impl EtcdBackend {
     pub fn connect(target: EtcdTarget, options: EtcdOptions) -> Result<Self, StateError> {
         let backend = Self {
             client: Arc::new(GatewayClient::new(target, &options)?),
+            batcher: Batcher::default(),
         };
         backend.client.call(
             "/v3/kv/range",
             &json!({"key": b64(backend.client.target().prefix.as_bytes()), "count_only": true}),
         )?;
         Ok(backend)
+    }
+
+    /// How many writes this backend sent, in how many transactions (concurrent writes go
+    /// together).
+    pub fn write_counts(&self) -> WriteCounts {
+        self.batcher.counts()
     }
 
     /// Writes a snapshot of the whole etcd keyspace (every prefix, as `etcdctl snapshot
@@ -98,6 +109,7 @@ impl EtcdBackend {
             json!({"key": full, "target": "MOD", "mod_revision": expected.to_string(), "result": "EQUAL"})
         }];
         let mut failure = Vec::new();
+        let mut reads = Vec::new();
         if let Some(fence) = fence {
             let fence_key = b64(self.claim_key(&fence.name).as_bytes());
             compare.push(json!({
@@ -119,10 +131,15 @@ impl EtcdBackend {
                 }),
             });
             failure.push(json!({"request_range": {"key": guard_key}}));
+            reads.push(guard_key);
         }
-        let answer = self.client.call(
-            "/v3/kv/txn",
-            &json!({"compare": compare, "success": [request], "failure": failure}),
+        let answer = self.batcher.commit(
+            &self.client,
+            Write {
+                key: full,
+                reads,
+                txn: json!({"compare": compare, "success": [request], "failure": failure}),
+            },
         )?;
         if answer.body.get("succeeded").and_then(Value::as_bool) == Some(true) {
             return Ok(int(answer.body.pointer("/header/revision")));

@@ -1,0 +1,235 @@
+//! Group commit of the store's compare-and-swaps. A write that finds none on its way to
+//! etcd goes at once, alone, as a plain transaction. One that arrives while another is on
+//! its way waits for it; the writes that waited then go together in one transaction, each
+//! as a nested transaction of its own (`request_txn`) whose compares decide it alone. etcd
+//! takes one proposal, one log entry and one watch message for them all instead of one
+//! each: under concurrent creates that is a third of the CPU per write (measured on a
+//! three-member cluster on one 2-core machine).
+//!
+//! Nested transactions' compares are all evaluated against the state before the
+//! transaction, as if each ran first. So writes go together only when none writes a key
+//! another one writes or compares (its guard's): a batch holds at most one write per key,
+//! and the rest wait for the next one. Writes together share etcd's revision of the
+//! transaction; a record's revision still changes with every write of it.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Condvar, Mutex};
+
+use serde_json::{Value, json};
+
+use super::client::{Answer, GatewayClient, off_worker};
+use crate::StateError;
+
+/// At most this many writes go in one transaction (etcd takes 128 operations in one by
+/// default; a write's reads of its fence or guard on failure count too).
+const MAX_BATCH: usize = 32;
+
+/// One compare-and-swap.
+pub(super) struct Write {
+    /// The etcd key it writes.
+    pub key: String,
+    /// The keys it compares besides its own (a guard's); a fence's claim is never written
+    /// by a write.
+    pub reads: Vec<String>,
+    /// Its transaction alone: `{"compare": …, "success": […], "failure": […]}`.
+    pub txn: Value,
+}
+
+#[derive(Default)]
+pub(super) struct Batcher {
+    state: Mutex<Queue>,
+    answered: Condvar,
+}
+
+/// How many writes went, in how many transactions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteCounts {
+    pub writes: u64,
+    pub transactions: u64,
+}
+
+#[derive(Default)]
+struct Queue {
+    next_ticket: u64,
+    waiting: VecDeque<(u64, Write)>,
+    answers: HashMap<u64, Result<Answer, StateError>>,
+    /// A transaction is on its way.
+    committing: bool,
+    counts: WriteCounts,
+}
+
+impl Batcher {
+    /// Commits `write`, with whatever writes wait with it; returns what its own
+    /// transaction answered (as a plain transaction's answer).
+    pub fn commit(&self, client: &GatewayClient, write: Write) -> Result<Answer, StateError> {
+        off_worker(|| self.commit_blocking(client, write))
+    }
+
+    pub fn counts(&self) -> WriteCounts {
+        self.state.lock().expect("batch lock").counts
+    }
+
+    fn commit_blocking(&self, client: &GatewayClient, write: Write) -> Result<Answer, StateError> {
+        let mut queue = self.state.lock().expect("batch lock");
+        let ticket = queue.next_ticket;
+        queue.next_ticket += 1;
+        queue.waiting.push_back((ticket, write));
+        loop {
+            if let Some(answer) = queue.answers.remove(&ticket) {
+                return answer;
+            }
+            if queue.committing {
+                queue = self.answered.wait(queue).expect("batch lock");
+                continue;
+            }
+            // Nothing on its way: this thread takes what waits (its own write first in
+            // line, or behind others) to etcd.
+            queue.committing = true;
+            let batch = take_batch(&mut queue.waiting);
+            drop(queue);
+            let answers = send(client, &batch);
+            queue = self.state.lock().expect("batch lock");
+            for ((ticket, _), answer) in batch.iter().zip(answers) {
+                queue.answers.insert(*ticket, answer);
+            }
+            queue.committing = false;
+            queue.counts.writes += batch.len() as u64;
+            queue.counts.transactions += 1;
+            self.answered.notify_all();
+        }
+    }
+}
+
+/// The next batch from the front of `waiting`: writes that touch no key another of them
+/// writes, at most [`MAX_BATCH`]. A write left waiting holds its key back for the writes
+/// behind it, so one caller's writes of a key keep their order.
+fn take_batch(waiting: &mut VecDeque<(u64, Write)>) -> Vec<(u64, Write)> {
+    let mut written: HashSet<String> = HashSet::new();
+    let mut read: HashSet<String> = HashSet::new();
+    let mut held_back: HashSet<String> = HashSet::new();
+    let mut batch = Vec::new();
+    let mut left = VecDeque::new();
+    while let Some((ticket, write)) = waiting.pop_front() {
+        let clashes = batch.len() >= MAX_BATCH
+            || held_back.contains(&write.key)
+            || written.contains(&write.key)
+            || read.contains(&write.key)
+            || write.reads.iter().any(|k| written.contains(k));
+        if clashes {
+            held_back.insert(write.key.clone());
+            left.push_back((ticket, write));
+            continue;
+        }
+        written.insert(write.key.clone());
+        read.extend(write.reads.iter().cloned());
+        batch.push((ticket, write));
+    }
+    *waiting = left;
+    batch
+}
+
+/// One transaction for `batch`; each write's answer, in order.
+fn send(client: &GatewayClient, batch: &[(u64, Write)]) -> Vec<Result<Answer, StateError>> {
+    if let [(_, alone)] = batch {
+        return vec![client.call_blocking("/v3/kv/txn", &alone.txn)];
+    }
+    let success: Vec<Value> = batch
+        .iter()
+        .map(|(_, w)| json!({"request_txn": w.txn}))
+        .collect();
+    let answer = client.call_blocking(
+        "/v3/kv/txn",
+        &json!({"compare": [], "success": success, "failure": []}),
+    );
+    match answer {
+        Err(e) => batch.iter().map(|_| Err(e.clone())).collect(),
+        Ok(answer) => {
+            let header = answer.body.get("header").cloned().unwrap_or(Value::Null);
+            (0..batch.len())
+                .map(|i| {
+                    let Some(own) = answer
+                        .body
+                        .pointer(&format!("/responses/{i}/response_txn"))
+                        .cloned()
+                    else {
+                        return Err(StateError::Failed(format!(
+                            "etcd answered a transaction of {} writes without the answer of write {i}",
+                            batch.len()
+                        )));
+                    };
+                    let mut body = own;
+                    if let Some(object) = body.as_object_mut() {
+                        object.insert("header".into(), header.clone());
+                    }
+                    Ok(Answer {
+                        body,
+                        retried: answer.retried,
+                    })
+                })
+                .collect()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(key: &str, reads: &[&str]) -> Write {
+        Write {
+            key: key.into(),
+            reads: reads.iter().map(|r| r.to_string()).collect(),
+            txn: Value::Null,
+        }
+    }
+
+    fn keys(batch: &[(u64, Write)]) -> Vec<&str> {
+        batch.iter().map(|(_, w)| w.key.as_str()).collect()
+    }
+
+    #[test]
+    fn a_batch_never_holds_two_writes_of_a_key_or_a_write_of_a_key_another_compares() {
+        let mut waiting: VecDeque<(u64, Write)> = [
+            write("a", &[]),
+            write("b", &[]),
+            write("a", &[]),
+            write("c", &["b"]),
+            write("k", &[]),
+            write("d", &["k"]),
+            write("e", &["x"]),
+            write("x", &[]),
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(i, w)| (i as u64, w))
+        .collect();
+        let first = take_batch(&mut waiting);
+        assert_eq!(keys(&first), ["a", "b", "k", "e"]);
+        let second = take_batch(&mut waiting);
+        assert_eq!(keys(&second), ["a", "c", "d", "x"]);
+        assert!(waiting.is_empty());
+    }
+
+    #[test]
+    fn a_write_held_back_keeps_its_key_from_the_writes_behind_it() {
+        let mut waiting: VecDeque<(u64, Write)> =
+            [write("g", &[]), write("a", &["g"]), write("a", &[])]
+                .into_iter()
+                .enumerate()
+                .map(|(i, w)| (i as u64, w))
+                .collect();
+        let first = take_batch(&mut waiting);
+        assert_eq!(keys(&first), ["g"]);
+        let order: Vec<u64> = waiting.iter().map(|(t, _)| *t).collect();
+        assert_eq!(order, [1, 2], "the key's writes stay in order");
+    }
+
+    #[test]
+    fn batches_are_bounded() {
+        let mut waiting: VecDeque<(u64, Write)> = (0..MAX_BATCH as u64 + 5)
+            .map(|i| (i, write(&format!("k{i}"), &[])))
+            .collect();
+        assert_eq!(take_batch(&mut waiting).len(), MAX_BATCH);
+        assert_eq!(take_batch(&mut waiting).len(), 5);
+    }
+}
