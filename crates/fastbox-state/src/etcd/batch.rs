@@ -23,6 +23,9 @@ use crate::StateError;
 /// At most this many writes go in one transaction (etcd takes 128 operations in one by
 /// default; a write's reads of its fence or guard on failure count too).
 const MAX_BATCH: usize = 32;
+/// And at most about this many bytes of values (etcd takes requests of 1.5 MiB by
+/// default); a write bigger than that goes alone.
+const MAX_BATCH_BYTES: usize = 512 * 1024;
 
 /// One compare-and-swap.
 pub(super) struct Write {
@@ -33,6 +36,8 @@ pub(super) struct Write {
     pub reads: Vec<String>,
     /// Its transaction alone: `{"compare": …, "success": […], "failure": […]}`.
     pub txn: Value,
+    /// About how many bytes it sends (its value, encoded).
+    pub bytes: usize,
 }
 
 #[derive(Default)]
@@ -101,16 +106,20 @@ impl Batcher {
 }
 
 /// The next batch from the front of `waiting`: writes that touch no key another of them
-/// writes, at most [`MAX_BATCH`]. A write left waiting holds its key back for the writes
+/// writes, at most [`MAX_BATCH`] of them and [`MAX_BATCH_BYTES`] (unless one alone is
+/// bigger). A write left waiting holds its key back for the writes
 /// behind it, so one caller's writes of a key keep their order.
 fn take_batch(waiting: &mut VecDeque<(u64, Write)>) -> Vec<(u64, Write)> {
     let mut written: HashSet<String> = HashSet::new();
     let mut read: HashSet<String> = HashSet::new();
     let mut held_back: HashSet<String> = HashSet::new();
     let mut batch = Vec::new();
+    let mut bytes = 0;
     let mut left = VecDeque::new();
     while let Some((ticket, write)) = waiting.pop_front() {
-        let clashes = batch.len() >= MAX_BATCH
+        let full = batch.len() >= MAX_BATCH
+            || (!batch.is_empty() && bytes + write.bytes > MAX_BATCH_BYTES);
+        let clashes = full
             || held_back.contains(&write.key)
             || written.contains(&write.key)
             || read.contains(&write.key)
@@ -122,6 +131,7 @@ fn take_batch(waiting: &mut VecDeque<(u64, Write)>) -> Vec<(u64, Write)> {
         }
         written.insert(write.key.clone());
         read.extend(write.reads.iter().cloned());
+        bytes += write.bytes;
         batch.push((ticket, write));
     }
     *waiting = left;
@@ -180,6 +190,7 @@ mod tests {
             key: key.into(),
             reads: reads.iter().map(|r| r.to_string()).collect(),
             txn: Value::Null,
+            bytes: 1000,
         }
     }
 
@@ -231,5 +242,22 @@ mod tests {
             .collect();
         assert_eq!(take_batch(&mut waiting).len(), MAX_BATCH);
         assert_eq!(take_batch(&mut waiting).len(), 5);
+        let big = |key: &str, bytes| Write {
+            bytes,
+            ..write(key, &[])
+        };
+        let mut waiting: VecDeque<(u64, Write)> = [
+            big("huge", MAX_BATCH_BYTES * 2),
+            big("a", MAX_BATCH_BYTES / 2),
+            big("b", MAX_BATCH_BYTES / 2),
+            big("c", 1),
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(i, w)| (i as u64, w))
+        .collect();
+        assert_eq!(keys(&take_batch(&mut waiting)), ["huge"], "alone");
+        assert_eq!(keys(&take_batch(&mut waiting)), ["a", "b"]);
+        assert_eq!(keys(&take_batch(&mut waiting)), ["c"]);
     }
 }

@@ -133,11 +133,16 @@ impl EtcdBackend {
             failure.push(json!({"request_range": {"key": guard_key}}));
             reads.push(guard_key);
         }
+        let bytes = request
+            .pointer("/request_put/value")
+            .and_then(Value::as_str)
+            .map_or(0, str::len);
         let answer = self.batcher.commit(
             &self.client,
             Write {
                 key: full,
                 reads,
+                bytes,
                 txn: json!({"compare": compare, "success": [request], "failure": failure}),
             },
         )?;
