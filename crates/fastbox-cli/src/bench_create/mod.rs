@@ -45,7 +45,7 @@ pub struct CreateBenchArgs {
     #[arg(long, value_enum, default_value_t = Pool::On)]
     pub pool: Pool,
     /// Run in batches of CONCURRENCY creates with this many seconds between them, instead
-    /// of back to back.
+    /// of back to back; a batch's sandboxes are deleted once all its creates are ready.
     #[arg(long, value_name = "S")]
     pub batch_pause: Option<f64>,
     /// Send this `networkPolicy` (JSON) with every create, e.g.

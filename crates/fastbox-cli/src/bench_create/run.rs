@@ -1,7 +1,8 @@
 //! Running the creates: warm-ups first, then one worker thread per unit of concurrency, either
 //! back to back until N creates are done or in batches with a pause between them. Each worker
-//! deletes its sandbox outside the timed region before its next create. Progress goes to
-//! stderr every few seconds.
+//! deletes its sandbox outside the timed region before its next create: back to back at once,
+//! in batches once every create of the batch is ready (so no delete runs beside a timed
+//! create). Progress goes to stderr every few seconds.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,8 +23,9 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 pub enum Pace {
     /// Each worker starts its next create as soon as it deleted its last sandbox.
     BackToBack,
-    /// Batches of one create per worker; the next batch starts `pause` after the last
-    /// worker of this one finished (the OpenSandbox SDK benchmark's shape).
+    /// Batches of one create per worker; the batch's sandboxes are deleted once its last
+    /// create is ready, and the next batch starts `pause` after that (the OpenSandbox SDK
+    /// benchmark's shape).
     Batches { pause: Duration },
 }
 
@@ -113,8 +115,13 @@ fn worker(
         Schedule::Batches { barrier, pause } => {
             let batches = plan.n.div_ceil(workers);
             for batch in 0..batches {
-                if batch * workers + index < plan.n {
-                    create_and_delete(client, plan, &mut tally, progress);
+                let made = match batch * workers + index < plan.n {
+                    true => create(client, plan, &mut tally, progress),
+                    false => None,
+                };
+                barrier.wait();
+                if let Some(id) = made {
+                    delete(client, &id, &mut tally, progress);
                 }
                 barrier.wait();
                 if batch + 1 < batches {
@@ -128,6 +135,18 @@ fn worker(
 
 /// One timed create -> ready, then the untimed delete of what it made.
 fn create_and_delete(client: &BenchClient, plan: &Plan, tally: &mut Tally, progress: &Progress) {
+    if let Some(id) = create(client, plan, tally, progress) {
+        delete(client, &id, tally, progress);
+    }
+}
+
+/// One timed create -> ready; the sandbox it made, if any.
+fn create(
+    client: &BenchClient,
+    plan: &Plan,
+    tally: &mut Tally,
+    progress: &Progress,
+) -> Option<String> {
     let attempt = client.create_until_ready(&plan.body, plan.ready_timeout);
     let failed = match attempt.result {
         Ok(latency) => {
@@ -140,13 +159,16 @@ fn create_and_delete(client: &BenchClient, plan: &Plan, tally: &mut Tally, progr
             true
         }
     };
-    if let Some(id) = attempt.sandbox
-        && let Err(failure) = client.delete(&id)
-    {
+    progress.count(failed);
+    attempt.sandbox
+}
+
+/// The untimed delete of sandbox `id`.
+fn delete(client: &BenchClient, id: &str, tally: &mut Tally, progress: &Progress) {
+    if let Err(failure) = client.delete(id) {
         tally.delete_failures += 1;
         progress.show_first(&failure);
     }
-    progress.count(failed);
 }
 
 #[derive(Default)]
