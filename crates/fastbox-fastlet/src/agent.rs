@@ -933,6 +933,8 @@ impl Fastlet {
         let pooled = self.pools.take(&template.key)?;
         clock.lap("acquire");
         let placement = pooled.placement;
+        // Held by the claim until it is routed (a stale release of the slot is refused).
+        let _held = self.pools.hold_slot(placement.slot, &req.id);
         let slot = match self.host.network.slot(placement.slot) {
             Ok(slot) => slot,
             Err(e) => return Some(Err(self.discard_pooled(&placement, req, e.into()))),
@@ -1008,6 +1010,7 @@ impl Fastlet {
             None => SlotSource::Fresh(self.reserve_slot()?),
         };
         let slot = source.index();
+        let _held = self.pools.hold_slot(slot, &id);
         let opts = StartOptions {
             id: id.clone(),
             execd_token: Some(template.golden_token.clone()),

@@ -49,10 +49,30 @@ struct PoolState {
     demand: HashMap<String, VecDeque<std::time::Instant>>,
     /// Refills handed out by `next_to_fill` and not yet `filled`, per template.
     filling: HashMap<String, usize>,
+    /// The slots pooled sandboxes are on their way in or out of (restored by a refill, or
+    /// taken by a claim not yet routed), with the sandbox each holds.
+    held_slots: HashMap<u32, String>,
     stopping: bool,
     /// When a sandbox was last taken: refills wait out a burst (a restore takes a core
     /// for ~100 ms, which the burst's claims would otherwise share).
     last_take: Option<std::time::Instant>,
+}
+
+/// A slot a pooled sandbox is on its way in or out of ([`WarmPools::hold_slot`]).
+pub struct HeldSlot<'a> {
+    pools: &'a WarmPools,
+    slot: u32,
+    id: String,
+}
+
+impl Drop for HeldSlot<'_> {
+    fn drop(&mut self) {
+        // Unless a claim took the slot's sandbox meanwhile and holds the slot now.
+        let mut state = self.pools.lock();
+        if state.held_slots.get(&self.slot) == Some(&self.id) {
+            state.held_slots.remove(&self.slot);
+        }
+    }
 }
 
 /// A refill waits until no sandbox was taken for this long, unless its pool is empty.
@@ -170,14 +190,30 @@ impl WarmPools {
             .collect()
     }
 
-    /// The runtime id of the ready sandbox in slot `slot`, if one is there.
+    /// The id of the sandbox in slot `slot`: a ready one, one still being restored there,
+    /// or one taken and not yet routed; None when there is none.
     pub fn in_slot(&self, slot: u32) -> Option<String> {
-        self.lock()
-            .ready
-            .values()
-            .flatten()
-            .find(|p| p.placement.slot == slot)
-            .map(|p| p.placement.handle.id.clone())
+        let state = self.lock();
+        state.held_slots.get(&slot).cloned().or_else(|| {
+            state
+                .ready
+                .values()
+                .flatten()
+                .find(|p| p.placement.slot == slot)
+                .map(|p| p.placement.handle.id.clone())
+        })
+    }
+
+    /// Slot `slot` holds sandbox `id` until the guard goes: a refill's, from its
+    /// reservation until the sandbox is [`WarmPools::put`] (or given up); a claim's, from
+    /// [`WarmPools::take`] until it is routed. Meanwhile a stale release of it is refused.
+    pub fn hold_slot(&self, slot: u32, id: &str) -> HeldSlot<'_> {
+        self.lock().held_slots.insert(slot, id.to_string());
+        HeldSlot {
+            pools: self,
+            slot,
+            id: id.to_string(),
+        }
     }
 
     /// Runtime ids of the ready (unclaimed) sandboxes.
@@ -292,6 +328,28 @@ mod tests {
         assert!(pools.next_to_fill().is_none());
         // A refill that ends after the drain gets its sandbox back.
         assert_eq!(pools.put(pooled("a", 3)).unwrap().placement.slot, 3);
+    }
+
+    #[test]
+    fn a_pooled_slot_has_a_holder_from_its_reservation_to_its_claims_route() {
+        let pools = WarmPools::new(1, 1);
+        pools.register(&template("a"));
+        assert_eq!(pools.in_slot(4), None);
+        let filling = pools.hold_slot(4, "pool-4");
+        assert_eq!(pools.in_slot(4).as_deref(), Some("pool-4"), "while restoring");
+        assert!(pools.put(pooled("a", 4)).is_none());
+        assert_eq!(pools.in_slot(4).as_deref(), Some("pool-4"), "once ready");
+        assert_eq!(pools.take("a").unwrap().placement.slot, 4);
+        {
+            let _claiming = pools.hold_slot(4, "claimed");
+            // The refill's guard going after the claim took its sandbox leaves the claim's.
+            drop(filling);
+            assert_eq!(pools.in_slot(4).as_deref(), Some("claimed"), "until routed");
+        }
+        assert_eq!(pools.in_slot(4), None, "routed: its route names it from here");
+        // A refill given up frees its slot's holder.
+        drop(pools.hold_slot(5, "pool-5"));
+        assert_eq!(pools.in_slot(5), None);
     }
 
     #[test]
