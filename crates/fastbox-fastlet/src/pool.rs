@@ -336,7 +336,11 @@ mod tests {
         pools.register(&template("a"));
         assert_eq!(pools.in_slot(4), None);
         let filling = pools.hold_slot(4, "pool-4");
-        assert_eq!(pools.in_slot(4).as_deref(), Some("pool-4"), "while restoring");
+        assert_eq!(
+            pools.in_slot(4).as_deref(),
+            Some("pool-4"),
+            "while restoring"
+        );
         assert!(pools.put(pooled("a", 4)).is_none());
         assert_eq!(pools.in_slot(4).as_deref(), Some("pool-4"), "once ready");
         assert_eq!(pools.take("a").unwrap().placement.slot, 4);
@@ -346,7 +350,11 @@ mod tests {
             drop(filling);
             assert_eq!(pools.in_slot(4).as_deref(), Some("claimed"), "until routed");
         }
-        assert_eq!(pools.in_slot(4), None, "routed: its route names it from here");
+        assert_eq!(
+            pools.in_slot(4),
+            None,
+            "routed: its route names it from here"
+        );
         // A refill given up frees its slot's holder.
         drop(pools.hold_slot(5, "pool-5"));
         assert_eq!(pools.in_slot(5), None);
