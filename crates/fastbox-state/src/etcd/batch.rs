@@ -92,16 +92,52 @@ impl Batcher {
             queue.committing = true;
             let batch = take_batch(&mut queue.waiting);
             drop(queue);
-            let answers = send(client, &batch);
+            // Should the call panic, the writers of the batch are answered all the same
+            // and the next one commits: nobody waits forever.
+            let mut turn = Turn {
+                batcher: self,
+                tickets: batch.iter().map(|(t, _)| *t).collect(),
+                answers: None,
+            };
+            turn.answers = Some(send(client, &batch));
+            drop(turn);
             queue = self.state.lock().expect("batch lock");
-            for ((ticket, _), answer) in batch.iter().zip(answers) {
-                queue.answers.insert(*ticket, answer);
-            }
-            queue.committing = false;
-            queue.counts.writes += batch.len() as u64;
-            queue.counts.transactions += 1;
-            self.answered.notify_all();
         }
+    }
+}
+
+/// One committer's turn: on drop, the batch's answers are handed out (an error each when
+/// the call did not return) and the next writer may commit.
+struct Turn<'a> {
+    batcher: &'a Batcher,
+    tickets: Vec<u64>,
+    answers: Option<Vec<Result<Answer, StateError>>>,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let mut queue = self
+            .batcher
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let answers = self.answers.take().unwrap_or_else(|| {
+            self.tickets
+                .iter()
+                .map(|_| {
+                    Err(StateError::Unavailable(
+                        "the write's transaction failed on this server".into(),
+                    ))
+                })
+                .collect()
+        });
+        for (ticket, answer) in self.tickets.iter().zip(answers) {
+            queue.answers.insert(*ticket, answer);
+        }
+        queue.committing = false;
+        queue.counts.writes += self.tickets.len() as u64;
+        queue.counts.transactions += 1;
+        self.batcher.answered.notify_all();
     }
 }
 
