@@ -129,6 +129,41 @@ def test_port_18080_needs_the_egress_token(
         sb.close()
 
 
+def test_the_credential_vault_needs_the_credential_proxy(
+    fastbox: fb.FastboxServer, api: httpx.Client
+) -> None:
+    """The vault's routes answer on port 18080 behind the egress token; a sandbox created
+    without `credentialProxy.enabled` gets 412, and `credentialProxy` is still refused at
+    create (the node does not intercept sandbox traffic yet)."""
+    r = api.post(
+        "/v1/sandboxes",
+        json={
+            "image": {"uri": fb.TEST_IMAGE},
+            "entrypoint": ["tail", "-f", "/dev/null"],
+            "resourceLimits": {"cpu": "1", "memory": "1Gi"},
+            "credentialProxy": {"enabled": True},
+            "metadata": {"fbt-run": fastbox.prefix},
+        },
+    )
+    assert r.status_code == 400 and "credentialProxy" in r.text, r.text
+    sb = fastbox.create_sandbox()
+    try:
+        with pytest.raises(SandboxException) as refused:
+            sb.credential_vault.get()
+        assert "412" in str(refused.value) or "credentialProxy" in str(refused.value), refused.value
+        r = api.get(f"/v1/sandboxes/{sb.id}/endpoints/{fb.EGRESS_PORT}")
+        ep = r.json()
+        url = f"http://{ep['endpoint']}/credential-vault"
+        with httpx.Client(timeout=30, trust_env=False) as node:
+            assert node.get(url).status_code == 401, "the egress token first"
+            r = node.get(url, headers={EGRESS_AUTH_HEADER: ep["headers"][EGRESS_AUTH_HEADER]})
+            assert r.status_code == 412, r.text
+            assert "credentialProxy.enabled" in r.text, r.text
+    finally:
+        sb.kill()
+        sb.close()
+
+
 def wait_for_template(manager: SandboxManagerSync, template_id: str, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while True:

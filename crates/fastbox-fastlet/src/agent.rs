@@ -231,6 +231,9 @@ pub struct Route {
     pub slot: u32,
     pub execd_token: String,
     pub egress_token: String,
+    /// Created with `credentialProxy.enabled`: it has a Credential Vault. Never yet: the
+    /// server refuses `credentialProxy` until the node's proxy takes the sandbox's traffic.
+    pub credential_proxy: bool,
 }
 
 pub struct Fastlet {
@@ -240,6 +243,8 @@ pub struct Fastlet {
     execd: ExecdBinary,
     slots: Mutex<SlotTable>,
     routes: RwLock<HashMap<String, Route>>,
+    /// The Credential Vaults of this node's sandboxes.
+    vaults: crate::node_proxy::vault::Vaults,
     /// Pooled sandboxes claimed, by the id they were claimed as, until that sandbox is
     /// removed or released ([`Fastlet::remove_unrecorded_claims`]).
     claimed: Mutex<HashMap<String, Vec<Placement>>>,
@@ -334,6 +339,7 @@ impl Fastlet {
             execd,
             slots,
             routes: RwLock::new(HashMap::new()),
+            vaults: Default::default(),
             claimed: Mutex::new(HashMap::new()),
             named_volumes,
             builds: BuildLocks::default(),
@@ -1213,6 +1219,7 @@ impl Fastlet {
                 slot: placement.slot,
                 execd_token: tokens.execd.clone(),
                 egress_token: tokens.egress.clone(),
+                credential_proxy: false,
             },
         );
         Adoption::Adopted
@@ -1267,7 +1274,7 @@ impl Fastlet {
         slot: Option<u32>,
     ) -> Result<RemoveReport, FastletError> {
         let clock = BuildClock::start();
-        self.routes.write().expect("routes lock").remove(id);
+        self.forget_route(id);
         self.remove_unrecorded_claims(id, placement)
             .map_err(|source| FastletError::Remove {
                 id: id.to_string(),
@@ -1439,12 +1446,19 @@ impl Fastlet {
                 slot,
                 execd_token: req.execd_token.clone(),
                 egress_token: req.egress_token.clone(),
+                credential_proxy: false,
             },
         );
     }
 
     pub(crate) fn forget_route(&self, id: &str) {
         self.routes.write().expect("routes lock").remove(id);
+        self.vaults.forget(id);
+    }
+
+    /// Sandbox `id`'s Credential Vault (in this node's memory only).
+    pub fn vault_cell(&self, id: &str) -> crate::node_proxy::vault::VaultCell {
+        self.vaults.cell(id)
     }
 
     fn insert_route(&self, id: &str, route: Route) {

@@ -15,6 +15,7 @@
 
 pub mod access;
 pub mod egress;
+pub mod vault;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -158,7 +159,10 @@ impl NodeProxy {
         self.guard
             .authorize(id, port, &access, &signer, &presented, now)?;
         if port == EGRESS_PORT {
-            return Ok(egress::serve(self.egress.clone(), id, &sandbox, &route.rest, req).await);
+            let vault = self.fastlet.vault_cell(id);
+            return Ok(
+                egress::serve(self.egress.clone(), vault, id, &sandbox, &route.rest, req).await,
+            );
         }
         let path_and_query = match req.uri().query() {
             Some(q) => format!("{}?{q}", route.rest),

@@ -31,7 +31,9 @@ const MAX_BODY: usize = 1 << 20;
 pub enum EgressRequestError {
     #[error("missing or wrong {EGRESS_AUTH_HEADER} header")]
     Unauthorized,
-    #[error("the egress endpoint serves /policy (GET, PATCH, DELETE), not {0}")]
+    #[error(
+        "the egress endpoint serves /policy (GET, PATCH, DELETE) and /credential-vault, not {0}"
+    )]
     NoRoute(String),
     #[error("/policy answers GET, PATCH and DELETE, not {0}")]
     MethodNotAllowed(Method),
@@ -73,15 +75,30 @@ impl IntoResponse for EgressRequestError {
     }
 }
 
-/// Answers `req` (whose path after `/{id}/18080` is `path`) for sandbox `id`.
+/// Answers `req` (whose path after `/{id}/18080` is `path`) for sandbox `id`: its policy,
+/// or its Credential Vault (`vault`, [`super::vault`]).
 pub async fn serve(
     api: Arc<dyn EgressApi>,
+    vault: super::vault::VaultCell,
     id: &str,
     route: &Route,
     path: &str,
     req: Request<Body>,
 ) -> Response {
-    answer(api, id, route, path, req)
+    let presented = req
+        .headers()
+        .get(EGRESS_AUTH_HEADER)
+        .map(|v| v.as_bytes())
+        .unwrap_or_default();
+    if !token_matches(presented, route.egress_token.as_bytes()) {
+        return refused(req, EgressRequestError::Unauthorized)
+            .await
+            .into_response();
+    }
+    if path == super::vault::VAULT_PATH || path.starts_with("/credential-vault/") {
+        return super::vault::serve(vault, route, path, req).await;
+    }
+    answer(api, id, path, req)
         .await
         .map(|status| axum::Json(status).into_response())
         .unwrap_or_else(IntoResponse::into_response)
@@ -90,18 +107,9 @@ pub async fn serve(
 async fn answer(
     api: Arc<dyn EgressApi>,
     id: &str,
-    route: &Route,
     path: &str,
     req: Request<Body>,
 ) -> Result<PolicyStatusResponse, EgressRequestError> {
-    let presented = req
-        .headers()
-        .get(EGRESS_AUTH_HEADER)
-        .map(|v| v.as_bytes())
-        .unwrap_or_default();
-    if !token_matches(presented, route.egress_token.as_bytes()) {
-        return Err(refused(req, EgressRequestError::Unauthorized).await);
-    }
     if path != "/policy" {
         let why = EgressRequestError::NoRoute(path.to_string());
         return Err(refused(req, why).await);
