@@ -153,6 +153,8 @@ struct SlotState {
     /// The slot's chain, set and map element are in the table. An allow-all policy needs
     /// none of them (the table's fixed denies and final accept are that policy).
     installed: bool,
+    /// The slot's HTTPS goes to the node's credential proxy.
+    credential_proxy: bool,
 }
 
 impl std::fmt::Debug for EgressEnforcer {
@@ -247,6 +249,24 @@ impl EgressEnforcer {
         }
     }
 
+    /// Sends the slot's HTTPS (TCP 443) to the node's credential proxy, and drops its QUIC
+    /// (`on`); or ends both. Idempotent.
+    pub fn route_https_to_credential_proxy(
+        &self,
+        slot: &SlotRef,
+        on: bool,
+    ) -> Result<(), EgressError> {
+        self.check_slot(&slot.ifname)?;
+        let entry = self.entry_for(slot)?;
+        let mut state = lock(&entry.state);
+        self.nft(
+            &slot.ifname,
+            &nft::credential_proxy_script(&self.table, &slot.ifname, on),
+        )?;
+        state.credential_proxy = on;
+        Ok(())
+    }
+
     /// Removes the slot's policy: its chain, set and map element, and its DNS registration.
     /// Idempotent. For a slot being destroyed: without a policy, the instance table lets
     /// the slot's traffic through (only the fixed denies apply), while DNS is refused.
@@ -264,6 +284,10 @@ impl EgressEnforcer {
         let state = entry.as_ref().map(|e| lock(&e.state));
         if state.as_ref().is_some_and(|s| s.installed) {
             self.nft(&slot.ifname, &nft::remove_script(&self.table, &slot.ifname))?;
+        }
+        if state.as_ref().is_some_and(|s| s.credential_proxy) {
+            let script = nft::credential_proxy_script(&self.table, &slot.ifname, false);
+            self.nft(&slot.ifname, &script)?;
         }
         tracing::debug!(slot = %slot.ifname, "egress policy removed");
         Ok(())

@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use fastbox_runtime::net::nft::SLOT_EGRESS_MAP;
+use fastbox_runtime::net::nft::{CREDENTIAL_PROXY_SLOTS, SLOT_EGRESS_MAP};
 
 use crate::policy::{Action, EgressPolicy};
 
@@ -101,6 +101,16 @@ pub fn learn_script(table: &str, ifname: &str, learned: &[(Ipv4Addr, Duration)])
         learned_set_name(ifname),
         elements.join(", ")
     )
+}
+
+/// Puts the slot in the instance's set of slots whose HTTPS goes to the credential proxy
+/// (`on`), or takes it out; succeeds whether or not it was there (a removal adds first).
+pub fn credential_proxy_script(table: &str, ifname: &str, on: bool) -> String {
+    let element = format!("inet {table} {CREDENTIAL_PROXY_SLOTS} {{ \"{ifname}\" }}");
+    match on {
+        true => format!("add element {element}\n"),
+        false => format!("add element {element}\ndelete element {element}\n"),
+    }
 }
 
 /// Removes the slot's map element, chain and set; succeeds also when they do not exist.
@@ -221,6 +231,19 @@ mod tests {
         assert_eq!(
             lines.last().unwrap(),
             &"add element inet fb1 slot_egress { \"fb1-3\" : jump egress_fb1-3 }"
+        );
+    }
+
+    #[test]
+    fn the_credential_proxy_set_is_joined_and_left_idempotently() {
+        assert_eq!(
+            credential_proxy_script("fb1", "fb1-3", true),
+            "add element inet fb1 credential_proxy_slots { \"fb1-3\" }\n"
+        );
+        assert_eq!(
+            credential_proxy_script("fb1", "fb1-3", false),
+            "add element inet fb1 credential_proxy_slots { \"fb1-3\" }\n\
+             delete element inet fb1 credential_proxy_slots { \"fb1-3\" }\n"
         );
     }
 

@@ -6,10 +6,10 @@
 
 mod common;
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::process::Command;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::*;
 use fastbox_egress::learned::{MIN_HOLD, SLACK};
@@ -70,7 +70,17 @@ fn learned_set(lab: &Lab, ifname: &str) -> Vec<(Ipv4Addr, u64)> {
 
 #[test]
 fn enforcement_lifecycle_on_the_real_table() {
-    let Some(lab) = Lab::start('0') else {
+    // The credential proxy's port: a listener of the test's on the host.
+    let proxy = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+    let Some(lab) = Lab::start_custom(LabSetup {
+        prefix: fastbox_testkit::run_prefix("0"),
+        net: [10, 219, b'0'],
+        hosts: fastbox_egress::testkit::hosts_block('0'),
+        reach: Vec::new(),
+        extra: fastbox_egress::testkit::Zone::new(),
+        slot_limits: Default::default(),
+        credential_proxy_port: Some(proxy.local_addr().unwrap().port()),
+    }) else {
         return;
     };
     let first = policy(
@@ -219,5 +229,75 @@ fn enforcement_lifecycle_on_the_real_table() {
     assert_eq!(pa.failures, Vec::<String>::new());
 
     drop(open);
+    credential_proxy_redirect(&lab, &proxy);
     lab.close();
+}
+
+/// A slot put through the credential proxy has its HTTPS arrive at the proxy's port, its
+/// original destination readable there; the proxy's own source ports pass by; taken out,
+/// nothing arrives. (An unredirected connection goes to the lab's internet, where nothing
+/// listens on 443: it is refused there.)
+fn credential_proxy_redirect(lab: &Lab, proxy: &TcpListener) {
+    let slot = lab.slot(2, &EgressPolicy::allow_all());
+    let slot_ref = SlotRef::from(&slot);
+    let target = SocketAddr::from((lab.inet(ALLOWED.1), 443));
+    proxy.set_nonblocking(true).unwrap();
+    let arrived = |source_port: Option<u16>| {
+        let connect = fastbox_runtime::net::in_netns(&slot.netns_path, move || {
+            let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+            if let Some(port) = source_port {
+                socket.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)).into())?;
+            }
+            socket.connect_timeout(&target.into(), Duration::from_secs(2))
+        })
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            match proxy.accept() {
+                Ok((stream, peer)) => {
+                    let original: SocketAddr = nix::sys::socket::getsockopt(
+                        &stream,
+                        nix::sys::socket::sockopt::OriginalDst,
+                    )
+                    .map(|a| {
+                        SocketAddr::from((
+                            Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                            u16::from_be(a.sin_port),
+                        ))
+                    })
+                    .unwrap();
+                    return Some((peer.ip(), original, connect.is_ok()));
+                }
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(_) => return None,
+            }
+        }
+    };
+    assert_eq!(arrived(None), None, "not redirected before");
+    lab.enforcer
+        .route_https_to_credential_proxy(&slot_ref, true)
+        .unwrap();
+    assert_eq!(
+        arrived(None),
+        Some((std::net::IpAddr::from(slot.address), target, true)),
+        "redirected, its destination kept"
+    );
+    let first = *fastbox_runtime::net::nft::PROXY_SOURCE_PORTS.start();
+    assert_eq!(
+        arrived(Some(first + 7)),
+        None,
+        "the proxy's own source ports pass"
+    );
+    lab.enforcer
+        .route_https_to_credential_proxy(&slot_ref, false)
+        .unwrap();
+    lab.enforcer
+        .route_https_to_credential_proxy(&slot_ref, false)
+        .unwrap();
+    assert_eq!(arrived(None), None, "taken out");
+    lab.enforcer.remove(&slot_ref).unwrap();
 }

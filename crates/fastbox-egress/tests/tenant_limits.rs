@@ -79,6 +79,7 @@ fn one_slot_flooding_the_dns_forwarder_does_not_starve_another() {
         dns_port: forwarder.port(),
         sandbox_reach: Vec::new(),
         slot_limits: SlotLimits::default(),
+        credential_proxy_port: None,
     })
     .expect("host network");
     let flooder = host.create_slot(0).unwrap();
@@ -217,6 +218,7 @@ fn a_slot_at_its_connection_cap_has_new_connections_dropped_and_keeps_the_open_o
             new_connections_per_second: 0,
             new_connections_burst: 0,
         },
+        credential_proxy_port: None,
     }) else {
         return;
     };

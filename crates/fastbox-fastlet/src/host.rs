@@ -214,6 +214,7 @@ impl LocalHost {
             dns_port: dns.port(),
             sandbox_reach,
             slot_limits: Default::default(),
+            credential_proxy_port: None,
         };
         let network = HostNetwork::try_new(cfg)?;
         Ok(Self {

@@ -303,6 +303,7 @@ fn slots_are_isolated_and_reach_the_outside_through_nat_and_dns_through_the_forw
         dns_port: forwarder.port(),
         sandbox_reach: Vec::new(),
         slot_limits: Default::default(),
+        credential_proxy_port: None,
     };
     let host = HostNetwork::try_new(cfg).unwrap();
     assert_eq!(
@@ -545,6 +546,7 @@ fn slots_are_created_and_destroyed_quickly_and_leave_nothing_behind() {
         dns_port: forwarder.port(),
         sandbox_reach: Vec::new(),
         slot_limits: Default::default(),
+        credential_proxy_port: None,
     };
     // Installing twice replaces the table rather than duplicating it.
     HostNetwork::try_new(cfg.clone()).unwrap();

@@ -104,6 +104,8 @@ pub struct LabSetup {
     pub extra: Zone,
     /// The instance table's per-slot limits.
     pub slot_limits: SlotLimits,
+    /// The port the table redirects credential-proxied slots' HTTPS to.
+    pub credential_proxy_port: Option<u16>,
 }
 
 impl Lab {
@@ -122,6 +124,7 @@ impl Lab {
             reach,
             extra,
             slot_limits: SlotLimits::default(),
+            credential_proxy_port: None,
         })
     }
 
@@ -138,6 +141,7 @@ impl Lab {
             reach,
             extra,
             slot_limits,
+            credential_proxy_port,
         } = setup;
         assert!(prefix.len() <= 8, "prefix {prefix:?} is too long");
         let purge = PurgeOnDrop(prefix.clone());
@@ -159,6 +163,7 @@ impl Lab {
             dns_port: forwarder.port(),
             sandbox_reach: reach,
             slot_limits,
+            credential_proxy_port,
         })
         .expect("host network");
         eprintln!("lab {prefix}: slots {a}.{b}.{c}.0/25, internet {hosts}/26");

@@ -438,6 +438,7 @@ mod tests {
             dns_port: 5300,
             sandbox_reach: Vec::new(),
             slot_limits: Default::default(),
+            credential_proxy_port: None,
         }
     }
 

@@ -62,6 +62,11 @@ pub struct NetConfig {
     /// What one slot may open: tracked connections at once and new ones per second.
     #[serde(default)]
     pub slot_limits: SlotLimits,
+    /// Port of the node's credential proxy: the HTTPS of the slots in the set
+    /// [`nft::CREDENTIAL_PROXY_SLOTS`] is redirected to it, and their QUIC dropped. None: no
+    /// such rules.
+    #[serde(default)]
+    pub credential_proxy_port: Option<u16>,
 }
 
 impl NetConfig {

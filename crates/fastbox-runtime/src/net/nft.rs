@@ -46,6 +46,13 @@ pub const CONNS_SET: &str = "slot_conns";
 /// Name of the dynamic set holding each slot's new-connection rate limiter.
 pub const RATE_SET: &str = "slot_rate";
 
+/// Name of the set of slot interfaces whose HTTPS goes to the node's credential proxy.
+pub const CREDENTIAL_PROXY_SLOTS: &str = "credential_proxy_slots";
+
+/// Source ports the credential proxy's own connections from a slot use: they are not
+/// redirected back to it. (A sandbox that picks one only skips the proxy's injection.)
+pub const PROXY_SOURCE_PORTS: std::ops::RangeInclusive<u16> = 61000..=61999;
+
 /// `nft -f` input that atomically (re)creates the instance table.
 pub fn install_script(cfg: &NetConfig) -> String {
     let mut s = String::new();
@@ -74,6 +81,12 @@ pub fn table_text(cfg: &NetConfig) -> String {
     let limits = slot_limits(cfg);
     let (limit_sets, rate_rule) = (&limits.sets, &limits.rate_rule);
     let forward_limits = format!("{}{}", limits.count_rule, limits.rate_rule);
+    let ProxyRules {
+        redirect,
+        input,
+        slot_input,
+        quic,
+    } = credential_proxy_rules(cfg);
     format!(
         r#"table inet {table} {{
 	# Per-slot egress policy: slot interface -> jump to that slot's chain.
@@ -99,6 +112,11 @@ pub fn table_text(cfg: &NetConfig) -> String {
 	}}
 {limit_sets}
 
+	# Slots created with credentialProxy: their HTTPS goes to the node's credential proxy.
+	set {CREDENTIAL_PROXY_SLOTS} {{
+		type ifname
+	}}
+
 	# Before anything else: slots speak IPv4 only, and only from their own address
 	# (strict reverse-path check: the source must route back out of the same veth).
 	chain antispoof {{
@@ -110,7 +128,7 @@ pub fn table_text(cfg: &NetConfig) -> String {
 	# All DNS from a sandbox, whatever address it names, goes to the instance's forwarder.
 	chain prerouting {{
 		type nat hook prerouting priority dstnat; policy accept;
-		iifname "{slots}" meta l4proto {{ tcp, udp }} th dport 53 redirect to :{dns}
+		iifname "{slots}" meta l4proto {{ tcp, udp }} th dport 53 redirect to :{dns}{redirect}
 	}}
 
 	# Traffic for the host itself.
@@ -118,13 +136,13 @@ pub fn table_text(cfg: &NetConfig) -> String {
 		type filter hook input priority filter; policy accept;
 		iifname "{slots}" jump slot_input
 		# The forwarder listens on 0.0.0.0: serve only slots and the host itself.
-		meta l4proto {{ tcp, udp }} th dport {dns} iifname != "lo" drop
+		meta l4proto {{ tcp, udp }} th dport {dns} iifname != "lo" drop{input}
 	}}
 
 	# A sandbox reaches no host address, except the DNS forwarder through the redirect.
 	chain slot_input {{
 		ct state established,related accept{rate_rule}
-		meta l4proto {{ tcp, udp }} th dport {dns} ct status dnat accept
+		meta l4proto {{ tcp, udp }} th dport {dns} ct status dnat accept{slot_input}
 		drop
 	}}
 
@@ -146,7 +164,7 @@ pub fn table_text(cfg: &NetConfig) -> String {
 		fib daddr type {{ local, broadcast, multicast }} drop
 		meta nfproto ipv6 drop
 		# DNS over TLS: names are resolved through the forwarder, whatever the policy.
-		meta l4proto {{ tcp, udp }} th dport 853 drop{forward_limits}
+		meta l4proto {{ tcp, udp }} th dport 853 drop{quic}{forward_limits}
 		iifname vmap @{SLOT_EGRESS_MAP}
 		accept
 	}}
@@ -158,6 +176,40 @@ pub fn table_text(cfg: &NetConfig) -> String {
 }}
 "#
     )
+}
+
+/// The credential proxy's rules, each a line with its leading newline (all empty without a
+/// proxy port).
+struct ProxyRules {
+    /// `prerouting`: the listed slots' HTTPS, but the proxy's own, to the proxy.
+    redirect: String,
+    /// `input`: nobody else reaches the proxy's port.
+    input: String,
+    /// `slot_input`: the redirected connections reach it.
+    slot_input: String,
+    /// `slot_forward`: no QUIC from the listed slots (clients fall back to TCP, which the
+    /// proxy sees).
+    quic: String,
+}
+
+fn credential_proxy_rules(cfg: &NetConfig) -> ProxyRules {
+    let Some(port) = cfg.credential_proxy_port else {
+        return ProxyRules {
+            redirect: String::new(),
+            input: String::new(),
+            slot_input: String::new(),
+            quic: String::new(),
+        };
+    };
+    let (first, last) = (PROXY_SOURCE_PORTS.start(), PROXY_SOURCE_PORTS.end());
+    ProxyRules {
+        redirect: format!(
+            "\n\t\tiifname @{CREDENTIAL_PROXY_SLOTS} tcp dport 443 tcp sport != {first}-{last} redirect to :{port}"
+        ),
+        input: format!("\n\t\ttcp dport {port} drop"),
+        slot_input: format!("\n\t\ttcp dport {port} ct status dnat accept"),
+        quic: format!("\n\t\tiifname @{CREDENTIAL_PROXY_SLOTS} udp dport 443 drop"),
+    }
 }
 
 /// The per-slot limits as table text.
@@ -242,6 +294,7 @@ mod tests {
             dns_port: 40053,
             sandbox_reach: Vec::new(),
             slot_limits: SlotLimits::default(),
+            credential_proxy_port: None,
         }
     }
 
@@ -413,6 +466,70 @@ mod tests {
             "{off}"
         );
         assert_eq!(off.matches("ct count over 1024").count(), 1);
+    }
+
+    #[test]
+    fn the_credential_proxy_takes_its_slots_https_and_their_quic_is_dropped() {
+        let without = table_text(&cfg());
+        assert!(!without.contains("redirect to :40443"));
+        assert!(without.contains("set credential_proxy_slots"));
+        let t = table_text(&NetConfig {
+            credential_proxy_port: Some(40443),
+            ..cfg()
+        });
+        assert!(chain(&t, "prerouting").contains(
+            "iifname @credential_proxy_slots tcp dport 443 tcp sport != 61000-61999 redirect to :40443"
+        ));
+        let slot_input = chain(&t, "slot_input");
+        let accept = slot_input
+            .find("tcp dport 40443 ct status dnat accept")
+            .unwrap();
+        assert!(accept < slot_input.rfind("drop").unwrap());
+        let input = chain(&t, "input");
+        assert!(
+            input.find("jump slot_input").unwrap() < input.find("tcp dport 40443 drop").unwrap(),
+            "slots first, then nobody else"
+        );
+        let forward = chain(&t, "slot_forward");
+        assert!(
+            forward
+                .find("iifname @credential_proxy_slots udp dport 443 drop")
+                .unwrap()
+                < forward.find("vmap").unwrap()
+        );
+    }
+
+    /// The table with a proxy port is what `nft` takes (checked, never installed), when
+    /// `nft` is there.
+    #[test]
+    fn the_table_with_a_credential_proxy_parses() {
+        let script = install_script(&NetConfig {
+            prefix: "fbxchk".into(),
+            credential_proxy_port: Some(40443),
+            ..cfg()
+        });
+        let checked = std::process::Command::new("nft")
+            .args(["-c", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                use std::io::Write as _;
+                child.stdin.take().unwrap().write_all(script.as_bytes())?;
+                child.wait_with_output()
+            });
+        match checked {
+            Ok(out) if out.status.success() => {}
+            Ok(out) if String::from_utf8_lossy(&out.stderr).contains("Operation not permitted") => {
+                eprintln!("skipped: nft -c needs CAP_NET_ADMIN here")
+            }
+            Ok(out) => panic!(
+                "nft refused the table: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => eprintln!("skipped: no nft ({e})"),
+        }
     }
 
     #[test]
