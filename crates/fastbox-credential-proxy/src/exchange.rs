@@ -17,10 +17,9 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use rustls::ClientConfig;
 use rustls::pki_types::ServerName;
-use tokio::net::TcpStream;
 
 use crate::body::Redacted;
-use crate::{Upstream, VaultSource};
+use crate::{Session, Upstream};
 
 /// The largest request body read whole for a body substitution.
 const MAX_SUBSTITUTED_BODY: usize = 8 * 1024 * 1024;
@@ -45,7 +44,7 @@ type ProxyBody = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 pub(crate) struct Exchange {
     /// The name the ClientHello asked for (lower case).
     pub server_name: String,
-    pub vault: VaultSource,
+    pub session: Session,
     pub upstream: Upstream,
 }
 
@@ -83,7 +82,7 @@ where
 
 impl Exchange {
     pub async fn serve(&self, req: Request<Incoming>) -> Response<ProxyBody> {
-        let vault = self.vault.read().expect("vault lock").clone();
+        let vault = self.session.vault.read().expect("vault lock").clone();
         match self.forward(req, vault.as_deref()).await {
             Ok(response) => response,
             Err(e) => {
@@ -231,18 +230,12 @@ impl Exchange {
     /// verified for the name against the roots given.
     async fn send(&self, request: Request<ProxyBody>) -> Result<Response<Incoming>, ExchangeError> {
         let upstream = &self.upstream;
-        let name = self.server_name.clone();
-        let resolver = upstream.resolver.clone();
-        let port = upstream.https_port;
-        let addresses = tokio::task::spawn_blocking(move || resolver.resolve(&name, port))
+        let connector = &self.session.connector;
+        let addresses = connector
+            .resolve(&self.server_name)
             .await
-            .map_err(|e| ExchangeError::Upstream(e.to_string()))?
             .map_err(|e| ExchangeError::Upstream(format!("resolving {}: {e}", self.server_name)))?;
-        let allowed: Vec<_> = addresses
-            .into_iter()
-            .filter(|a| (upstream.address_allowed)(a.ip()))
-            .collect();
-        if allowed.is_empty() {
+        if addresses.is_empty() {
             return Err(ExchangeError::Upstream(format!(
                 "{} resolves to no address the sandbox may reach",
                 self.server_name
@@ -250,8 +243,8 @@ impl Exchange {
         }
         let mut last = None;
         let mut tcp = None;
-        for address in allowed {
-            match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address)).await {
+        for address in addresses {
+            match tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(address)).await {
                 Ok(Ok(stream)) => {
                     tcp = Some(stream);
                     break;

@@ -9,9 +9,10 @@
 //! On an ended connection each HTTP/1.1 request ([`exchange`]):
 //! - must name, in its `Host`, the name the ClientHello asked for (else 421, nothing sent);
 //! - gets the credentials of the binding it falls under (`fastbox_vault::inject`);
-//! - goes to the host itself: the name resolved here, each address checked
-//!   ([`Upstream::address_allowed`]), TLS verified against the roots given (the host's trust
-//!   store) for that name; never to where the sandbox aimed the connection;
+//! - goes to the host itself: the name resolved and connected to through the sandbox's
+//!   [`Connector`] (so its egress policy decides), TLS verified against the roots given
+//!   (the host's trust store) for that name; never to where the sandbox aimed the
+//!   connection;
 //! - comes back with every credential value and placeholder redacted, headers and body.
 //!
 //! Values never leave this process except towards the verified host.
@@ -19,10 +20,15 @@
 mod body;
 pub mod ca;
 mod exchange;
+pub mod node;
 mod rewind;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
+use std::future::Future;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 
 use fastbox_vault::Vault;
@@ -30,42 +36,42 @@ use hyper_util::rt::TokioIo;
 use rustls::RootCertStore;
 use rustls::server::{Acceptor, ServerConfig};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::net::TcpStream;
 
 pub use ca::{CaError, ProxyCa};
 
 /// The largest ClientHello read before giving up on finding a name in it.
 const MAX_HELLO: usize = 16 * 1024;
 
-/// Finds a host's addresses.
-pub trait Resolve: Send + Sync {
-    fn resolve(&self, host: &str, port: u16) -> io::Result<Vec<SocketAddr>>;
+/// A future of the proxy's I/O.
+pub type IoFuture<'a, T> = Pin<Box<dyn Future<Output = io::Result<T>> + Send + 'a>>;
+
+/// How the proxy reaches the world on behalf of one sandbox: as the sandbox would, so its
+/// egress policy and the private ranges decide (the node's connector resolves through the
+/// sandbox's DNS forwarder and connects from the sandbox's network namespace).
+pub trait Connector: Send + Sync {
+    /// The addresses of host `name`'s HTTPS (port 443 unless a test moves it).
+    fn resolve<'a>(&'a self, name: &'a str) -> IoFuture<'a, Vec<SocketAddr>>;
+    /// A TCP connection to `address`.
+    fn connect(&self, address: SocketAddr) -> IoFuture<'_, TcpStream>;
 }
 
-/// The system's resolver.
-pub struct SystemResolver;
-
-impl Resolve for SystemResolver {
-    fn resolve(&self, host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
-        use std::net::ToSocketAddrs;
-        Ok((host, port).to_socket_addrs()?.collect())
-    }
-}
-
-/// How the proxy reaches bound hosts.
+/// How the proxy verifies bound hosts.
 #[derive(Clone)]
 pub struct Upstream {
     /// The roots a host's certificate must chain to (the host's trust store).
     pub roots: Arc<RootCertStore>,
-    pub resolver: Arc<dyn Resolve>,
-    /// Whether an address a bound name resolved to may be connected to (the egress policy
-    /// and the private ranges say).
-    pub address_allowed: Arc<dyn Fn(IpAddr) -> bool + Send + Sync>,
-    /// The port of `https` hosts (443; tests move it).
-    pub https_port: u16,
 }
 
 /// A sandbox's vault as the proxy reads it: the current one at each request.
 pub type VaultSource = Arc<RwLock<Option<Arc<Vault>>>>;
+
+/// What the proxy needs of the sandbox a connection comes from.
+#[derive(Clone)]
+pub struct Session {
+    pub vault: VaultSource,
+    pub connector: Arc<dyn Connector>,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
@@ -113,17 +119,14 @@ impl Proxy {
     }
 
     /// Takes a TLS connection the sandbox opened (to port 443 of any address).
-    pub async fn handle<S>(
-        &self,
-        mut stream: S,
-        vault: VaultSource,
-    ) -> Result<Handled<S>, ProxyError>
+    pub async fn handle<S>(&self, mut stream: S, session: Session) -> Result<Handled<S>, ProxyError>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let (prefix, server_name) = read_hello(&mut stream).await?;
         let bound = server_name.as_deref().is_some_and(|name| {
-            vault
+            session
+                .vault
                 .read()
                 .expect("vault lock")
                 .as_ref()
@@ -143,7 +146,7 @@ impl Proxy {
             .map_err(ProxyError::Tls)?;
         let exchange = Arc::new(exchange::Exchange {
             server_name: name,
-            vault,
+            session,
             upstream: self.upstream.clone(),
         });
         hyper::server::conn::http1::Builder::new()

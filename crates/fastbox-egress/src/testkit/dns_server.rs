@@ -174,17 +174,7 @@ fn serve_tcp(mut stream: TcpStream, zone: &Zone, log: &Mutex<Vec<String>>) {
     }
 }
 
-/// A query for `name` (type A) with `id`, recursion desired.
-pub fn a_query(id: u16, name: &str) -> Vec<u8> {
-    let mut q = id.to_be_bytes().to_vec();
-    q.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
-    for label in name.split('.').filter(|l| !l.is_empty()) {
-        q.push(label.len() as u8);
-        q.extend_from_slice(label.as_bytes());
-    }
-    q.extend_from_slice(&[0, 0, 1, 0, 1]);
-    q
-}
+pub use fastbox_runtime::net::dns_forwarder::message::a_query;
 
 #[cfg(test)]
 mod tests {

@@ -64,6 +64,18 @@ pub fn question(msg: &[u8]) -> Result<Question, MessageError> {
     })
 }
 
+/// A query for the A records of `name` with `id`, recursion desired.
+pub fn a_query(id: u16, name: &str) -> Vec<u8> {
+    let mut q = id.to_be_bytes().to_vec();
+    q.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
+    for label in name.split('.').filter(|l| !l.is_empty()) {
+        q.push(label.len() as u8);
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.extend_from_slice(&[0, 0, 1, 0, 1]);
+    q
+}
+
 /// The A records (class IN) of the answer section, with their TTLs in seconds, whatever
 /// name owns them (a CNAME chain's target owns them when the question's name is an alias).
 pub fn a_records(msg: &[u8]) -> Result<Vec<(Ipv4Addr, u32)>, MessageError> {
