@@ -230,7 +230,120 @@ fn enforcement_lifecycle_on_the_real_table() {
 
     drop(open);
     credential_proxy_redirect(&lab, &proxy);
+    credential_proxy_end_to_end(&lab, proxy);
     lab.close();
+}
+
+/// The whole way, on the real table: a sandbox's HTTPS to a bound name is redirected to the
+/// proxy, which resolves and connects as the sandbox and injects the vault's credential
+/// (the host in the lab's internet records it); the sandbox never sees it back. A name no
+/// binding takes passes untouched to where the sandbox aimed it, under its policy.
+fn credential_proxy_end_to_end(lab: &Lab, proxy_listener: TcpListener) {
+    use fastbox_credential_proxy::node::{Sandboxes, SlotConnector, serve};
+    use fastbox_credential_proxy::testkit::{TestCert, get, recording_host};
+    use fastbox_credential_proxy::{Proxy, ProxyCa, Session, Upstream};
+    use std::sync::RwLock;
+
+    const SECRET: &str = "lab-s3cr3t-token";
+    struct OneSandbox(Ipv4Addr, Session);
+    impl Sandboxes for OneSandbox {
+        fn session(&self, address: Ipv4Addr) -> Option<Session> {
+            (address == self.0).then(|| self.1.clone())
+        }
+    }
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cert = TestCert::new(&[ALLOWED.0, NEVER.0]);
+    let slot = lab.slot(
+        3,
+        &policy(Action::Deny, &[("allow", ALLOWED.0), ("allow", NEVER.0)]),
+    );
+    let slot_ref = SlotRef::from(&slot);
+    lab.enforcer
+        .route_https_to_credential_proxy(&slot_ref, true)
+        .unwrap();
+    let vault: fastbox_credential_proxy::VaultSource = Arc::new(RwLock::new(Some(Arc::new(
+        fastbox_vault::Vault::create(
+            serde_json::from_value(serde_json::json!({
+                "credentials": [{"name": "t", "source": {"type": "inline", "value": SECRET}}],
+                "bindings": [{"name": "b", "match": {"hosts": [ALLOWED.0]},
+                              "auth": {"type": "bearer", "credential": "t"}}]
+            }))
+            .unwrap(),
+        )
+        .unwrap(),
+    ))));
+    let session = Session {
+        vault,
+        connector: Arc::new(SlotConnector {
+            netns: slot.netns_path.clone(),
+            dns: SocketAddr::from((slot.gateway, 53)),
+            https_port: 443,
+        }),
+    };
+    let proxy_ca = Arc::new(ProxyCa::generate("fastbox test proxy CA").unwrap());
+    let netns = slot.netns_path.clone();
+    // From inside the sandbox: a TCP connection to `to`.
+    let sandbox_connect = move |to: SocketAddr| {
+        let stream = fastbox_runtime::net::in_netns(&netns, move || {
+            std::net::TcpStream::connect_timeout(&to, Duration::from_secs(3))
+        })
+        .unwrap()
+        .expect("the sandbox connects");
+        stream.set_nonblocking(true).unwrap();
+        tokio::net::TcpStream::from_std(stream).unwrap()
+    };
+    runtime.block_on(async {
+        // The hosts: port 443 of every address of the lab's internet.
+        let host = fastbox_runtime::net::in_netns(lab.internet.netns_path(), || {
+            std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, 443))
+        })
+        .unwrap()
+        .unwrap();
+        host.set_nonblocking(true).unwrap();
+        let received = recording_host(tokio::net::TcpListener::from_std(host).unwrap(), &cert);
+        proxy_listener.set_nonblocking(true).unwrap();
+        tokio::spawn(serve(
+            tokio::net::TcpListener::from_std(proxy_listener).unwrap(),
+            Arc::new(Proxy::new(
+                proxy_ca.clone(),
+                Upstream {
+                    roots: Arc::new(cert.roots()),
+                },
+            )),
+            Arc::new(OneSandbox(slot.address, session)),
+        ));
+
+        // Bound: the sandbox trusts the proxy's CA; the host gets the credential.
+        let mut proxy_roots = rustls::RootCertStore::empty();
+        proxy_roots.add(proxy_ca.certificate_der()).unwrap();
+        let to = SocketAddr::from((lab.inet(ALLOWED.1), 443));
+        let answer = get(sandbox_connect(to), proxy_roots, ALLOWED.0, ALLOWED.0).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+        assert_eq!(answer.body, "echo: Bearer [REDACTED]");
+        assert_eq!(
+            received.lock().unwrap().as_slice(),
+            [format!(
+                "GET /user/repos?per_page=1 authorization=Bearer {SECRET}"
+            )]
+        );
+
+        // Unbound, and reached as the sandbox: first resolved by the sandbox (its policy
+        // opens the address), then the real host's own certificate, nothing injected.
+        let mut probe = Probe::new("credential proxy", lab, &slot);
+        probe.resolves(NEVER);
+        assert_eq!(probe.failures, Vec::<String>::new());
+        let to = SocketAddr::from((lab.inet(NEVER.1), 443));
+        let answer = get(sandbox_connect(to), cert.roots(), NEVER.0, NEVER.0).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+        assert_eq!(answer.body, "echo: Bearer sandbox-placeholder");
+        assert_eq!(received.lock().unwrap().len(), 2);
+    });
+    lab.enforcer.remove(&slot_ref).unwrap();
 }
 
 /// A slot put through the credential proxy has its HTTPS arrive at the proxy's port, its
