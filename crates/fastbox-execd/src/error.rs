@@ -102,6 +102,7 @@ impl ApiError {
                 ClaimError::Invalid(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),
                 ClaimError::AlreadyClaimed => (S::CONFLICT, "ALREADY_CLAIMED"),
                 ClaimError::EntrypointStarted => (S::CONFLICT, "ENTRYPOINT_ALREADY_STARTED"),
+                ClaimError::Trust(_) => (S::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
             },
             ApiError::Proxy(e) => match e {
                 ProxyError::InvalidPort(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),

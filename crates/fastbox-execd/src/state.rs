@@ -31,6 +31,9 @@ pub struct Config {
     /// `--log-dir`: where the entrypoint's output is also written.
     pub log_dir: Option<PathBuf>,
     pub reap_scope: ReapScope,
+    /// The sandbox's root as execd writes system files under it (a claim's trusted CA): `/`;
+    /// tests point it elsewhere.
+    pub system_root: PathBuf,
 }
 
 impl Config {
@@ -43,6 +46,7 @@ impl Config {
             envs_file,
             log_dir: None,
             reap_scope: ReapScope::Registered,
+            system_root: PathBuf::from("/"),
         }
     }
 

@@ -284,3 +284,53 @@ async fn a_claimed_entrypoint_after_one_started_is_a_conflict_and_changes_nothin
     let r = claim(&app, json!({"access_token": OWNER})).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
 }
+
+/// A made-up certificate: execd checks its shape, not its contents.
+const CA_PEM: &str = "-----BEGIN CERTIFICATE-----\nMIIBproxyCA\n-----END CERTIFICATE-----\n";
+
+#[tokio::test]
+async fn a_claim_with_the_proxys_ca_installs_it_and_points_programs_at_it() {
+    let root = tempfile::tempdir().unwrap();
+    let system = root.path().join("etc/ssl/certs/ca-certificates.crt");
+    std::fs::create_dir_all(system.parent().unwrap()).unwrap();
+    std::fs::write(&system, "SYSTEM ROOTS\n").unwrap();
+    let system_root = root.path().to_path_buf();
+    let app = test_app_with(|c| {
+        c.access_token = Some(fastbox_execd::auth::AccessToken::from_secret(
+            TEMPLATE.into(),
+        ));
+        c.system_root = system_root;
+    })
+    .with_token(TEMPLATE);
+
+    // Not a certificate: refused, nothing written, not claimed.
+    let r = claim(&app, json!({"access_token": OWNER, "trust_ca_pem": "junk"})).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+    assert!(!is_claimed(&app).await);
+    assert_eq!(std::fs::read_to_string(&system).unwrap(), "SYSTEM ROOTS\n");
+
+    let r = claim(
+        &app,
+        json!({"access_token": OWNER, "trust_ca_pem": CA_PEM,
+               "envs": {"REQUESTS_CA_BUNDLE": "/mine.pem"}}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(
+        std::fs::read_to_string(&system).unwrap(),
+        format!("SYSTEM ROOTS\n{CA_PEM}")
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.path().join("etc/fastbox/credential-proxy-ca.pem")).unwrap(),
+        CA_PEM
+    );
+    let ev = app
+        .with_token(OWNER)
+        .run(json!({"command": "echo \"$SSL_CERT_FILE|$NODE_EXTRA_CA_CERTS|$REQUESTS_CA_BUNDLE\""}))
+        .await;
+    assert_eq!(
+        texts(&ev, "stdout"),
+        ["/etc/fastbox/ca-bundle.pem|/etc/fastbox/credential-proxy-ca.pem|/mine.pem"],
+        "the claim's own variables win"
+    );
+}

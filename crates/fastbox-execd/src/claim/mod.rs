@@ -15,6 +15,7 @@
 
 mod rekey;
 mod request;
+pub mod trust;
 
 use std::sync::Arc;
 
@@ -39,6 +40,8 @@ pub enum ClaimError {
     AlreadyClaimed,
     #[error("an entrypoint was already started in this sandbox")]
     EntrypointStarted,
+    #[error("installing the credential proxy's CA: {0}")]
+    Trust(std::io::Error),
 }
 
 pub fn routes() -> Router<AppState> {
@@ -89,7 +92,18 @@ async fn claim(
 /// an entrypoint, that none was started; swaps in the new tenancy (token, environment, env
 /// file) in one step; then starts the entrypoint with the new environment. A refused claim
 /// changes nothing.
-pub fn apply(state: &AppState, claim: Claim) -> Result<Option<Arc<Entrypoint>>, ClaimError> {
+pub fn apply(state: &AppState, mut claim: Claim) -> Result<Option<Arc<Entrypoint>>, ClaimError> {
+    if state.tenancy.current().claimed {
+        return Err(ClaimError::AlreadyClaimed);
+    }
+    // The CA first: its variables join the claim's (which win), and a CA that cannot be
+    // installed fails the claim before anything changes.
+    if let Some(pem) = &claim.trust_ca_pem {
+        let env = trust::install(&state.config.system_root, pem).map_err(ClaimError::Trust)?;
+        for (name, value) in env {
+            claim.envs.entry(name).or_insert(value);
+        }
+    }
     state.tenancy.replace(|current| {
         if current.claimed {
             return Err(ClaimError::AlreadyClaimed);

@@ -29,6 +29,9 @@ pub struct ClaimRequest {
     pub envs: Option<BTreeMap<String, String>>,
     pub entrypoint: Option<Vec<String>>,
     pub envs_file: Option<String>,
+    /// The CA of the node's credential proxy, to trust (PEM; `super::trust`).
+    #[serde(default)]
+    pub trust_ca_pem: Option<String>,
 }
 
 /// A validated claim.
@@ -37,6 +40,7 @@ pub struct Claim {
     pub envs: BTreeMap<String, String>,
     pub envs_file: Option<String>,
     pub entrypoint: Option<Vec<String>>,
+    pub trust_ca_pem: Option<String>,
 }
 
 /// Checks a new access token (of a claim or a rekey) and keeps its digest only. The message
@@ -89,11 +93,15 @@ impl ClaimRequest {
                 return invalid("entrypoint must not contain NUL");
             }
         }
+        if let Some(pem) = &self.trust_ca_pem {
+            super::trust::validate(pem).map_err(ClaimError::Invalid)?;
+        }
         Ok(Claim {
             access_token,
             envs,
             envs_file,
             entrypoint: self.entrypoint,
+            trust_ca_pem: self.trust_ca_pem,
         })
     }
 }
