@@ -17,7 +17,7 @@ use fastbox_server::config::{ServerConfig, Settings};
 use fastbox_server::nodes::Nodes;
 use fastbox_server::service::Lifecycle;
 use fastbox_server::store::{SANDBOXES, Store};
-use fastbox_state::{Entry, Fence, Guard, RedbBackend, Revision, StateBackend, StateError};
+use fastbox_state::{Delegate, Fence, RedbBackend, Revision, StateBackend, StateError};
 
 const IMAGE: &str = "registry.test/app:1";
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -44,12 +44,9 @@ fn state_in(value: &[u8]) -> String {
         .to_string()
 }
 
-impl StateBackend for BeforeRunning {
-    fn list(&self, table: &str) -> Result<Vec<Entry>, StateError> {
-        self.inner.list(table)
-    }
-    fn get(&self, table: &str, key: &str) -> Result<Option<Entry>, StateError> {
-        self.inner.get(table, key)
+impl Delegate for BeforeRunning {
+    fn inner(&self) -> &dyn StateBackend {
+        &self.inner
     }
     fn put(
         &self,
@@ -75,36 +72,6 @@ impl StateBackend for BeforeRunning {
             }
         }
         self.inner.put(table, key, value, expected, fence)
-    }
-    fn create_under(
-        &self,
-        table: &str,
-        key: &str,
-        value: &[u8],
-        guard: &Guard,
-    ) -> Result<Revision, StateError> {
-        self.inner.create_under(table, key, value, guard)
-    }
-    fn delete(
-        &self,
-        table: &str,
-        key: &str,
-        expected: Revision,
-        fence: Option<&Fence>,
-    ) -> Result<(), StateError> {
-        self.inner.delete(table, key, expected, fence)
-    }
-    fn delete_under(
-        &self,
-        table: &str,
-        key: &str,
-        expected: Revision,
-        guard: &Guard,
-    ) -> Result<(), StateError> {
-        self.inner.delete_under(table, key, expected, guard)
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
     }
 }
 

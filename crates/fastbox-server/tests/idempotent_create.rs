@@ -17,7 +17,7 @@ use fastbox_server::error::ApiError;
 use fastbox_server::nodes::Nodes;
 use fastbox_server::service::Lifecycle;
 use fastbox_server::store::{IDEMPOTENCY, SANDBOXES, Store};
-use fastbox_state::{Entry, Fence, Guard, RedbBackend, Revision, StateBackend, StateError};
+use fastbox_state::{Delegate, Guard, RedbBackend, Revision, StateBackend, StateError};
 
 const IMAGE: &str = "registry.test/app:1";
 const KEY: &str = "create-1";
@@ -41,22 +41,9 @@ struct LosesFirstAnswer {
     held: Mutex<Option<(String, Vec<u8>, Guard)>>,
 }
 
-impl StateBackend for LosesFirstAnswer {
-    fn list(&self, table: &str) -> Result<Vec<Entry>, StateError> {
-        self.inner.list(table)
-    }
-    fn get(&self, table: &str, key: &str) -> Result<Option<Entry>, StateError> {
-        self.inner.get(table, key)
-    }
-    fn put(
-        &self,
-        table: &str,
-        key: &str,
-        value: &[u8],
-        expected: Revision,
-        fence: Option<&Fence>,
-    ) -> Result<Revision, StateError> {
-        self.inner.put(table, key, value, expected, fence)
+impl Delegate for LosesFirstAnswer {
+    fn inner(&self) -> &dyn StateBackend {
+        &self.inner
     }
     fn create_under(
         &self,
@@ -84,27 +71,6 @@ impl StateBackend for LosesFirstAnswer {
             }
         }
         Err(StateError::Unavailable("the answer was lost".into()))
-    }
-    fn delete(
-        &self,
-        table: &str,
-        key: &str,
-        expected: Revision,
-        fence: Option<&Fence>,
-    ) -> Result<(), StateError> {
-        self.inner.delete(table, key, expected, fence)
-    }
-    fn delete_under(
-        &self,
-        table: &str,
-        key: &str,
-        expected: Revision,
-        guard: &Guard,
-    ) -> Result<(), StateError> {
-        self.inner.delete_under(table, key, expected, guard)
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
     }
 }
 

@@ -34,6 +34,7 @@
 //! ```
 
 mod cluster;
+mod delegate;
 mod etcd;
 mod redb_backend;
 mod sealed;
@@ -41,6 +42,7 @@ mod url;
 mod watch;
 
 pub use cluster::{CLUSTER_TABLE, Coordinator, Fence, Holder, LeaseId};
+pub use delegate::Delegate;
 pub use etcd::{EtcdBackend, EtcdOptions, WriteCounts};
 pub use redb_backend::RedbBackend;
 pub use sealed::{SealKey, SealedBackend};
