@@ -146,6 +146,7 @@ impl HostArgs {
             artifact_store: run.artifact_store,
             lazy_restore_min_bytes: None,
             host_volume_roots: Vec::new(),
+            credential_proxy: None,
         })
     }
 }

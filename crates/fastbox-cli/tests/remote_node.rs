@@ -740,6 +740,7 @@ fn a_claim_whose_placement_was_never_recorded_goes_with_a_release_by_id() {
                     egress: "g".repeat(32),
                 },
                 policy: Default::default(),
+                credential_proxy: false,
             },
         };
         // The first start makes the template; the warm pool fills after it.

@@ -80,6 +80,9 @@ pub struct FastletConfig {
     /// Directories whose subdirectories sandboxes may bind as host volumes
     /// (`--allow-host-volume`; empty: host volumes are refused). See [`crate::volumes`].
     pub host_volume_roots: Vec<PathBuf>,
+    /// The Credential Vault's proxy ([`crate::credential_proxy`]; `None`: none, and
+    /// `credentialProxy` sandboxes are refused).
+    pub credential_proxy: Option<crate::credential_proxy::CredentialProxyConfig>,
 }
 
 /// The default of [`FastletConfig::lazy_restore_min_bytes`].
@@ -136,6 +139,12 @@ pub enum FastletError {
         id: String,
         source: Box<fastbox_egress::EgressError>,
     },
+    #[error(transparent)]
+    CredentialProxy(#[from] crate::credential_proxy::CredentialProxyError),
+    #[error(
+        "sandbox {0}: credentialProxy needs the node's credential proxy, which this node does not run"
+    )]
+    NoCredentialProxy(String),
     #[error("sandbox {id}: {source}")]
     Volumes {
         id: String,
@@ -221,6 +230,9 @@ pub struct PlaceRequest {
     pub policy: EgressPolicy,
     /// Mounted before the entrypoint starts ([`crate::volumes`]).
     pub volumes: Vec<fastbox_node_api::wire::VolumeMount>,
+    /// Created with `credentialProxy.enabled`: its HTTPS goes through the node's credential
+    /// proxy, it trusts the proxy's CA, and it has a Credential Vault.
+    pub credential_proxy: bool,
 }
 
 /// How the node proxy reaches a sandbox.
@@ -231,8 +243,7 @@ pub struct Route {
     pub slot: u32,
     pub execd_token: String,
     pub egress_token: String,
-    /// Created with `credentialProxy.enabled`: it has a Credential Vault. Never yet: the
-    /// server refuses `credentialProxy` until the node's proxy takes the sandbox's traffic.
+    /// Created with `credentialProxy.enabled`: it has a Credential Vault.
     pub credential_proxy: bool,
 }
 
@@ -243,8 +254,10 @@ pub struct Fastlet {
     execd: ExecdBinary,
     slots: Mutex<SlotTable>,
     routes: RwLock<HashMap<String, Route>>,
-    /// The Credential Vaults of this node's sandboxes.
+    /// The Credential Vaults of this node's sandboxes (kept while one is paused here).
     vaults: crate::node_proxy::vault::Vaults,
+    /// The proxy that injects their credentials (`None`: not configured).
+    credential_proxy: Option<crate::credential_proxy::CredentialProxy>,
     /// Pooled sandboxes claimed, by the id they were claimed as, until that sandbox is
     /// removed or released ([`Fastlet::remove_unrecorded_claims`]).
     claimed: Mutex<HashMap<String, Vec<Placement>>>,
@@ -306,6 +319,11 @@ impl Fastlet {
                     message: e.to_string(),
                 }
             })?;
+        let credential_proxy = cfg
+            .credential_proxy
+            .as_ref()
+            .map(|c| crate::credential_proxy::CredentialProxy::start(&cfg.data_dir, c))
+            .transpose()?;
         let host = match &cfg.dns_upstreams {
             Some(upstreams) => Ok(upstreams.clone()),
             None => fastbox_runtime::net::system_upstreams().map_err(HostError::from),
@@ -318,6 +336,7 @@ impl Fastlet {
                 cfg.pool,
                 upstreams,
                 cfg.sandbox_reach.clone(),
+                credential_proxy.as_ref().map(|p| p.port()),
             )
         })
         .map_err(|e| FastletError::Setup(Box::new(e)))?;
@@ -340,6 +359,7 @@ impl Fastlet {
             slots,
             routes: RwLock::new(HashMap::new()),
             vaults: Default::default(),
+            credential_proxy,
             claimed: Mutex::new(HashMap::new()),
             named_volumes,
             builds: BuildLocks::default(),
@@ -781,13 +801,30 @@ impl Fastlet {
                 })?;
             clock.lap("volumes");
         }
+        let egress_err = |source| FastletError::Egress {
+            id: req.id.clone(),
+            source: Box::new(source),
+        };
         self.host
             .egress
             .apply_to_new(&SlotRef::from(slot), &req.policy)
-            .map_err(|source| FastletError::Egress {
-                id: req.id.clone(),
-                source: Box::new(source),
-            })?;
+            .map_err(egress_err)?;
+        // Its HTTPS goes through the proxy before its network opens, with its vault (kept
+        // here while it was paused on this node; new otherwise).
+        let trust_ca_pem = if req.credential_proxy {
+            let proxy = self
+                .credential_proxy
+                .as_ref()
+                .ok_or_else(|| FastletError::NoCredentialProxy(req.id.clone()))?;
+            self.host
+                .egress
+                .route_https_to_credential_proxy(&SlotRef::from(slot), true)
+                .map_err(egress_err)?;
+            proxy.admit(slot, self.vaults.cell(&req.id));
+            Some(proxy.ca_pem())
+        } else {
+            None
+        };
         clock.lap("policy");
         let mut envs: Vec<(String, String)> = req
             .env
@@ -814,7 +851,9 @@ impl Fastlet {
             });
             let c = BuildClock::start();
             let claimed = match mode {
-                StartMode::Claim => execd.claim(&req.execd_token, &envs, &req.entrypoint),
+                StartMode::Claim => {
+                    execd.claim(&req.execd_token, &envs, &req.entrypoint, trust_ca_pem)
+                }
                 StartMode::Clone => execd.rekey(&req.execd_token),
                 StartMode::Resume | StartMode::Moved => Ok(()),
             }
@@ -822,11 +861,17 @@ impl Fastlet {
             (open.join().expect("egress thread"), claimed)
         });
         tracing::debug!(sandbox = %req.id, claim_ms = ?claimed.as_ref().ok(), egress_ms = ?opened.as_ref().ok(), "configured");
-        claimed.map_err(|source| FastletError::Claim {
-            id: req.id.clone(),
-            source,
-        })?;
-        opened.map_err(|e| place_err(e.into()))?;
+        let configured = claimed
+            .map_err(|source| FastletError::Claim {
+                id: req.id.clone(),
+                source,
+            })
+            .and_then(|_| opened.map_err(|e| place_err(e.into())));
+        if let (Err(_), Some(proxy), Some(_)) = (&configured, &self.credential_proxy, trust_ca_pem)
+        {
+            proxy.forget(slot.address);
+        }
+        configured?;
         clock.lap("claim");
         Ok(clock.finish())
     }
@@ -1275,6 +1320,7 @@ impl Fastlet {
     ) -> Result<RemoveReport, FastletError> {
         let clock = BuildClock::start();
         self.forget_route(id);
+        self.forget_vault(id);
         self.remove_unrecorded_claims(id, placement)
             .map_err(|source| FastletError::Remove {
                 id: id.to_string(),
@@ -1446,13 +1492,22 @@ impl Fastlet {
                 slot,
                 execd_token: req.execd_token.clone(),
                 egress_token: req.egress_token.clone(),
-                credential_proxy: false,
+                credential_proxy: req.credential_proxy,
             },
         );
     }
 
+    /// Stops routing to sandbox `id` (it is gone or paused; its vault stays, for a resume on
+    /// this node: [`Fastlet::forget_vault`] drops it).
     pub(crate) fn forget_route(&self, id: &str) {
-        self.routes.write().expect("routes lock").remove(id);
+        let route = self.routes.write().expect("routes lock").remove(id);
+        if let (Some(route), Some(proxy)) = (route, &self.credential_proxy) {
+            proxy.forget(route.address);
+        }
+    }
+
+    /// Drops sandbox `id`'s Credential Vault (its values go with it): it is removed.
+    pub(crate) fn forget_vault(&self, id: &str) {
         self.vaults.forget(id);
     }
 

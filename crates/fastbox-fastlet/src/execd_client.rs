@@ -153,12 +153,14 @@ impl ExecdClient {
     }
 
     /// Claims a restored execd: from now on it answers to `token` only, starts processes
-    /// with `envs` and runs `entrypoint` (execd's `POST /fastbox/claim`).
+    /// with `envs` and runs `entrypoint` (execd's `POST /fastbox/claim`); with
+    /// `trust_ca_pem`, the sandbox trusts that CA (the node's credential proxy's) first.
     pub fn claim(
         &self,
         token: &str,
         envs: &[(String, String)],
         entrypoint: &[String],
+        trust_ca_pem: Option<&str>,
     ) -> Result<(), ExecdClientError> {
         let envs: serde_json::Map<String, serde_json::Value> = envs
             .iter()
@@ -167,6 +169,9 @@ impl ExecdClient {
         let mut body = serde_json::json!({ "access_token": token, "envs": envs });
         if !entrypoint.is_empty() {
             body["entrypoint"] = serde_json::json!(entrypoint);
+        }
+        if let Some(pem) = trust_ca_pem {
+            body["trust_ca_pem"] = serde_json::json!(pem);
         }
         self.post_control("/fastbox/claim", &body)
     }
@@ -401,7 +406,7 @@ mod tests {
             vec![b'x'; 3 << 20],
         );
         match client(base)
-            .claim("0123456789abcdef", &[], &[])
+            .claim("0123456789abcdef", &[], &[], None)
             .unwrap_err()
         {
             ExecdClientError::Refused { body, .. } => assert_eq!(

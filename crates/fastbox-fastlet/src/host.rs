@@ -190,12 +190,14 @@ impl LocalHost {
         pool: Ipv4Pool,
         upstreams: Vec<std::net::SocketAddr>,
     ) -> Result<Self, HostError> {
-        Self::with_network(prefix, data_dir, helper, pool, upstreams, Vec::new())
+        Self::with_network(prefix, data_dir, helper, pool, upstreams, Vec::new(), None)
     }
 
     /// [`LocalHost::with_upstreams`] whose sandboxes may reach `sandbox_reach` inside the
     /// private ranges that are otherwise denied to every sandbox (`--sandbox-reach`:
-    /// `fastbox_runtime::net::ranges`).
+    /// `fastbox_runtime::net::ranges`), and whose table redirects the HTTPS of
+    /// `credentialProxy` slots to `credential_proxy_port` (the node's
+    /// [`crate::credential_proxy::CredentialProxy`]; `None`: no redirect).
     pub fn with_network(
         prefix: &str,
         data_dir: &Path,
@@ -203,6 +205,7 @@ impl LocalHost {
         pool: Ipv4Pool,
         upstreams: Vec<std::net::SocketAddr>,
         sandbox_reach: Vec<Ipv4Net>,
+        credential_proxy_port: Option<u16>,
     ) -> Result<Self, HostError> {
         let cgroups = CgroupRoot::detect()?;
         let egress = Arc::new(EgressEnforcer::try_new(prefix)?.with_reach(sandbox_reach.clone()));
@@ -214,7 +217,7 @@ impl LocalHost {
             dns_port: dns.port(),
             sandbox_reach,
             slot_limits: Default::default(),
-            credential_proxy_port: None,
+            credential_proxy_port,
         };
         let network = HostNetwork::try_new(cfg)?;
         Ok(Self {

@@ -7,6 +7,7 @@ pub mod agent;
 pub mod artifact;
 pub mod background;
 pub mod blocking;
+pub mod credential_proxy;
 pub mod execd_client;
 pub mod fence;
 pub mod from_artifact;

@@ -201,6 +201,7 @@ fn restore_request(spec: &RestoreSpec, checkpoint: &Template) -> PlaceRequest {
         egress_token: spec.common.tokens.egress.clone(),
         policy: spec.common.policy.clone(),
         volumes: spec.volumes.clone(),
+        credential_proxy: spec.common.credential_proxy,
     }
 }
 
@@ -342,6 +343,7 @@ impl NodeAgent for LocalNode {
             egress_token: spec.common.tokens.egress,
             policy: spec.common.policy,
             volumes: spec.volumes,
+            credential_proxy: spec.common.credential_proxy,
         };
         let (template_choice, use_pool) = (spec.template, spec.use_pool);
         let fastlet = self.fastlet.clone();
@@ -788,6 +790,7 @@ mod tests {
                     egress: "g".into(),
                 },
                 policy: EgressPolicy::allow_all(),
+                credential_proxy: false,
             },
         };
         let checkpoint = Template {

@@ -1683,6 +1683,7 @@ mod tests {
                 egress: "g".into(),
             },
             policy: EgressPolicy::allow_all(),
+            credential_proxy: false,
         }
     }
 

@@ -138,6 +138,10 @@ pub struct SandboxSettings {
     pub disk_bytes: Option<u64>,
     pub tokens: SandboxTokens,
     pub policy: EgressPolicy,
+    /// Created with `credentialProxy.enabled`: its HTTPS goes through the node's credential
+    /// proxy, which injects what its Credential Vault binds.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub credential_proxy: bool,
 }
 
 /// A restore of a checkpoint (a snapshot's or a pause's) as sandbox `id`.

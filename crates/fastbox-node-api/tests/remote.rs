@@ -443,6 +443,7 @@ fn settings(n: u32) -> SandboxSettings {
         disk_bytes: Some(1 << 30),
         tokens: tokens(n),
         policy: policy(),
+        credential_proxy: false,
     }
 }
 

@@ -67,6 +67,11 @@ pub struct Settings {
     pub sandbox_reach: Option<Vec<String>>,
     /// Host directories whose subdirectories creates may mount as `host` volumes.
     pub allow_host_volume: Option<Vec<PathBuf>>,
+    /// PEM files of roots the credential proxy trusts for bound hosts, besides the host's
+    /// trust store.
+    pub credential_proxy_roots: Option<Vec<PathBuf>>,
+    /// Where the credential proxy's CA is kept (nodes given the same one share it).
+    pub credential_proxy_ca_dir: Option<PathBuf>,
     /// Networks (`a.b.c.d/len`, `x::/len`, an address) in the private, loopback, link-local
     /// and other special ranges that registries, their token realms and redirects may be in;
     /// image pulls refuse those ranges otherwise.
@@ -170,6 +175,10 @@ impl Settings {
             dns_upstreams: self.dns_upstreams.or(lower.dns_upstreams),
             sandbox_reach: self.sandbox_reach.or(lower.sandbox_reach),
             allow_host_volume: self.allow_host_volume.or(lower.allow_host_volume),
+            credential_proxy_roots: self.credential_proxy_roots.or(lower.credential_proxy_roots),
+            credential_proxy_ca_dir: self
+                .credential_proxy_ca_dir
+                .or(lower.credential_proxy_ca_dir),
             registry_allow_private: self.registry_allow_private.or(lower.registry_allow_private),
             artifact_store: self.artifact_store.or(lower.artifact_store),
             block_cache_mib: self.block_cache_mib.or(lower.block_cache_mib),
@@ -667,6 +676,10 @@ pub struct ServerConfig {
     /// Host directories whose subdirectories creates may mount as `host` volumes (absolute,
     /// made canonical at start; empty: host volumes are refused).
     pub host_volume_roots: Vec<PathBuf>,
+    /// PEM files of roots the node's credential proxy trusts besides the host's store.
+    pub credential_proxy_roots: Vec<PathBuf>,
+    /// The credential proxy's CA directory (`None`: `DATA_DIR/credential-proxy`).
+    pub credential_proxy_ca_dir: Option<PathBuf>,
     /// Networks inside the special ranges (`fastbox_image::SPECIAL_RANGES`) that image pulls
     /// may connect to after all: registries, token realms, redirects (none by default).
     pub registry_allow_private: Vec<fastbox_image::IpNet>,
@@ -961,6 +974,8 @@ impl ServerConfig {
                 settings.allow_host_volume.as_deref().unwrap_or_default(),
             )
             .map_err(|e| invalid("allow_host_volume", e))?,
+            credential_proxy_roots: settings.credential_proxy_roots.unwrap_or_default(),
+            credential_proxy_ca_dir: settings.credential_proxy_ca_dir,
             sandbox_reach: parse_sandbox_reach(
                 settings.sandbox_reach.as_deref().unwrap_or_default(),
             )

@@ -101,6 +101,10 @@ pub struct SandboxRecord {
     /// paused, snapshotted or forked (yet).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<fastbox_node_api::wire::VolumeMount>,
+    /// `credentialProxy.enabled`: its HTTPS goes through its node's credential proxy, and it
+    /// has a Credential Vault (in that node's memory only: never here).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub credential_proxy: bool,
 }
 
 /// What a sandbox left on the node it moved off (see [`SandboxRecord::moved_from`]).
@@ -337,6 +341,10 @@ pub struct SnapshotRecord {
     /// same named volumes; never a copy), so they start only on the snapshot's node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<fastbox_node_api::wire::VolumeMount>,
+    /// Whether the source had `credentialProxy`: its clones do too (they trust the proxy's
+    /// CA already), each with a Credential Vault of its own, empty at first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub credential_proxy: bool,
 }
 
 impl SnapshotRecord {
@@ -416,6 +424,7 @@ pub(crate) mod tests {
             resumed_from: None,
             secure_access: None,
             volumes: Vec::new(),
+            credential_proxy: false,
         }
     }
 

@@ -111,20 +111,21 @@ pub struct NodeArgs {
 impl NodeArgs {
     /// The node's settings, with `fastbox up`'s defaults for everything not given here.
     fn settings(&self) -> Settings {
-        self.store.apply(Settings {
-            node_proxy_listen: Some(self.node_proxy_listen),
-            node_proxy_public: self.node_proxy_public.clone(),
-            data_dir: self.instance.data_dir.clone(),
-            cache_dir: self.instance.cache_dir.clone(),
-            prefix: self.instance.prefix.clone(),
-            pool: self.instance.pool.clone(),
-            execd: self.instance.execd.clone(),
-            default_images: Some(Vec::new()),
-            lazy_restore_min_mib: self.lazy_restore_min_mib.clone(),
-            sandbox_reach: self.instance.sandbox_reach(),
-            allow_host_volume: self.instance.allow_host_volume(),
-            ..Settings::default()
-        })
+        self.instance
+            .apply_credential_proxy(self.store.apply(Settings {
+                node_proxy_listen: Some(self.node_proxy_listen),
+                node_proxy_public: self.node_proxy_public.clone(),
+                data_dir: self.instance.data_dir.clone(),
+                cache_dir: self.instance.cache_dir.clone(),
+                prefix: self.instance.prefix.clone(),
+                pool: self.instance.pool.clone(),
+                execd: self.instance.execd.clone(),
+                default_images: Some(Vec::new()),
+                lazy_restore_min_mib: self.lazy_restore_min_mib.clone(),
+                sandbox_reach: self.instance.sandbox_reach(),
+                allow_host_volume: self.instance.allow_host_volume(),
+                ..Settings::default()
+            }))
     }
 }
 

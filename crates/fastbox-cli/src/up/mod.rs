@@ -334,6 +334,20 @@ pub struct InstanceArgs {
         value_name = "DIR"
     )]
     pub allow_host_volume: Vec<PathBuf>,
+    /// A PEM file of root certificates (repeatable) the credential proxy trusts for the
+    /// hosts a Credential Vault binds, besides the host's trust store [default: none].
+    #[arg(
+        long = "credential-proxy-roots",
+        env = "FASTBOX_CREDENTIAL_PROXY_ROOTS",
+        value_delimiter = ',',
+        value_name = "FILE"
+    )]
+    pub credential_proxy_roots: Vec<PathBuf>,
+    /// Where the credential proxy keeps its CA (made there on first use); nodes given the
+    /// same directory share one CA, so a sandbox moved between them keeps trusting it
+    /// [default: DATA_DIR/credential-proxy].
+    #[arg(long, env = "FASTBOX_CREDENTIAL_PROXY_CA_DIR", value_name = "DIR")]
+    pub credential_proxy_ca_dir: Option<PathBuf>,
 }
 
 impl StoreArgs {
@@ -361,60 +375,73 @@ impl InstanceArgs {
     pub fn allow_host_volume(&self) -> Option<Vec<PathBuf>> {
         (!self.allow_host_volume.is_empty()).then(|| self.allow_host_volume.clone())
     }
+
+    /// `settings` with the credential proxy's flags, when given.
+    pub fn apply_credential_proxy(&self, settings: Settings) -> Settings {
+        Settings {
+            credential_proxy_roots: (!self.credential_proxy_roots.is_empty())
+                .then(|| self.credential_proxy_roots.clone()),
+            credential_proxy_ca_dir: self.credential_proxy_ca_dir.clone(),
+            ..settings
+        }
+    }
 }
 
 impl UpArgs {
     fn settings(&self) -> Settings {
         self.state.apply(
-            self.store.apply(Settings {
-                listen: self.listen,
-                node_proxy_listen: self.node_proxy_listen,
-                node_proxy_public: self.node_proxy_public.clone(),
-                api_key: self.api_key.clone(),
-                data_dir: self.instance.data_dir.clone(),
-                cache_dir: self.instance.cache_dir.clone(),
-                prefix: self.instance.prefix.clone(),
-                pool: self.instance.pool.clone(),
-                default_images: if self.no_default_images {
-                    Some(Vec::new())
-                } else {
-                    self.default_images.clone()
-                },
-                max_timeout_seconds: self.max_timeout_seconds,
-                retention_seconds: self.retention_seconds,
-                execd: self.instance.execd.clone(),
-                node_lease_ms: self.node_lease_ms,
-                create_image_wait_ms: self.create_image_wait_ms,
-                endpoint_wait_ms: self.endpoint_wait_ms,
-                pool_size: match self.no_local_sandboxes {
-                    true => Some(0),
-                    false => self.pool_size,
-                },
-                pool_min: self.pool_min,
-                pool_max: self.pool_max,
-                spare_slots: self.spare_slots,
-                lazy_restore_min_mib: self.lazy_restore_min_mib.clone(),
-                dns_upstreams: (!self.dns_upstreams.is_empty()).then(|| self.dns_upstreams.clone()),
-                sandbox_reach: self.instance.sandbox_reach(),
-                allow_host_volume: self.instance.allow_host_volume(),
-                registry_allow_private: (!self.registry_allow_private.is_empty())
-                    .then(|| self.registry_allow_private.clone()),
-                artifact_gc_interval: self.artifact_gc_interval.clone(),
-                artifact_gc_grace: self.artifact_gc_grace.clone(),
-                allow_local_images: self.allow_local_images.clone(),
-                default_cpu: self.default_cpu.clone(),
-                default_memory: self.default_memory.clone(),
-                default_disk: self.default_disk.clone(),
-                default_pids: self.default_pids,
-                max_cpu: self.max_cpu.clone(),
-                max_memory: self.max_memory.clone(),
-                max_disk: self.max_disk.clone(),
-                max_pids: self.max_pids,
-                route_max_lifetime: self.route_max_lifetime.clone(),
-                access_failures_per_source: self.access_failures_per_source,
-                access_failures_global: self.access_failures_global,
-                ..Settings::default()
-            }),
+            self.instance.apply_credential_proxy(
+                self.store.apply(Settings {
+                    listen: self.listen,
+                    node_proxy_listen: self.node_proxy_listen,
+                    node_proxy_public: self.node_proxy_public.clone(),
+                    api_key: self.api_key.clone(),
+                    data_dir: self.instance.data_dir.clone(),
+                    cache_dir: self.instance.cache_dir.clone(),
+                    prefix: self.instance.prefix.clone(),
+                    pool: self.instance.pool.clone(),
+                    default_images: if self.no_default_images {
+                        Some(Vec::new())
+                    } else {
+                        self.default_images.clone()
+                    },
+                    max_timeout_seconds: self.max_timeout_seconds,
+                    retention_seconds: self.retention_seconds,
+                    execd: self.instance.execd.clone(),
+                    node_lease_ms: self.node_lease_ms,
+                    create_image_wait_ms: self.create_image_wait_ms,
+                    endpoint_wait_ms: self.endpoint_wait_ms,
+                    pool_size: match self.no_local_sandboxes {
+                        true => Some(0),
+                        false => self.pool_size,
+                    },
+                    pool_min: self.pool_min,
+                    pool_max: self.pool_max,
+                    spare_slots: self.spare_slots,
+                    lazy_restore_min_mib: self.lazy_restore_min_mib.clone(),
+                    dns_upstreams: (!self.dns_upstreams.is_empty())
+                        .then(|| self.dns_upstreams.clone()),
+                    sandbox_reach: self.instance.sandbox_reach(),
+                    allow_host_volume: self.instance.allow_host_volume(),
+                    registry_allow_private: (!self.registry_allow_private.is_empty())
+                        .then(|| self.registry_allow_private.clone()),
+                    artifact_gc_interval: self.artifact_gc_interval.clone(),
+                    artifact_gc_grace: self.artifact_gc_grace.clone(),
+                    allow_local_images: self.allow_local_images.clone(),
+                    default_cpu: self.default_cpu.clone(),
+                    default_memory: self.default_memory.clone(),
+                    default_disk: self.default_disk.clone(),
+                    default_pids: self.default_pids,
+                    max_cpu: self.max_cpu.clone(),
+                    max_memory: self.max_memory.clone(),
+                    max_disk: self.max_disk.clone(),
+                    max_pids: self.max_pids,
+                    route_max_lifetime: self.route_max_lifetime.clone(),
+                    access_failures_per_source: self.access_failures_per_source,
+                    access_failures_global: self.access_failures_global,
+                    ..Settings::default()
+                }),
+            ),
         )
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
+use fastbox_fastlet::credential_proxy::CredentialProxyConfig;
 use fastbox_fastlet::node_proxy::{AccessGuard, NodeProxy};
 use fastbox_fastlet::node_store::NodeStore;
 use fastbox_fastlet::{Fastlet, FastletConfig, blocking};
@@ -143,6 +144,10 @@ pub(crate) async fn start_fastlet(
         host_volume_roots: cfg.host_volume_roots.clone(),
         artifact_store: node_store.store(),
         lazy_restore_min_bytes: cfg.lazy_restore_min_bytes,
+        credential_proxy: Some(CredentialProxyConfig {
+            ca_dir: cfg.credential_proxy_ca_dir.clone(),
+            extra_roots: cfg.credential_proxy_roots.clone(),
+        }),
     };
     let fastlet =
         Arc::new(blocking::run("fastbox-node", move || Fastlet::start(fastlet_cfg)).await?);

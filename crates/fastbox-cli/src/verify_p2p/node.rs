@@ -155,6 +155,7 @@ fn restore(
         egress_token: String::new(),
         policy: Default::default(),
         volumes: Vec::new(),
+        credential_proxy: false,
     };
     let slot = fastlet.reserve_slot()?;
     let restore_clock = Instant::now();

@@ -115,6 +115,7 @@ mod tests {
             report: None,
             secure_access: false,
             volumes: Vec::new(),
+            credential_proxy: false,
         }
     }
 

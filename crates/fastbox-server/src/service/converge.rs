@@ -211,6 +211,7 @@ impl Lifecycle {
                 disk_bytes: plan.disk_bytes,
                 tokens: record.tokens(),
                 policy: plan.policy.clone(),
+                credential_proxy: plan.credential_proxy,
             },
         };
         let placed = node.place(spec, slot).await;
@@ -824,6 +825,7 @@ impl Lifecycle {
                     snapshot_id: record.snapshot_id.clone(),
                     secure_access: record.secure_access.is_some(),
                     volumes: record.volumes.clone(),
+                    credential_proxy: record.credential_proxy,
                 })
                 // The operator may have withdrawn the image's directory since.
                 .and_then(|plan| this.check_local_image(&plan.image.uri).map(|()| plan));

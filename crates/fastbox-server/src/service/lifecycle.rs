@@ -572,6 +572,7 @@ impl Lifecycle {
             resumed_from: None,
             secure_access,
             volumes: plan.volumes.clone(),
+            credential_proxy: plan.credential_proxy,
         };
         let from = match &plan.snapshot_id {
             Some(snapshot) => format!("snapshot {snapshot}"),

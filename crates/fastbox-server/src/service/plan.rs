@@ -42,6 +42,8 @@ pub struct CreatePlan {
     pub secure_access: bool,
     /// Mounted before the entrypoint starts ([`super::volumes`]).
     pub volumes: Vec<fastbox_node_api::wire::VolumeMount>,
+    /// `credentialProxy.enabled`: its HTTPS goes through the node's credential proxy.
+    pub credential_proxy: bool,
 }
 
 /// What a create is validated against: this server's settings.
@@ -115,6 +117,8 @@ pub fn plan(req: CreateSandboxRequest, rules: &Rules) -> Result<CreatePlan, ApiE
     if env.values().any(|v| v.contains('\0')) {
         return Err(invalid("env values must not contain NUL"));
     }
+    let credential_proxy =
+        credential_proxy_of(req.credential_proxy.as_ref(), req.network_policy.is_some())?;
     let metadata = metadata_of(req.metadata)?;
     let policy = policy_of(req.network_policy.as_ref())?;
     let volumes = super::volumes::volumes_of(
@@ -124,17 +128,6 @@ pub fn plan(req: CreateSandboxRequest, rules: &Rules) -> Result<CreatePlan, ApiE
     if req.lifecycle.is_some() {
         return Err(unsupported(
             "lifecycle hooks are not supported by this server",
-        ));
-    }
-    if req
-        .credential_proxy
-        .as_ref()
-        .and_then(|c| c.get("enabled"))
-        .and_then(|e| e.as_bool())
-        == Some(true)
-    {
-        return Err(unsupported(
-            "credentialProxy is not supported by this server",
         ));
     }
     if let Some(p) = &req.platform
@@ -164,6 +157,7 @@ pub fn plan(req: CreateSandboxRequest, rules: &Rules) -> Result<CreatePlan, ApiE
         snapshot_id: None,
         secure_access: req.secure_access == Some(true),
         volumes,
+        credential_proxy,
     })
 }
 
@@ -216,6 +210,7 @@ pub fn plan_from_template(
         snapshot_id: None,
         secure_access: false,
         volumes: Vec::new(),
+        credential_proxy: false,
     })
 }
 
@@ -243,6 +238,11 @@ pub fn plan_from_snapshot(
         &refused,
         "snapshotId: the snapshot's processes run on as they were",
     )?;
+    if credential_proxy_asked(req.credential_proxy.as_ref())? && !snapshot.credential_proxy {
+        return Err(invalid(
+            "credentialProxy cannot be given with snapshotId: a clone keeps its snapshot's (this snapshot's sandbox had none)",
+        ));
+    }
     if let Some(entrypoint) = &req.entrypoint
         && *entrypoint != snapshot.entrypoint
         && *entrypoint != default_entrypoint()
@@ -291,6 +291,7 @@ pub fn plan_from_snapshot(
         // request to open it); `true` makes a clone of any sandbox secure.
         secure_access: snapshot.secure_access || req.secure_access == Some(true),
         volumes: snapshot.volumes.clone(),
+        credential_proxy: snapshot.credential_proxy,
     })
 }
 
@@ -329,6 +330,37 @@ fn metadata_of(metadata: Option<StringMap>) -> Result<StringMap, ApiError> {
 }
 
 /// The egress policy of a request (`docs/egress.md`); a bad one is a 400 naming the rule.
+/// `credentialProxy.enabled` of a request (`{"enabled": bool}` and nothing else). It needs
+/// a `networkPolicy`: the proxy reaches hosts only as the sandbox would, under its policy.
+fn credential_proxy_of(
+    given: Option<&serde_json::Value>,
+    network_policy: bool,
+) -> Result<bool, ApiError> {
+    let enabled = credential_proxy_asked(given)?;
+    if enabled && !network_policy {
+        return Err(invalid(
+            "credentialProxy.enabled needs a networkPolicy (defaultAction deny is recommended)",
+        ));
+    }
+    Ok(enabled)
+}
+
+/// Whether the request's `credentialProxy` (if any) is `{"enabled": true}`.
+fn credential_proxy_asked(given: Option<&serde_json::Value>) -> Result<bool, ApiError> {
+    let Some(value) = given else {
+        return Ok(false);
+    };
+    let bad = || invalid("credentialProxy must be {\"enabled\": true|false}");
+    let object = value.as_object().ok_or_else(bad)?;
+    if object.keys().any(|k| k != "enabled") {
+        return Err(bad());
+    }
+    match object.get("enabled") {
+        None => Ok(false),
+        Some(enabled) => enabled.as_bool().ok_or_else(bad),
+    }
+}
+
 pub fn policy_of(
     policy: Option<&fastbox_api::lifecycle::NetworkPolicy>,
 ) -> Result<EgressPolicy, ApiError> {
@@ -609,11 +641,54 @@ mod tests {
             node: None,
             manifest: None,
             volumes: Vec::new(),
+            credential_proxy: false,
         }
     }
 
     fn from_snapshot(json: &str) -> Result<CreatePlan, ApiError> {
         plan_from_snapshot(req(json), &snapshot(), &rules())
+    }
+
+    #[test]
+    fn credential_proxy_needs_a_policy_and_clones_keep_their_snapshots() {
+        let base = r#""image":{"uri":"python:3.12"},"entrypoint":["tail"],"timeout":600"#;
+        let policy = r#""networkPolicy":{"defaultAction":"deny"}"#;
+        let planned = |extra: &str| plan(req(&format!("{{{base},{extra}}}")), &rules());
+        let on = r#""credentialProxy":{"enabled":true}"#;
+        assert!(planned(&format!("{on},{policy}")).unwrap().credential_proxy);
+        let err = planned(on).unwrap_err().to_string();
+        assert!(err.contains("networkPolicy"), "{err}");
+        let off = r#""credentialProxy":{"enabled":false}"#;
+        assert!(!planned(off).unwrap().credential_proxy);
+        assert!(!planned(r#""credentialProxy":{}"#).unwrap().credential_proxy);
+        for bad in [
+            r#""credentialProxy":{"enabled":"yes"}"#,
+            r#""credentialProxy":{"enabled":true,"mitm":1}"#,
+            r#""credentialProxy":true"#,
+        ] {
+            let err = planned(&format!("{bad},{policy}")).unwrap_err().to_string();
+            assert!(err.contains("credentialProxy"), "{bad}: {err}");
+        }
+        // A clone keeps its snapshot's: on with it, refused when asked of one without.
+        let clone = |json: &str, proxied: bool| {
+            let mut snap = snapshot();
+            snap.credential_proxy = proxied;
+            plan_from_snapshot(req(json), &snap, &rules())
+        };
+        let asked = r#"{"snapshotId":"s","credentialProxy":{"enabled":true}}"#;
+        assert!(
+            clone(r#"{"snapshotId":"s"}"#, true)
+                .unwrap()
+                .credential_proxy
+        );
+        assert!(clone(asked, true).unwrap().credential_proxy);
+        let err = clone(asked, false).unwrap_err().to_string();
+        assert!(err.contains("credentialProxy"), "{err}");
+        assert!(
+            !clone(r#"{"snapshotId":"s"}"#, false)
+                .unwrap()
+                .credential_proxy
+        );
     }
 
     #[test]

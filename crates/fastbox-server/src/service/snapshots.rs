@@ -216,6 +216,7 @@ impl Lifecycle {
             node: source.node.clone(),
             manifest: None,
             volumes: source.volumes.clone(),
+            credential_proxy: source.credential_proxy,
         };
         let stored = self.store.put_snapshot(&snapshot);
         if let Err(e) = stored {
@@ -1184,6 +1185,7 @@ fn restore_spec(record: &SandboxRecord, resources: &ResourcePolicy) -> NodeResul
             disk_bytes,
             tokens: record.tokens(),
             policy: record.policy(),
+            credential_proxy: record.credential_proxy,
         },
     })
 }
