@@ -12,6 +12,8 @@
 //! `--sandbox-reach 10.218.109.0/28`) and 10.218.109.100 (outside).
 
 mod common;
+#[path = "egress_e2e/vault.rs"]
+mod vault;
 
 use std::io::Cursor;
 use std::net::Ipv4Addr;
@@ -292,11 +294,14 @@ fn zone() -> Zone {
         .with(OTHER.0, &[host(OTHER.1)], 300)
         .with(REACHED_NAME, &[private_host(REACHED_HOST)], 300)
         .with(PRIVATE_NAME, &[private_host(PRIVATE_HOST)], 300)
+        .with(vault::VAULT.0, &[host(vault::VAULT.1)], 300)
+        .with(vault::SPOOFED.0, &[host(vault::SPOOFED.1)], 300)
 }
 
 /// A `fastbox up` (python image, warm pool of 2) whose DNS forwarder asks the test internet,
-/// and whose sandboxes may reach the first 16 addresses of the test's own network.
-fn start() -> Option<(UpServer, TestInternet)> {
+/// whose sandboxes may reach the first 16 addresses of the test's own network, and whose
+/// credential proxy trusts the test internet's TLS hosts ([`vault::Hosts`]).
+fn start() -> Option<(UpServer, (TestInternet, vault::Hosts))> {
     UpServer::start_with(TAG, |prefix| {
         let internet =
             TestInternet::start(prefix, NET, hosts_block(TAG), zone()).expect("test internet");
@@ -305,6 +310,8 @@ fn start() -> Option<(UpServer, TestInternet)> {
                 .add_host(private_host(last))
                 .expect("private test host");
         }
+        let hosts = vault::Hosts::start(&internet);
+        let roots = hosts.roots_file().display().to_string();
         let args = [
             "--dns-upstream",
             &internet.dns_addr().to_string(),
@@ -314,10 +321,12 @@ fn start() -> Option<(UpServer, TestInternet)> {
             IMAGE,
             "--pool-size",
             "2",
+            "--credential-proxy-roots",
+            &roots,
         ]
         .map(str::to_string)
         .to_vec();
-        (internet, args)
+        ((internet, hosts), args)
     })
 }
 
@@ -375,7 +384,7 @@ fn egress_call(
 
 #[test]
 fn egress_policies_through_the_api() {
-    let Some((mut server, internet)) = start() else {
+    let Some((mut server, (internet, hosts))) = start() else {
         return;
     };
     let started = Instant::now();
@@ -774,6 +783,15 @@ fn egress_policies_through_the_api() {
     );
     eprintln!("egress e2e: {:.1} s", started.elapsed().as_secs_f64());
 
+    // --- the Credential Vault
+    let vault_started = Instant::now();
+    vault::credential_vault(&server, &hosts);
+    eprintln!(
+        "credential vault e2e: {:.1} s",
+        vault_started.elapsed().as_secs_f64()
+    );
+
+    drop(hosts);
     drop(internet);
     server.finish();
 }

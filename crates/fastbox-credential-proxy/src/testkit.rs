@@ -18,6 +18,8 @@ pub type Received = Arc<Mutex<Vec<String>>>;
 /// A CA, and a certificate it signed for some names with its key.
 pub struct TestCert {
     pub ca: CertificateDer<'static>,
+    /// The CA's certificate, PEM (for a trust store file).
+    pub ca_pem: String,
     pub cert: CertificateDer<'static>,
     pub key: PrivateKeyDer<'static>,
 }
@@ -36,6 +38,7 @@ impl TestCert {
             .expect("the certificate");
         Self {
             ca: ca.der().clone(),
+            ca_pem: ca.pem(),
             cert: cert.der().clone(),
             key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
         }
