@@ -133,8 +133,8 @@ def test_the_credential_vault_needs_the_credential_proxy(
     fastbox: fb.FastboxServer, api: httpx.Client
 ) -> None:
     """The vault's routes answer on port 18080 behind the egress token; a sandbox created
-    without `credentialProxy.enabled` gets 412, and `credentialProxy` is still refused at
-    create (the node does not intercept sandbox traffic yet)."""
+    without `credentialProxy.enabled` gets 412, and `credentialProxy` without a
+    `networkPolicy` is refused at create (test_credential_vault.py has the vault at work)."""
     r = api.post(
         "/v1/sandboxes",
         json={
@@ -145,7 +145,7 @@ def test_the_credential_vault_needs_the_credential_proxy(
             "metadata": {"fbt-run": fastbox.prefix},
         },
     )
-    assert r.status_code == 400 and "credentialProxy" in r.text, r.text
+    assert r.status_code == 400 and "networkPolicy" in r.text, r.text
     sb = fastbox.create_sandbox()
     try:
         with pytest.raises(SandboxException) as refused:

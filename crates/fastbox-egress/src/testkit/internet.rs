@@ -52,8 +52,9 @@ const INNER_IF: &str = "up0";
 /// | `m` | fastbox-cli `tests/egress_e2e.rs` | 203.0.113.0/26 |
 ///
 /// Taken without this function: 203.0.113.64/26 (fastbox-runtime `tests/net_privileged.rs`),
-/// 203.0.113.128/26 (`tests/tenant_limits.rs`, whose two-character tags have no `char`) and
-/// 203.0.113.192/26 (node addresses in `tests/private_network.rs`). 192.0.2.0/24 is
+/// 203.0.113.128/26 (`tests/tenant_limits.rs`, whose two-character tags have no `char`),
+/// 203.0.113.192/26 (node addresses in `tests/private_network.rs`) and 198.18.0.0/16 (the
+/// SDK suite's test internet, `tests/sdk/lab_internet.py`). 192.0.2.0/24 is
 /// left alone: some machines (this project's CI among them) use it for their real network.
 pub fn hosts_block(tag: char) -> Ipv4Addr {
     match tag {
