@@ -10,9 +10,10 @@ Layout (N derived from the run's prefix, like the server's address pool):
   uplink;
 - DNS on host 1 (UDP), the name server `fastbox up --dns-upstream` is given;
 - TLS hosts on port 443 of the addresses named in `tls_hosts`, each with a certificate
-  from its own CA; each request's method, target and `Authorization` header go to
-  `received-<name>.log` (out of band, read with `LabInternet.received`), and the answer
-  echoes the header (`x-echo` and body `echo: VALUE`).
+  from its own CA, and plain HTTP hosts on port 80 of those in `http_hosts`; each
+  request's method, target and `Authorization` header go to `received-<name>.log` (out of
+  band, read with `LabInternet.received`), and the answer echoes the header (`x-echo` and
+  body `echo: VALUE`).
 
 Every address lives in the namespace, so even a connection the firewall failed to stop
 ends here. The names carry the server's prefix: `fastbox purge --prefix` removes them too.
@@ -128,10 +129,16 @@ class LabInternet:
     def dns(self) -> str:
         return f"{self.host(1)}:53"
 
-    def start(self, zone: dict[str, str], tls_hosts: dict[str, tuple[str, bytes, bytes]]) -> None:
-        """`zone`: name -> address; `tls_hosts`: label -> (address, cert PEM, key PEM)."""
+    def start(
+        self,
+        zone: dict[str, str],
+        tls_hosts: dict[str, tuple[str, bytes, bytes]],
+        http_hosts: dict[str, str],
+    ) -> None:
+        """`zone`: name -> address; `tls_hosts`: label -> (address, cert PEM, key PEM);
+        `http_hosts`: label -> address."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        config = {"dns": self.host(1), "zone": zone, "tls": {}}
+        config = {"dns": self.host(1), "zone": zone, "tls": {}, "http": http_hosts}
         for label, (address, cert, key) in tls_hosts.items():
             (self.dir / f"{label}.crt").write_bytes(cert)
             (self.dir / f"{label}.key").write_bytes(key)
@@ -221,7 +228,9 @@ def _serve_dns(address: str, zone: dict[str, str]) -> None:
             sock.sendto(answer, peer)
 
 
-def _tls_host(address: str, label: str, workdir: Path) -> http.server.ThreadingHTTPServer:
+def _recording_host(
+    address: str, port: int, label: str, workdir: Path
+) -> http.server.ThreadingHTTPServer:
     log = workdir / f"received-{label}.log"
     lock = threading.Lock()
 
@@ -244,7 +253,11 @@ def _tls_host(address: str, label: str, workdir: Path) -> http.server.ThreadingH
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer((address, 443), Recording)
+    return http.server.ThreadingHTTPServer((address, port), Recording)
+
+
+def _tls_host(address: str, label: str, workdir: Path) -> http.server.ThreadingHTTPServer:
+    server = _recording_host(address, 443, label, workdir)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(workdir / f"{label}.crt", workdir / f"{label}.key")
     server.socket = ctx.wrap_socket(server.socket, server_side=True)
@@ -254,8 +267,9 @@ def _tls_host(address: str, label: str, workdir: Path) -> http.server.ThreadingH
 def serve(workdir: Path) -> None:
     config = json.loads((workdir / "config.json").read_text())
     threading.Thread(target=_serve_dns, args=(config["dns"], config["zone"]), daemon=True).start()
-    for label, address in config["tls"].items():
-        server = _tls_host(address, label, workdir)
+    servers = [_tls_host(address, label, workdir) for label, address in config["tls"].items()]
+    servers += [_recording_host(a, 80, label, workdir) for label, a in config["http"].items()]
+    for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()
     (workdir / "ready").touch()
     while True:

@@ -6,7 +6,8 @@ This module's server asks the lab's DNS server for names (`--dns-upstream`) and 
 lab's CA for bound hosts (`--credential-proxy-roots`). The lab has:
 - `vault.test`: the real host, its certificate from that CA;
 - an impostor, with a certificate for the same names from a CA nobody trusts, at the
-  address DNS gives `spoofed.test`.
+  address DNS gives `spoofed.test`;
+- `plain.test`, a plain HTTP host.
 Sandboxes make their requests with Python's `ssl` defaults (the system trust store), as any
 client in them would.
 """
@@ -30,6 +31,7 @@ from opensandbox.sync.sandbox import SandboxSync
 
 VAULT = "vault.test"
 SPOOFED = "spoofed.test"
+PLAIN = "plain.test"
 REDACTED = "200 Bearer [REDACTED] | echo: Bearer [REDACTED]"
 
 # An HTTPS request to argv[1] (at address argv[2] when given: the name still sent as SNI and
@@ -65,11 +67,12 @@ def lab() -> Iterator[LabInternet]:
     trusted, untrusted = LabCa("fastbox sdk lab CA"), LabCa("an impostor's CA")
     (workdir / "roots.pem").write_bytes(trusted.pem())
     lab.start(
-        zone={VAULT: lab.host(10), SPOOFED: lab.host(11)},
+        zone={VAULT: lab.host(10), SPOOFED: lab.host(11), PLAIN: lab.host(12)},
         tls_hosts={
             "real": (lab.host(10), *trusted.issue([VAULT, SPOOFED])),
             "impostor": (lab.host(11), *untrusted.issue([VAULT, SPOOFED])),
         },
+        http_hosts={"plain": lab.host(12)},
     )
     yield lab
     lab.stop()
@@ -98,7 +101,8 @@ def create(fastbox: fb.FastboxServer, **kw: object) -> SandboxSync:
         network_policy=NetworkPolicy(
             default_action="deny",
             egress=[NetworkRule(action="allow", target=VAULT),
-                    NetworkRule(action="allow", target=SPOOFED)],
+                    NetworkRule(action="allow", target=SPOOFED),
+                    NetworkRule(action="allow", target=PLAIN)],
         ),  # fmt: skip
         credential_proxy=CredentialProxyConfig(enabled=True),
         **kw,
@@ -268,3 +272,40 @@ def test_the_vault_is_the_sandboxs_own_and_answers_clearly(
         for sb in (a, b):
             sb.kill()
             sb.close()
+
+
+def test_plain_http_is_injected_only_for_a_binding_that_asks_for_it(
+    fastbox: fb.FastboxServer, lab: LabInternet
+) -> None:
+    secret = "fbv-" + secrets.token_hex(12)
+    sb = create(fastbox)
+    try:
+        sb.credential_vault.create(
+            credentials=[{"name": "t", "source": {"type": "inline", "value": secret}}],
+            bindings=[{"name": "api", "match": {"hosts": [PLAIN]},
+                       "auth": {"type": "bearer", "credential": "t"}}],
+        )  # fmt: skip
+        get = (
+            "python3 -c \"import urllib.request as u; r = u.urlopen(u.Request("
+            f"'http://{PLAIN}/v1', headers={{'Authorization': 'Bearer sandbox-placeholder'}}),"
+            " timeout=15); print(r.read().decode())\""
+        )
+
+        def fetch() -> str:
+            ex = sb.commands.run(get)
+            assert ex.exit_code == 0, (fb.lines(ex.logs.stdout), fb.lines(ex.logs.stderr))
+            return "\n".join(fb.lines(ex.logs.stdout))
+
+        # A binding takes HTTPS only unless it names `http`: plain HTTP passes untouched.
+        assert fetch() == "echo: Bearer sandbox-placeholder"
+        assert lab.received("plain") == ["GET /v1 authorization=Bearer sandbox-placeholder"]
+        sb.credential_vault.patch(
+            bindings={"replace": [{"name": "api",
+                                   "match": {"hosts": [PLAIN], "schemes": ["http"]},
+                                   "auth": {"type": "bearer", "credential": "t"}}]},
+        )  # fmt: skip
+        assert fetch() == "echo: Bearer [REDACTED]"
+        assert lab.received("plain")[-1] == f"GET /v1 authorization=Bearer {secret}"
+    finally:
+        sb.kill()
+        sb.close()

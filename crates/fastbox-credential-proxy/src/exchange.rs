@@ -1,6 +1,6 @@
 //! One request on an ended connection: the authority checked against the ClientHello's
-//! name, the credentials of its binding injected, the request sent to the host itself, the
-//! answer redacted.
+//! name (or, in plain HTTP, the first request's), the credentials of its binding injected,
+//! the request sent to the host itself, the answer redacted.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +19,7 @@ use rustls::ClientConfig;
 use rustls::pki_types::ServerName;
 
 use crate::body::Redacted;
-use crate::{Session, Upstream};
+use crate::{Scheme, Session, Upstream};
 
 /// The largest request body read whole for a body substitution.
 const MAX_SUBSTITUTED_BODY: usize = 8 * 1024 * 1024;
@@ -42,8 +42,9 @@ const HOP_BY_HOP: &[&str] = &[
 type ProxyBody = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 pub(crate) struct Exchange {
-    /// The name the ClientHello asked for (lower case).
+    /// The name the ClientHello asked for, or the first request's host (lower case).
     pub server_name: String,
+    pub scheme: Scheme,
     pub session: Session,
     pub upstream: Upstream,
 }
@@ -130,7 +131,7 @@ impl Exchange {
         };
         let binding = vault.and_then(|v| {
             v.binding_for(&RequestTarget {
-                scheme: "https",
+                scheme: self.scheme.as_str(),
                 host: &self.server_name,
                 method: parts.method.as_str(),
                 path: &path,
@@ -227,12 +228,12 @@ impl Exchange {
     }
 
     /// Sends `request` to the host: its name resolved here, every address checked, TLS
-    /// verified for the name against the roots given.
+    /// verified for the name against the roots given (plain HTTP: none).
     async fn send(&self, request: Request<ProxyBody>) -> Result<Response<Incoming>, ExchangeError> {
         let upstream = &self.upstream;
         let connector = &self.session.connector;
         let addresses = connector
-            .resolve(&self.server_name)
+            .resolve(&self.server_name, self.scheme)
             .await
             .map_err(|e| ExchangeError::Upstream(format!("resolving {}: {e}", self.server_name)))?;
         if addresses.is_empty() {
@@ -260,6 +261,9 @@ impl Exchange {
                 last.unwrap_or_default()
             ))
         })?;
+        if self.scheme == Scheme::Http {
+            return self.send_over(tcp, request).await;
+        }
         let mut config =
             ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
                 .with_safe_default_protocol_versions()
@@ -273,7 +277,19 @@ impl Exchange {
             .connect(server_name, tcp)
             .await
             .map_err(|e| ExchangeError::Upstream(format!("TLS with {}: {e}", self.server_name)))?;
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        self.send_over(tls, request).await
+    }
+
+    /// Sends `request` over connection `io` to the host.
+    async fn send_over<IO>(
+        &self,
+        io: IO,
+        request: Request<ProxyBody>,
+    ) -> Result<Response<Incoming>, ExchangeError>
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
             .await
             .map_err(|e| ExchangeError::Upstream(e.to_string()))?;
         tokio::spawn(async move {
@@ -287,7 +303,7 @@ impl Exchange {
 }
 
 /// The host of an authority (`Host` header), lower case, without port or trailing dot.
-fn authority_host(authority: &str) -> String {
+pub(crate) fn authority_host(authority: &str) -> String {
     let host = match authority.rsplit_once(':') {
         Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
         _ => authority,

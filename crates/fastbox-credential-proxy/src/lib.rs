@@ -6,6 +6,11 @@
 //! connection comes back untouched ([`Handled::NotBound`], with the bytes already read), for
 //! the caller to pass on under the egress policy.
 //!
+//! Plain HTTP connections go to [`Proxy::handle_plain`]: one whose first request names (in
+//! `Host`) a host a binding takes *for the `http` scheme* is served the same way, without
+//! TLS either side (a binding must ask for `http`; none does by default); any other comes
+//! back untouched.
+//!
 //! On an ended connection each HTTP/1.1 request ([`exchange`]):
 //! - must name, in its `Host`, the name the ClientHello asked for (else 421, nothing sent);
 //! - gets the credentials of the binding it falls under (`fastbox_vault::inject`);
@@ -42,16 +47,38 @@ pub use ca::{CaError, ProxyCa};
 
 /// The largest ClientHello read before giving up on finding a name in it.
 const MAX_HELLO: usize = 16 * 1024;
+/// The largest first request head read before giving up on finding its `Host`.
+const MAX_HEAD: usize = 16 * 1024;
+/// How long the proxy waits for a connection's first bytes (a ClientHello, a request head).
+/// A sandbox speaking a protocol where the host speaks first gets its connection passed on
+/// untouched after this.
+const FIRST_BYTES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A future of the proxy's I/O.
 pub type IoFuture<'a, T> = Pin<Box<dyn Future<Output = io::Result<T>> + Send + 'a>>;
+
+/// The scheme of a sandbox's connection: which bindings take it, and how the host is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+impl Scheme {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        }
+    }
+}
 
 /// How the proxy reaches the world on behalf of one sandbox: as the sandbox would, so its
 /// egress policy and the private ranges decide (the node's connector resolves through the
 /// sandbox's DNS forwarder and connects from the sandbox's network namespace).
 pub trait Connector: Send + Sync {
-    /// The addresses of host `name`'s HTTPS (port 443 unless a test moves it).
-    fn resolve<'a>(&'a self, name: &'a str) -> IoFuture<'a, Vec<SocketAddr>>;
+    /// The addresses of host `name`'s `scheme` port (80 or 443, unless a test moves them).
+    fn resolve<'a>(&'a self, name: &'a str, scheme: Scheme) -> IoFuture<'a, Vec<SocketAddr>>;
     /// A TCP connection to `address`.
     fn connect(&self, address: SocketAddr) -> IoFuture<'_, TcpStream>;
 }
@@ -123,15 +150,11 @@ impl Proxy {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let (prefix, server_name) = read_hello(&mut stream).await?;
-        let bound = server_name.as_deref().is_some_and(|name| {
-            session
-                .vault
-                .read()
-                .expect("vault lock")
-                .as_ref()
-                .is_some_and(|v| v.binds_host("https", name))
-        });
+        let mut prefix = Vec::new();
+        let server_name = first_bytes(read_hello(&mut stream, &mut prefix)).await?;
+        let bound = server_name
+            .as_deref()
+            .is_some_and(|name| session.binds_host(Scheme::Https, name));
         let Some(name) = server_name.clone().filter(|_| bound) else {
             return Ok(Handled::NotBound {
                 stream,
@@ -144,40 +167,134 @@ impl Proxy {
             .accept(rewound)
             .await
             .map_err(ProxyError::Tls)?;
+        self.serve(tls, name, Scheme::Https, session).await?;
+        Ok(Handled::Served)
+    }
+
+    /// Takes a plain HTTP connection the sandbox opened (to port 80 of any address). Only a
+    /// host bound for the `http` scheme is served here; each request of the connection must
+    /// name the first one's host (else 421).
+    pub async fn handle_plain<S>(
+        &self,
+        mut stream: S,
+        session: Session,
+    ) -> Result<Handled<S>, ProxyError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let mut prefix = Vec::new();
+        let host = first_bytes(read_head(&mut stream, &mut prefix)).await?;
+        let bound = host
+            .as_deref()
+            .is_some_and(|name| session.binds_host(Scheme::Http, name));
+        let Some(name) = host.clone().filter(|_| bound) else {
+            return Ok(Handled::NotBound {
+                stream,
+                prefix,
+                server_name: host,
+            });
+        };
+        let rewound = rewind::Rewind::new(prefix, stream);
+        self.serve(rewound, name, Scheme::Http, session).await?;
+        Ok(Handled::Served)
+    }
+
+    /// Serves HTTP/1.1 on `io`, every request for host `name` over `scheme`.
+    async fn serve<S>(
+        &self,
+        io: S,
+        name: String,
+        scheme: Scheme,
+        session: Session,
+    ) -> Result<(), ProxyError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
         let exchange = Arc::new(exchange::Exchange {
             server_name: name,
+            scheme,
             session,
             upstream: self.upstream.clone(),
         });
         hyper::server::conn::http1::Builder::new()
             .serve_connection(
-                TokioIo::new(tls),
+                TokioIo::new(io),
                 hyper::service::service_fn(move |req| {
                     let exchange = exchange.clone();
                     async move { Ok::<_, std::convert::Infallible>(exchange.serve(req).await) }
                 }),
             )
             .await?;
-        Ok(Handled::Served)
+        Ok(())
     }
 }
 
-/// Reads until the ClientHello is whole: the bytes read, and the name it asks for (None
-/// when it has none, or the stream is not TLS).
-async fn read_hello<S: AsyncRead + Unpin>(
+impl Session {
+    /// Whether the sandbox's vault binds `name` for `scheme` now.
+    fn binds_host(&self, scheme: Scheme, name: &str) -> bool {
+        self.vault
+            .read()
+            .expect("vault lock")
+            .as_ref()
+            .is_some_and(|v| v.binds_host(scheme.as_str(), name))
+    }
+}
+
+/// What `read` found (None when it did not finish within [`FIRST_BYTES_TIMEOUT`]).
+async fn first_bytes(
+    read: impl Future<Output = Result<Option<String>, ProxyError>>,
+) -> Result<Option<String>, ProxyError> {
+    match tokio::time::timeout(FIRST_BYTES_TIMEOUT, read).await {
+        Ok(found) => found,
+        Err(_) => Ok(None),
+    }
+}
+
+/// Reads into `prefix` until the first request's head is whole: the host its `Host` names
+/// (None when it names none, or the stream is not HTTP).
+async fn read_head<S: AsyncRead + Unpin>(
     stream: &mut S,
-) -> Result<(Vec<u8>, Option<String>), ProxyError> {
-    let mut acceptor = Acceptor::default();
-    let mut prefix = Vec::new();
+    prefix: &mut Vec<u8>,
+) -> Result<Option<String>, ProxyError> {
     let mut buf = [0u8; 4096];
     loop {
         let n = stream.read(&mut buf).await.map_err(ProxyError::Hello)?;
         if n == 0 {
-            return Ok((prefix, None));
+            return Ok(None);
+        }
+        prefix.extend_from_slice(&buf[..n]);
+        if let Some(end) = prefix.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&prefix[..end]).into_owned();
+            let host = head
+                .split("\r\n")
+                .skip(1)
+                .filter_map(|line| line.split_once(':'))
+                .find(|(name, _)| name.trim().eq_ignore_ascii_case("host"))
+                .map(|(_, value)| exchange::authority_host(value.trim()));
+            return Ok(host.filter(|h| !h.is_empty()));
+        }
+        if prefix.len() >= MAX_HEAD {
+            return Ok(None);
+        }
+    }
+}
+
+/// Reads into `prefix` until the ClientHello is whole: the name it asks for (None when it
+/// has none, or the stream is not TLS).
+async fn read_hello<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    prefix: &mut Vec<u8>,
+) -> Result<Option<String>, ProxyError> {
+    let mut acceptor = Acceptor::default();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut buf).await.map_err(ProxyError::Hello)?;
+        if n == 0 {
+            return Ok(None);
         }
         prefix.extend_from_slice(&buf[..n]);
         if acceptor.read_tls(&mut &buf[..n]).is_err() {
-            return Ok((prefix, None));
+            return Ok(None);
         }
         match acceptor.accept() {
             Ok(Some(accepted)) => {
@@ -185,10 +302,10 @@ async fn read_hello<S: AsyncRead + Unpin>(
                     .client_hello()
                     .server_name()
                     .map(|n| n.to_ascii_lowercase());
-                return Ok((prefix, name));
+                return Ok(name);
             }
             Ok(None) if prefix.len() < MAX_HELLO => continue,
-            Ok(None) | Err(_) => return Ok((prefix, None)),
+            Ok(None) | Err(_) => return Ok(None),
         }
     }
 }

@@ -1,5 +1,5 @@
-//! The node's side of the proxy: the listener the instance table redirects the HTTPS of
-//! credential-proxied slots to ([`serve`]), and a sandbox's [`SlotConnector`], through which
+//! The node's side of the proxy: the listener the instance table redirects the HTTPS and
+//! plain HTTP (ports 443 and 80) of credential-proxied slots to ([`serve`]), and a sandbox's [`SlotConnector`], through which
 //! the proxy resolves and connects as that sandbox would: names through the sandbox's own
 //! DNS (the instance's forwarder, whose policy hook opens the answers' addresses for the
 //! slot, or withholds them), connections from the sandbox's network namespace with a
@@ -18,7 +18,7 @@ use fastbox_runtime::net::nft::PROXY_SOURCE_PORTS;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
-use crate::{Connector, Handled, IoFuture, Proxy, Session};
+use crate::{Connector, Handled, IoFuture, Proxy, Scheme, Session};
 
 /// How long a name's resolution may take.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -31,16 +31,17 @@ pub struct SlotConnector {
     pub dns: SocketAddr,
     /// The port of HTTPS hosts (443).
     pub https_port: u16,
+    /// The port of plain HTTP hosts (80).
+    pub http_port: u16,
 }
 
 impl Connector for SlotConnector {
-    fn resolve<'a>(&'a self, name: &'a str) -> IoFuture<'a, Vec<SocketAddr>> {
-        let (netns, dns, port, name) = (
-            self.netns.clone(),
-            self.dns,
-            self.https_port,
-            name.to_string(),
-        );
+    fn resolve<'a>(&'a self, name: &'a str, scheme: Scheme) -> IoFuture<'a, Vec<SocketAddr>> {
+        let port = match scheme {
+            Scheme::Https => self.https_port,
+            Scheme::Http => self.http_port,
+        };
+        let (netns, dns, name) = (self.netns.clone(), self.dns, name.to_string());
         Box::pin(async move {
             tokio::task::spawn_blocking(move || {
                 let socket = in_netns(&netns, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))
@@ -141,11 +142,12 @@ async fn connection(
         .session(*peer.ip())
         .ok_or_else(|| io::Error::other("no sandbox at this address"))?;
     let connector = session.connector.clone();
-    match proxy
-        .handle(stream, session)
-        .await
-        .map_err(io::Error::other)?
-    {
+    // The redirect takes ports 80 and 443 only.
+    let handled = match original.port() {
+        80 => proxy.handle_plain(stream, session).await,
+        _ => proxy.handle(stream, session).await,
+    };
+    match handled.map_err(io::Error::other)? {
         Handled::Served => Ok(()),
         Handled::NotBound {
             mut stream, prefix, ..

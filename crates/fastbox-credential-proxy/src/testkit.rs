@@ -1,6 +1,6 @@
 //! For tests of the proxy (feature `testkit`): a test CA and a certificate it signs, a TLS
-//! host that records every request it gets (its `Authorization` header, out of band) and
-//! echoes that header back, and a client's one request over TLS.
+//! (or plain HTTP) host that records every request it gets (its `Authorization` header, out
+//! of band) and echoes that header back, and a client's one request over TLS.
 
 use std::sync::{Arc, Mutex};
 
@@ -72,40 +72,60 @@ pub fn recording_host(listener: TcpListener, cert: &TestCert) -> Received {
             };
             let (acceptor, log) = (acceptor.clone(), log.clone());
             tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let service = hyper::service::service_fn(
-                    move |req: hyper::Request<hyper::body::Incoming>| {
-                        let log = log.clone();
-                        async move {
-                            let auth = req
-                                .headers()
-                                .get("authorization")
-                                .and_then(|v| v.to_str().ok())
-                                .unwrap_or("")
-                                .to_string();
-                            log.lock().expect("log lock").push(format!(
-                                "{} {} authorization={auth}",
-                                req.method(),
-                                req.uri()
-                            ));
-                            let response = hyper::Response::builder()
-                                .header("x-echo", auth.clone())
-                                .header("content-length", (auth.len() + 6).to_string())
-                                .body(Full::new(Bytes::from(format!("echo: {auth}"))))
-                                .expect("a response");
-                            Ok::<_, std::convert::Infallible>(response)
-                        }
-                    },
-                );
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tls), service)
-                    .await;
+                if let Ok(tls) = acceptor.accept(tcp).await {
+                    serve_recording(tls, log).await;
+                }
             });
         }
     });
     received
+}
+
+/// [`recording_host`] in plain HTTP.
+pub fn recording_plain_host(listener: TcpListener) -> Received {
+    let received: Received = Arc::default();
+    let log = received.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(serve_recording(tcp, log.clone()));
+        }
+    });
+    received
+}
+
+/// Serves HTTP/1.1 on `io`: each request recorded in `log` and its `Authorization` echoed.
+async fn serve_recording<IO>(io: IO, log: Received)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        let log = log.clone();
+        async move {
+            let auth = req
+                .headers()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            log.lock().expect("log lock").push(format!(
+                "{} {} authorization={auth}",
+                req.method(),
+                req.uri()
+            ));
+            let response = hyper::Response::builder()
+                .header("x-echo", auth.clone())
+                .header("content-length", (auth.len() + 6).to_string())
+                .body(Full::new(Bytes::from(format!("echo: {auth}"))))
+                .expect("a response");
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(io), service)
+        .await;
 }
 
 /// What a [`get`] got back.

@@ -1,16 +1,20 @@
 //! The proxy between a "sandbox" client and real TLS servers on loopback: a bound host gets
 //! the credential (recorded by the host itself), the sandbox never sees it, a request
 //! naming another host is refused, an unbound name is handed back untouched, and a host
-//! whose certificate does not verify never receives a request.
+//! whose certificate does not verify never receives a request; plain HTTP is injected only
+//! for a binding that asks for the `http` scheme.
 
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
-use fastbox_credential_proxy::testkit::{Answer, TestCert, get, recording_host};
+use fastbox_credential_proxy::testkit::{
+    Answer, TestCert, get, recording_host, recording_plain_host,
+};
 use fastbox_credential_proxy::{
-    Connector, Handled, IoFuture, Proxy, ProxyCa, Session, Upstream, VaultSource,
+    Connector, Handled, IoFuture, Proxy, ProxyCa, Scheme, Session, Upstream, VaultSource,
 };
 use fastbox_vault::Vault;
 use fastbox_vault::wire::CreateRequest;
@@ -26,7 +30,7 @@ const SECRET: &str = "ghp_s3cr3t_value";
 struct Fixed(HashMap<String, SocketAddr>);
 
 impl Connector for Fixed {
-    fn resolve<'a>(&'a self, name: &'a str) -> IoFuture<'a, Vec<SocketAddr>> {
+    fn resolve<'a>(&'a self, name: &'a str, _: Scheme) -> IoFuture<'a, Vec<SocketAddr>> {
         Box::pin(async move {
             self.0
                 .get(name)
@@ -209,4 +213,104 @@ async fn an_unbound_name_is_handed_back_untouched() {
     assert_eq!(name.as_deref(), Some("free.test"));
     assert_eq!(prefix[0], 0x16, "the ClientHello's record, as it came");
     client.abort();
+}
+
+/// A session whose vault binds `HOST` for `schemes`, its names resolved by `hosts`.
+fn plain_session(schemes: &[&str], hosts: HashMap<String, SocketAddr>) -> Session {
+    let request: CreateRequest = serde_json::from_value(json!({
+        "credentials": [{"name": "gh", "source": {"type": "inline", "value": SECRET}}],
+        "bindings": [{"name": "api", "match": {"hosts": [HOST], "schemes": schemes},
+                      "auth": {"type": "bearer", "credential": "gh"}}]
+    }))
+    .unwrap();
+    Session {
+        vault: Arc::new(RwLock::new(Some(Arc::new(Vault::create(request).unwrap())))),
+        connector: Arc::new(Fixed(hosts)),
+    }
+}
+
+/// One plain HTTP request for `host_header` through `proxy.handle_plain`; the answer's
+/// bytes, or the bytes handed back when the proxy does not take the connection.
+async fn plain_request(session: Session, host_header: &str) -> Result<String, Vec<u8>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let proxy = Proxy::new(
+        Arc::new(ProxyCa::generate("fastbox test proxy CA").unwrap()),
+        Upstream {
+            roots: Arc::new(RootCertStore::empty()),
+        },
+    );
+    let (mut client, sandbox_side) = tokio::io::duplex(1 << 16);
+    let request = format!(
+        "GET /user/repos?per_page=1 HTTP/1.1\r\nHost: {host_header}\r\n\
+         Authorization: Bearer sandbox-placeholder\r\nConnection: close\r\n\r\n"
+    );
+    client.write_all(request.as_bytes()).await.unwrap();
+    let served = tokio::spawn(async move { proxy.handle_plain(sandbox_side, session).await });
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut answer));
+    match served.await.unwrap().unwrap() {
+        Handled::Served => {
+            read.await.unwrap().unwrap();
+            Ok(String::from_utf8_lossy(&answer).into_owned())
+        }
+        Handled::NotBound { prefix, .. } => Err(prefix),
+    }
+}
+
+#[tokio::test]
+async fn plain_http_is_injected_only_for_a_binding_that_asks_for_it() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let received = recording_plain_host(listener);
+    let hosts = || HashMap::from([(HOST.to_string(), address)]);
+
+    // The default binding (https only) leaves plain HTTP alone: handed back, bytes intact.
+    let untouched = plain_request(plain_session(&["https"], hosts()), HOST).await;
+    let prefix = untouched.expect_err("not taken");
+    assert!(
+        String::from_utf8_lossy(&prefix).starts_with("GET /user/repos?per_page=1 HTTP/1.1\r\n")
+    );
+    assert!(received.lock().unwrap().is_empty());
+
+    // A binding with `http`: injected on the way out, redacted on the way back.
+    let answer = plain_request(plain_session(&["http"], hosts()), HOST)
+        .await
+        .expect("served");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("echo: Bearer [REDACTED]"), "{answer}");
+    assert!(!answer.contains(SECRET), "{answer}");
+    assert_eq!(
+        received.lock().unwrap().as_slice(),
+        [format!(
+            "GET /user/repos?per_page=1 authorization=Bearer {SECRET}"
+        )]
+    );
+}
+
+#[tokio::test]
+async fn a_connection_whose_host_speaks_first_is_handed_back() {
+    // The sandbox sends nothing (it waits for the host's greeting): after the proxy's wait
+    // for a request head, the connection comes back to be passed on as it is.
+    let proxy = Proxy::new(
+        Arc::new(ProxyCa::generate("fastbox test proxy CA").unwrap()),
+        Upstream {
+            roots: Arc::new(RootCertStore::empty()),
+        },
+    );
+    for plain in [true, false] {
+        let (_client, sandbox_side) = tokio::io::duplex(1024);
+        let session = plain_session(&["http", "https"], HashMap::new());
+        let handled = tokio::time::timeout(Duration::from_secs(10), async {
+            match plain {
+                true => proxy.handle_plain(sandbox_side, session).await,
+                false => proxy.handle(sandbox_side, session).await,
+            }
+        })
+        .await
+        .expect("handed back within the proxy's wait");
+        let Ok(Handled::NotBound { prefix, .. }) = handled else {
+            panic!("not handed back (plain: {plain})");
+        };
+        assert!(prefix.is_empty());
+    }
 }

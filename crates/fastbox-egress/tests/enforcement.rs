@@ -283,6 +283,7 @@ fn credential_proxy_end_to_end(lab: &Lab, proxy_listener: TcpListener) {
             netns: slot.netns_path.clone(),
             dns: SocketAddr::from((slot.gateway, 53)),
             https_port: 443,
+            http_port: 80,
         }),
     };
     let proxy_ca = Arc::new(ProxyCa::generate("fastbox test proxy CA").unwrap());

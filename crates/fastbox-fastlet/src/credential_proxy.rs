@@ -141,6 +141,7 @@ impl CredentialProxy {
                 netns: slot.netns_path.clone(),
                 dns: SocketAddr::from((slot.gateway, 53)),
                 https_port: 443,
+                http_port: 80,
             }),
         };
         self.sessions

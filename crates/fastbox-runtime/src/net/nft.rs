@@ -181,7 +181,7 @@ pub fn table_text(cfg: &NetConfig) -> String {
 /// The credential proxy's rules, each a line with its leading newline (all empty without a
 /// proxy port).
 struct ProxyRules {
-    /// `prerouting`: the listed slots' HTTPS, but the proxy's own, to the proxy.
+    /// `prerouting`: the listed slots' HTTPS and plain HTTP, but the proxy's own, to the proxy.
     redirect: String,
     /// `input`: nobody else reaches the proxy's port.
     input: String,
@@ -204,7 +204,7 @@ fn credential_proxy_rules(cfg: &NetConfig) -> ProxyRules {
     let (first, last) = (PROXY_SOURCE_PORTS.start(), PROXY_SOURCE_PORTS.end());
     ProxyRules {
         redirect: format!(
-            "\n\t\tiifname @{CREDENTIAL_PROXY_SLOTS} tcp dport 443 tcp sport != {first}-{last} redirect to :{port}"
+            "\n\t\tiifname @{CREDENTIAL_PROXY_SLOTS} tcp dport {{ 80, 443 }} tcp sport != {first}-{last} redirect to :{port}"
         ),
         input: format!("\n\t\ttcp dport {port} drop"),
         slot_input: format!("\n\t\ttcp dport {port} ct status dnat accept"),
@@ -478,7 +478,7 @@ mod tests {
             ..cfg()
         });
         assert!(chain(&t, "prerouting").contains(
-            "iifname @credential_proxy_slots tcp dport 443 tcp sport != 61000-61999 redirect to :40443"
+            "iifname @credential_proxy_slots tcp dport { 80, 443 } tcp sport != 61000-61999 redirect to :40443"
         ));
         let slot_input = chain(&t, "slot_input");
         let accept = slot_input
