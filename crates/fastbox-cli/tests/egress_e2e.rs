@@ -785,7 +785,7 @@ fn egress_policies_through_the_api() {
 
     // --- the Credential Vault
     let vault_started = Instant::now();
-    vault::credential_vault(&server, &hosts);
+    vault::credential_vault(&mut server, &hosts);
     eprintln!(
         "credential vault e2e: {:.1} s",
         vault_started.elapsed().as_secs_f64()

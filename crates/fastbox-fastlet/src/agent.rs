@@ -1235,6 +1235,7 @@ impl Fastlet {
         placement: &Placement,
         tokens: &SandboxTokens,
         policy: &EgressPolicy,
+        credential_proxy: bool,
     ) -> Adoption {
         self.slots
             .lock()
@@ -1252,10 +1253,33 @@ impl Fastlet {
             .network
             .slot(placement.slot)
             .map_err(HostError::from)
-            .and_then(|slot| Ok(self.host.egress.apply(&SlotRef::from(&slot), policy)?));
-        if let Err(e) = applied {
-            tracing::warn!(sandbox = %id, error = %e, "could not re-apply the egress policy");
-            return Adoption::Gone;
+            .and_then(|slot| {
+                self.host.egress.apply(&SlotRef::from(&slot), policy)?;
+                Ok(slot)
+            });
+        let slot = match applied {
+            Ok(slot) => slot,
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "could not re-apply the egress policy");
+                return Adoption::Gone;
+            }
+        };
+        // Its HTTPS through the proxy again, with a new (empty) vault: values lived in the
+        // last run's memory only.
+        if credential_proxy {
+            let routed = match &self.credential_proxy {
+                Some(proxy) => self
+                    .host
+                    .egress
+                    .route_https_to_credential_proxy(&SlotRef::from(&slot), true)
+                    .map(|()| proxy.admit(&slot, self.vaults.cell(id)))
+                    .map_err(|e| e.to_string()),
+                None => Err("this node runs no credential proxy".into()),
+            };
+            if let Err(e) = routed {
+                tracing::warn!(sandbox = %id, error = %e, "could not route its HTTPS through the credential proxy again: not adopted");
+                return Adoption::Gone;
+            }
         }
         self.insert_route(
             id,
@@ -1264,7 +1288,7 @@ impl Fastlet {
                 slot: placement.slot,
                 execd_token: tokens.execd.clone(),
                 egress_token: tokens.egress.clone(),
-                credential_proxy: false,
+                credential_proxy,
             },
         );
         Adoption::Adopted

@@ -420,6 +420,7 @@ impl NodeAgent for LocalNode {
         placement: &NodePlacement,
         tokens: &SandboxTokens,
         policy: &EgressPolicy,
+        credential_proxy: bool,
     ) -> Adoption {
         self.used(placement.slot);
         let placement = match to_placement(placement) {
@@ -435,7 +436,7 @@ impl NodeAgent for LocalNode {
         let (id, tokens, policy) = (id.to_string(), tokens.clone(), policy.clone());
         // It may wait for a memory transfer the last run left, and applies the policy.
         blocking::run("fastbox-adopt", move || {
-            fastlet.adopt(&id, &placement, &tokens, &policy)
+            fastlet.adopt(&id, &placement, &tokens, &policy, credential_proxy)
         })
         .await
     }

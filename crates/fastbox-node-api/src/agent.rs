@@ -77,13 +77,16 @@ pub trait NodeAgent: Send + Sync {
     /// Whether the sandbox at `placement` still runs.
     async fn is_alive(&self, placement: &NodePlacement) -> bool;
 
-    /// Takes back, after a restart, a sandbox the server recorded running.
+    /// Takes back, after a restart, a sandbox the server recorded running (its HTTPS through
+    /// the node's credential proxy again when `credential_proxy`; its vault is not kept
+    /// across the restart).
     async fn adopt(
         &self,
         id: &str,
         placement: &NodePlacement,
         tokens: &SandboxTokens,
         policy: &EgressPolicy,
+        credential_proxy: bool,
     ) -> Adoption;
 
     // Ends.

@@ -1291,6 +1291,7 @@ impl NodeAgent for FakeNode {
         placement: &NodePlacement,
         tokens: &SandboxTokens,
         policy: &EgressPolicy,
+        _credential_proxy: bool,
     ) -> Adoption {
         let call = Call::new(Verb::Adopt).id(id).slot(placement.slot);
         self.infallible(call, |s| {
@@ -1867,6 +1868,7 @@ mod tests {
                 &placed.placement,
                 &settings().tokens,
                 &EgressPolicy::allow_all(),
+                false,
             ));
             let expected = if alive {
                 Adoption::Adopted

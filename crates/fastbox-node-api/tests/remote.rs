@@ -240,9 +240,12 @@ impl NodeAgent for Spy {
         placement: &NodePlacement,
         tokens: &SandboxTokens,
         policy: &EgressPolicy,
+        credential_proxy: bool,
     ) -> Adoption {
         self.note(format!("adopt {id} {placement:?} {tokens:?} {policy:?}"));
-        self.node.adopt(id, placement, tokens, policy).await
+        self.node
+            .adopt(id, placement, tokens, policy, credential_proxy)
+            .await
     }
 
     async fn remove(
@@ -538,8 +541,14 @@ async fn script(node: &dyn NodeAgent) -> Vec<String> {
             .await
     );
     let resumed = resumed.unwrap().placement;
-    note!(node.adopt("sbx-2", &resumed, &tokens(3), &policy()).await);
-    note!(node.adopt("ghost", &first, &tokens(4), &policy()).await);
+    note!(
+        node.adopt("sbx-2", &resumed, &tokens(3), &policy(), false)
+            .await
+    );
+    note!(
+        node.adopt("ghost", &first, &tokens(4), &policy(), true)
+            .await
+    );
     note!(node.discard_interrupted_snapshot("snap-1").await);
     note!(node.remove_snapshot("pause-2").await).unwrap();
     note!(
@@ -850,7 +859,9 @@ async fn a_stopped_node_is_unreachable_within_the_timeout() {
     };
     assert!(remote.is_alive(&placement).await);
     assert_eq!(
-        remote.adopt("x", &placement, &tokens(1), &policy()).await,
+        remote
+            .adopt("x", &placement, &tokens(1), &policy(), false)
+            .await,
         Adoption::Adopted
     );
     assert!(!remote.has_snapshot("k").await);

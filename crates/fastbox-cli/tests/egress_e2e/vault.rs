@@ -12,7 +12,11 @@
 //! - a pause's dump of the sandbox's memory and every file of the instance (its layers,
 //!   checkpoints, state, logs) hold no trace of the secret, while the same dump does hold a
 //!   marker the sandbox keeps in memory (so the search can fail);
-//! - after the resume the vault is still there, and the request is injected again.
+//! - after the resume the vault is still there, and the request is injected again;
+//! - after the server is killed and started again, the sandbox is adopted with its HTTPS
+//!   through the proxy again and an empty vault (values lived in the last run's memory):
+//!   unbound, its request reaches the real host untouched (whose certificate the sandbox
+//!   does not trust); a new vault injects again.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -210,7 +214,7 @@ fn holds(path: &Path, needle: &[u8]) -> bool {
     false
 }
 
-pub fn credential_vault(server: &UpServer, hosts: &Hosts) {
+pub fn credential_vault(server: &mut UpServer, hosts: &Hosts) {
     let secret = secret();
     // Built at run time: the sandbox's memory holds the joined marker, nothing else does.
     let marker = "fbv-memory-marker-1234567";
@@ -319,5 +323,31 @@ pub fn credential_vault(server: &UpServer, hosts: &Hosts) {
     assert_eq!(out.trim(), redacted);
     assert_eq!(hosts.real().len(), 3);
     assert_eq!(hosts.real()[2], injected);
+
+    // --- the server killed and started again: adopted, through the proxy, its vault empty
+    server.kill9();
+    server.spawn();
+    server.wait_state(&created, "Running");
+    let (status, body) = vault_call(&node, &token, Method::GET, "", None);
+    assert_eq!(status, 404, "the vault did not outlive the node's memory: {body}");
+    let sandbox = Sandbox::attach(server, &created);
+    let out = sandbox.run(&format!("python3 /tmp/https.py {}", VAULT.0));
+    assert!(out.contains("CERTIFICATE_VERIFY_FAILED"), "unbound, untouched: {out}");
+    assert_eq!(hosts.real().len(), 3, "the handshake failed before any request");
+    let (status, body) = vault_call(
+        &node,
+        &token,
+        Method::POST,
+        "",
+        Some(json!({
+            "credentials": [{"name": "token", "source": {"type": "inline", "value": secret}}],
+            "bindings": [{"name": "api", "match": {"hosts": [VAULT.0]},
+                          "auth": {"type": "bearer", "credential": "token"}}],
+        })),
+    );
+    assert_eq!(status, 201, "{body}");
+    let out = sandbox.run(&format!("python3 /tmp/https.py {}", VAULT.0));
+    assert_eq!(out.trim(), redacted);
+    assert_eq!(hosts.real().len(), 4);
     assert_eq!(server.delete(&format!("/v1/sandboxes/{created}")), 204);
 }

@@ -365,12 +365,14 @@ impl NodeAgent for NodeClient {
         placement: &NodePlacement,
         tokens: &SandboxTokens,
         policy: &EgressPolicy,
+        credential_proxy: bool,
     ) -> Adoption {
         let args = AdoptArgs {
             id: id.to_string(),
             placement: placement.clone(),
             tokens: tokens.clone(),
             policy: policy.clone(),
+            credential_proxy,
         };
         let result = self.call(Verb::Adopt, &args).await;
         self.or_fallback(Verb::Adopt, result, Adoption::Adopted)

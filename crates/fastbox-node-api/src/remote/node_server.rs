@@ -154,7 +154,13 @@ async fn serve(agent: &dyn NodeAgent, verb: Verb, body: &[u8]) -> Result<Vec<u8>
         Verb::Adopt => {
             let a: AdoptArgs = args(body)?;
             answer(Ok(agent
-                .adopt(&a.id, &a.placement, &a.tokens, &a.policy)
+                .adopt(
+                    &a.id,
+                    &a.placement,
+                    &a.tokens,
+                    &a.policy,
+                    a.credential_proxy,
+                )
                 .await))
         }
         Verb::Remove => {

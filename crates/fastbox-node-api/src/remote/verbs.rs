@@ -133,6 +133,8 @@ pub(super) struct AdoptArgs {
     pub placement: NodePlacement,
     pub tokens: SandboxTokens,
     pub policy: EgressPolicy,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub credential_proxy: bool,
 }
 
 #[derive(Serialize, Deserialize)]

@@ -662,7 +662,15 @@ impl Lifecycle {
             };
             match (record.state(), &record.placement) {
                 (SandboxState::Running, Some(p)) => {
-                    let adoption = node.adopt(&id, p, &record.tokens(), &record.policy()).await;
+                    let adoption = node
+                        .adopt(
+                            &id,
+                            p,
+                            &record.tokens(),
+                            &record.policy(),
+                            record.credential_proxy,
+                        )
+                        .await;
                     if adoption == Adoption::MemoryIncomplete
                         && let Some(record) = self.resume_again(&record, p.slot).await
                     {
