@@ -353,7 +353,12 @@ fn pooled_sandboxes_have_no_route_out_until_claimed() {
 
 #[test]
 fn a_pooled_sandbox_that_does_not_take_its_claim_is_discarded_and_the_create_restores() {
-    let Some(server) = UpServer::start('k', &["--pool-size", "1"]) else {
+    // Its own prefix and pool (`k`, the tag it had, is client_cli's: the two ran at once).
+    let Some(server) = UpServer::start_prefixed(
+        &fastbox_testkit::run_prefix_pair("kp"),
+        "10.217.60.0/24",
+        &["--pool-size", "1"],
+    ) else {
         return;
     };
     let sandboxes = server.data_dir.join("sandboxes");

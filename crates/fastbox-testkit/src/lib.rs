@@ -77,7 +77,7 @@ pub fn run_prefix(tag: &str) -> String {
 /// whose seventh character is one) other than `y` and `z` (fastbox-cli's `short_run_prefix`
 /// for one-off runs that add a character of their own). In use: `xc` `xd` fastbox-egress
 /// tests/tenant_limits.rs; `rn` `rs` `rw` fastbox-cli tests/remote_node.rs; `ng` fastbox-cli
-/// tests/fence_guard.rs; `jn` `js` `jm` `jt` fastbox-cli tests/remote_node.rs; `v` and any one character: fastbox-cli tests/verify_cluster.rs
+/// tests/fence_guard.rs; `kp` fastbox-cli tests/server_e2e.rs (pool 10.217.60.0/24); `jn` `js` `jm` `jt` fastbox-cli tests/remote_node.rs; `v` and any one character: fastbox-cli tests/verify_cluster.rs
 /// (the run prefix's first six characters and `v`, each instance of the scenario adding one).
 pub fn run_prefix_pair(tag: &str) -> String {
     let mut chars = tag.chars();
