@@ -329,11 +329,21 @@ pub fn credential_vault(server: &mut UpServer, hosts: &Hosts) {
     server.spawn();
     server.wait_state(&created, "Running");
     let (status, body) = vault_call(&node, &token, Method::GET, "", None);
-    assert_eq!(status, 404, "the vault did not outlive the node's memory: {body}");
+    assert_eq!(
+        status, 404,
+        "the vault did not outlive the node's memory: {body}"
+    );
     let sandbox = Sandbox::attach(server, &created);
     let out = sandbox.run(&format!("python3 /tmp/https.py {}", VAULT.0));
-    assert!(out.contains("CERTIFICATE_VERIFY_FAILED"), "unbound, untouched: {out}");
-    assert_eq!(hosts.real().len(), 3, "the handshake failed before any request");
+    assert!(
+        out.contains("CERTIFICATE_VERIFY_FAILED"),
+        "unbound, untouched: {out}"
+    );
+    assert_eq!(
+        hosts.real().len(),
+        3,
+        "the handshake failed before any request"
+    );
     let (status, body) = vault_call(
         &node,
         &token,

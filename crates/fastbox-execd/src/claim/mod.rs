@@ -13,6 +13,7 @@
 //! `POST /fastbox/rekey` (`rekey.rs`) replaces the token only, claimed or not: for clones of
 //! a snapshot of a claimed sandbox, which must not start their entrypoint again.
 
+mod java_trust;
 mod rekey;
 mod request;
 pub mod trust;

@@ -5,7 +5,8 @@
 //!   when there is none), which curl, wget, git and OpenSSL read by default;
 //! - alone in [`CA_FILE`], for `NODE_EXTRA_CA_CERTS` (Node adds it to its own roots);
 //! - with the system's roots in [`BUNDLE_FILE`], for `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE`,
-//!   `CURL_CA_BUNDLE` and `GIT_SSL_CAINFO`.
+//!   `CURL_CA_BUNDLE` and `GIT_SSL_CAINFO`;
+//! - into Java's `cacerts` (JKS stores only: `super::java_trust`).
 //!
 //! These files are the tenant's own (execd writes them inside the sandbox, as its root);
 //! paths are relative to the system root ([`crate::state::Config::system_root`], `/`).
@@ -72,6 +73,14 @@ pub fn install(root: &Path, pem: &str) -> io::Result<BTreeMap<String, String>> {
         std::fs::write(&system, &bundle)?;
     }
     std::fs::write(root.join(BUNDLE_FILE), &bundle)?;
+    // Java reads its own store. One it cannot take is not worth failing the claim over.
+    match super::java_trust::pem_to_der(&pem).map(|der| super::java_trust::install(root, &der)) {
+        Some(Ok(changed)) if !changed.is_empty() => {
+            tracing::debug!(stores = ?changed, "credential proxy CA added to java trust stores")
+        }
+        Some(Err(e)) => tracing::warn!(error = %e, "java trust store not changed"),
+        _ => {}
+    }
     let in_sandbox = |p: &str| format!("/{p}");
     let mut env = BTreeMap::new();
     for var in [
