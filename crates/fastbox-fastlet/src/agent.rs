@@ -590,7 +590,11 @@ impl Fastlet {
         mode: StartMode,
     ) -> Result<(Placement, StartReport), FastletError> {
         let _start = self.starts.begin();
-        let remote_memory = self.remote_memory(template, &req.id, mode)?;
+        // `_reading` keeps other restores off the checkpoint until its transfer is tracked.
+        let (remote_memory, _reading) = match self.remote_memory(template, &req.id, mode)? {
+            Some((pages, claim)) => (Some(pages), Some(claim)),
+            None => (None, None),
+        };
         let whole_after = remote_memory.as_ref().map(|_| template.checkpoint.clone());
         // The same sandbox at the same address keeps its connections; clones close them.
         let keep_tcp = mode == StartMode::Resume;
@@ -687,14 +691,17 @@ impl Fastlet {
     }
 
     /// The pages a restore of `template` as `id` fetches while it runs, when its memory is
-    /// still in the artifact store ([`RemotePages`]): only a resume restores such a
-    /// checkpoint, one at a time, and whatever pages image a cut transfer left goes first.
+    /// still in the artifact store ([`RemotePages`]), with the claim that keeps other
+    /// restores off the checkpoint: only a resume restores such a checkpoint, one at a time,
+    /// and whatever pages image a cut transfer left goes first. A resume that may not start
+    /// before its memory is in place (lazy restores off, too small, or too many transfers
+    /// running: [`Fastlet::lazy_allowed`]) fetches it whole here and restores it whole.
     fn remote_memory(
         &self,
         template: &Template,
         id: &str,
         mode: StartMode,
-    ) -> Result<Option<LazyPages>, FastletError> {
+    ) -> Result<Option<(LazyPages, crate::transfers::ReadClaim)>, FastletError> {
         // Templates are materialized whole: a claim (every create) reads no list.
         if mode == StartMode::Claim {
             return Ok(None);
@@ -711,30 +718,46 @@ impl Fastlet {
                 "its memory is not on this node yet: only a resume restores it",
             ));
         }
-        if self.transfers.reads(&template.key) {
-            return Err(refuse("another restore is fetching its memory"));
+        if pages.files.is_empty() {
+            // `RemotePages::read` found the list unreadable: which pages are missing is unknown.
+            return Err(refuse("the list of its memory's blocks is unreadable"));
         }
-        pages.remove_partial(&fastbox_runtime::checkpoint::images_dir(
-            &template.checkpoint,
-        ));
+        let claim = self
+            .transfers
+            .begin_read(&template.key)
+            .ok_or_else(|| refuse("another restore is fetching its memory"))?;
+        let images = fastbox_runtime::checkpoint::images_dir(&template.checkpoint);
         let source = Arc::new(StoreBlocks::new(self.artifact_store().clone()));
-        Ok(Some(pages.lazy_pages(
-            source,
-            LAZY_RESTORE_TIMEOUT,
-            Some(LAZY_TRANSFER_TIMEOUT),
+        if !self.lazy_allowed(pages.bytes()) {
+            let clock = BuildClock::start();
+            pages
+                .fetch_whole(source.as_ref(), &images, &template.checkpoint)
+                .map_err(|e| refuse(&format!("fetching its memory: {e}")))?;
+            tracing::info!(sandbox = %id, checkpoint = %template.key, bytes = pages.bytes(), ms = clock.ms(), "memory fetched whole before the restore");
+            return Ok(None);
+        }
+        pages.remove_partial(&images);
+        let transfer_timeout = pages.transfer_timeout(LAZY_TRANSFER_TIMEOUT);
+        Ok(Some((
+            pages.lazy_pages(source, LAZY_RESTORE_TIMEOUT, Some(transfer_timeout)),
+            claim,
         )))
+    }
+
+    /// Whether a restore whose pages images hold `bytes` may start before they are in
+    /// place: lazy restores are on, it holds at least [`FastletConfig::lazy_restore_min_bytes`],
+    /// and fewer than [`LAZY_TRANSFERS_MAX`] transfers run.
+    fn lazy_allowed(&self, bytes: u64) -> bool {
+        self.cfg
+            .lazy_restore_min_bytes
+            .is_some_and(|min| bytes > 0 && bytes >= min)
+            && self.transfers.running() < LAZY_TRANSFERS_MAX
     }
 
     /// Whether a clone or a resume of checkpoint `template` starts before its memory is in
     /// place: its pages images hold at least [`FastletConfig::lazy_restore_min_bytes`], and fewer than
     /// [`LAZY_TRANSFERS_MAX`] transfers run.
     fn restores_lazily(&self, template: &Template) -> bool {
-        let Some(min) = self.cfg.lazy_restore_min_bytes else {
-            return false;
-        };
-        if self.transfers.running() >= LAZY_TRANSFERS_MAX {
-            return false;
-        }
         let images = fastbox_runtime::checkpoint::images_dir(&template.checkpoint);
         let pages: u64 = std::fs::read_dir(images)
             .map(|entries| {
@@ -746,7 +769,7 @@ impl Fastlet {
                     .sum()
             })
             .unwrap_or(0);
-        pages > 0 && pages >= min
+        self.lazy_allowed(pages)
     }
 
     /// Restores the golden checkpoint of `template` into the slot of `source` and waits for

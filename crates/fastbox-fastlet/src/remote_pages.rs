@@ -35,6 +35,15 @@ const CHECKPOINT_PREFIX: &str = "checkpoint/";
 const IMAGES_PREFIX: &str = "checkpoint/criu/";
 /// Threads fetching a lazy resume's blocks.
 const FETCH_WORKERS: usize = 8;
+/// The waits before a block fetch that failed is tried again (a store that answers no block
+/// is retried this long before the restore fails).
+const RETRY_WAITS: [Duration; 3] = [
+    Duration::from_millis(100),
+    Duration::from_millis(500),
+    Duration::from_secs(2),
+];
+/// The slowest copy-in a transfer's timeout allows for (bytes per second), beyond its floor.
+const SLOWEST_TRANSFER_BYTES_PER_SEC: u64 = 4 << 20;
 
 /// Whether `path` (in a published checkpoint's tree) is a pages image of its CRIU images.
 pub fn is_pages_image(path: &str) -> bool {
@@ -94,6 +103,48 @@ impl RemotePages {
         self.files.values().map(|f| f.size).sum()
     }
 
+    /// How long copying them in may take: `floor`, or longer for more bytes than the
+    /// slowest transfer expected copies in that time.
+    pub fn transfer_timeout(&self, floor: Duration) -> Duration {
+        floor.max(Duration::from_secs(
+            self.bytes() / SLOWEST_TRANSFER_BYTES_PER_SEC,
+        ))
+    }
+
+    /// Writes every pages image of the list into `images` from `source`, whole (for a
+    /// restore that does not start before its memory is in place), then clears the list of
+    /// checkpoint `checkpoint`.
+    pub fn fetch_whole(
+        &self,
+        source: &dyn BlockSource,
+        images: &Path,
+        checkpoint: &Path,
+    ) -> Result<(), SourceError> {
+        use std::io::Write;
+        self.remove_partial(images);
+        for (name, file) in self.files.iter().filter(|(n, _)| is_pages_name(n)) {
+            let path = images.join(name);
+            let partial = images.join(format!("{name}.fetching"));
+            let mut out = std::fs::File::create(&partial)?;
+            let mut left = file.size;
+            for digest in &file.blocks {
+                let block = source.get_block(digest)?;
+                let take = (block.len() as u64).min(left) as usize;
+                out.write_all(&block[..take])?;
+                left -= take as u64;
+            }
+            if left > 0 {
+                return Err(
+                    format!("{name}: its blocks hold {left} bytes less than its size").into(),
+                );
+            }
+            out.sync_all()?;
+            std::fs::rename(&partial, &path)?;
+        }
+        Self::clear(checkpoint);
+        Ok(())
+    }
+
     /// What checkpoint directory `checkpoint` still lacks, if anything.
     pub fn read(checkpoint: &Path) -> Option<Self> {
         let text = std::fs::read(checkpoint.join(FILE)).ok()?;
@@ -107,7 +158,7 @@ impl RemotePages {
             Ok(pages) => Some(pages),
             Err(e) => {
                 // Unreadable: the pages are not known to be local, so nothing may restore it
-                // as if they were; an empty list fails the lazy restore with a clear error.
+                // as if they were; a restore refuses an empty list with a clear error.
                 tracing::warn!(path = %checkpoint.display(), error = %e, "unreadable list of remote pages images");
                 Some(Self::default())
             }
@@ -208,7 +259,21 @@ impl BlockSource for StoreBlocks {
         if !self.delay.is_zero() {
             std::thread::sleep(self.delay);
         }
-        let bytes = self.store.get_block(&digest)?;
+        let mut waits = RETRY_WAITS.iter();
+        let bytes = loop {
+            match self.store.get_block(&digest) {
+                Ok(bytes) => break bytes,
+                // A block the store does not have will not appear by waiting.
+                Err(e @ fastbox_artifact::StoreError::NotFound { .. }) => return Err(e.into()),
+                Err(e) => match waits.next() {
+                    Some(wait) => {
+                        tracing::debug!(block = %digest, error = %e, "block fetch failed: trying again");
+                        std::thread::sleep(*wait);
+                    }
+                    None => return Err(e.into()),
+                },
+            }
+        };
         self.blocks.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         Ok(bytes)
@@ -234,6 +299,99 @@ mod tests {
         assert!(!is_pages_image("checkpoint/criu/pages-1a.img"));
         assert!(is_list_path("checkpoint/remote-pages.json"));
         assert!(!is_list_path("checkpoint/upper/remote-pages.json"));
+    }
+
+    /// A store whose first `failures` block reads fail as an I/O error would.
+    struct Flaky {
+        inner: Arc<dyn ArtifactStore>,
+        failures: AtomicU64,
+    }
+
+    impl ArtifactStore for Flaky {
+        fn get_block(&self, digest: &Digest) -> Result<Vec<u8>, fastbox_artifact::StoreError> {
+            let left = self.failures.load(Ordering::Relaxed);
+            if left > 0 {
+                self.failures.store(left - 1, Ordering::Relaxed);
+                return Err(fastbox_artifact::StoreError::Io {
+                    op: "get",
+                    location: digest.to_hex(),
+                    source: std::io::Error::other("connection reset"),
+                });
+            }
+            self.inner.get_block(digest)
+        }
+        fastbox_artifact::forward_store!(inner; put_block, stream_block, has_block, delete_block, list_blocks, manifests, index);
+    }
+
+    #[test]
+    fn a_failed_block_fetch_is_tried_again_but_a_missing_block_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner: Arc<dyn ArtifactStore> = Arc::new(LocalStore::open(dir.path()).unwrap());
+        let block = b"some pages".to_vec();
+        let digest = Digest::of(&block);
+        inner.put_block(&digest, &block).unwrap();
+        let flaky = |failures| {
+            StoreBlocks::new(Arc::new(Flaky {
+                inner: inner.clone(),
+                failures: AtomicU64::new(failures),
+            }))
+        };
+        assert_eq!(flaky(2).get_block(&digest.to_hex()).unwrap(), block);
+        assert!(
+            flaky(RETRY_WAITS.len() as u64 + 1)
+                .get_block(&digest.to_hex())
+                .is_err()
+        );
+        let clock = Instant::now();
+        let missing = Digest::of(b"never stored");
+        assert!(flaky(0).get_block(&missing.to_hex()).is_err());
+        assert!(clock.elapsed() < RETRY_WAITS[0], "not retried");
+    }
+
+    #[test]
+    fn a_whole_fetch_writes_each_pages_image_and_clears_the_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn ArtifactStore> =
+            Arc::new(LocalStore::open(&dir.path().join("store")).unwrap());
+        let (a, b) = (vec![1u8; BLOCK_SIZE], vec![2u8; 10]);
+        for block in [&a, &b] {
+            store.put_block(&Digest::of(block), block).unwrap();
+        }
+        let checkpoint = dir.path().join("checkpoint");
+        let images = checkpoint.join("criu");
+        std::fs::create_dir_all(&images).unwrap();
+        let size = (BLOCK_SIZE + 10) as u64;
+        let pages = RemotePages {
+            files: BTreeMap::from([(
+                "pages-1.img".to_string(),
+                RemotePagesFile {
+                    size,
+                    blocks: vec![Digest::of(&a).to_hex(), Digest::of(&b).to_hex()],
+                },
+            )]),
+        };
+        pages.write(&checkpoint).unwrap();
+        // What a cut transfer left is replaced.
+        std::fs::write(images.join("pages-1.img"), b"holes").unwrap();
+        pages
+            .fetch_whole(&StoreBlocks::new(store), &images, &checkpoint)
+            .unwrap();
+        let written = std::fs::read(images.join("pages-1.img")).unwrap();
+        assert_eq!(written.len() as u64, size);
+        assert_eq!(&written[..BLOCK_SIZE], &a[..]);
+        assert_eq!(&written[BLOCK_SIZE..], &b[..]);
+        assert_eq!(RemotePages::read(&checkpoint), None, "whole now");
+        assert_eq!(
+            pages.transfer_timeout(Duration::from_secs(600)),
+            Duration::from_secs(600)
+        );
+        // 16 GiB at the slowest rate allowed for: 4096 s, over the floor.
+        let mut large = pages.clone();
+        large.files.get_mut("pages-1.img").unwrap().size = 16 << 30;
+        assert_eq!(
+            large.transfer_timeout(Duration::from_secs(600)),
+            Duration::from_secs(4096)
+        );
     }
 
     #[test]

@@ -71,6 +71,26 @@ pub struct Transfers {
     running: Mutex<HashMap<String, Arc<Running>>>,
     /// Snapshots whose last transfer failed (a later success from them clears it).
     failed: Mutex<std::collections::HashSet<String>>,
+    /// Checkpoints a restore is about to read, until its transfer is tracked
+    /// ([`Transfers::begin_read`]).
+    starting: Mutex<std::collections::HashSet<String>>,
+}
+
+/// A restore's claim on reading checkpoint `source`: no other restore may read it until
+/// this is dropped (after the restore's transfer is tracked, or the restore failed).
+pub struct ReadClaim {
+    transfers: Arc<Transfers>,
+    source: String,
+}
+
+impl Drop for ReadClaim {
+    fn drop(&mut self) {
+        self.transfers
+            .starting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.source);
+    }
 }
 
 /// One transfer: the snapshot it reads and, once it ended, how.
@@ -169,6 +189,19 @@ impl Transfers {
         running.map_or(Ok(()), |r| r.wait())
     }
 
+    /// A claim on reading checkpoint `source`, unless a transfer reads it or another restore
+    /// claimed it first.
+    pub fn begin_read(self: &Arc<Self>, source: &str) -> Option<ReadClaim> {
+        let mut starting = self.starting.lock().unwrap_or_else(|e| e.into_inner());
+        if self.reads(source) || !starting.insert(source.to_string()) {
+            return None;
+        }
+        Some(ReadClaim {
+            transfers: Arc::clone(self),
+            source: source.to_string(),
+        })
+    }
+
     /// Whether a transfer that reads snapshot `source` runs.
     pub fn reads(&self, source: &str) -> bool {
         self.lock().values().any(|r| r.source == source)
@@ -206,4 +239,20 @@ fn end(dir: &Path, running: &Running, outcome: Result<(), String>) {
     Mark::clear(dir);
     *running.outcome.lock().expect("transfer lock") = Some(outcome);
     running.ended.notify_all();
+}
+
+#[cfg(test)]
+mod claim_tests {
+    use super::*;
+
+    #[test]
+    fn one_restore_at_a_time_reads_a_checkpoint() {
+        let transfers = Arc::new(Transfers::default());
+        let first = transfers.begin_read("pause-a").expect("free");
+        assert!(transfers.begin_read("pause-a").is_none(), "claimed");
+        let other = transfers.begin_read("pause-b");
+        assert!(other.is_some(), "another checkpoint is free");
+        drop(first);
+        assert!(transfers.begin_read("pause-a").is_some(), "free again");
+    }
 }
