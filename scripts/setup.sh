@@ -51,6 +51,7 @@ PACKAGES=(
     jq
     util-linux        # unshare, nsenter, flock, setsid
     ca-certificates
+    s3fs              # object-storage (ossfs) volumes: the FUSE client of a bucket prefix
 )
 REGISTRY_PKG=docker-registry
 # etcd 3.4 (Debian's; not the 3.5.0-3.5.2 builds, which can lose consistency after a crash) and

@@ -486,6 +486,55 @@ class FastboxServer:
             print(f"[fastbox] {self.label}: purge took {time.monotonic() - t0:.1f}s", flush=True)
 
 
+def files_holding(directory: Path, needle: bytes) -> list[Path]:
+    """Files under `directory` holding `needle`, read where they hold data (sparse disk
+    images are mostly holes); overlay mounts (sandbox roots) are not entered: their upper
+    directories are searched where they live."""
+    found: list[Path] = []
+    overlays = {
+        line.split()[4]
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if " - overlay " in line
+    }
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = [d for d in dirs if os.path.join(root, d) not in overlays]
+        for name in files:
+            path = Path(root, name)
+            if path.is_symlink() or not path.is_file():
+                continue
+            if holds(path, needle):
+                found.append(path)
+    return found
+
+
+def holds(path: Path, needle: bytes) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        at = 0
+        while True:
+            try:
+                start = os.lseek(fd, at, os.SEEK_DATA)
+            except OSError:
+                return False
+            end = os.lseek(fd, start, os.SEEK_HOLE)
+            pos = start
+            while pos < end:
+                chunk = os.pread(fd, min(1 << 20, end - pos), pos)
+                if not chunk:
+                    break
+                if needle in chunk:
+                    return True
+                if len(chunk) < len(needle):
+                    break
+                pos += len(chunk) - len(needle) + 1
+            at = end
+    finally:
+        os.close(fd)
+
+
 def diagnostic_text(server: FastboxServer, content: DiagnosticContent) -> str:
     """The text of a diagnostics descriptor, inline or fetched from its URL."""
     if content.delivery == "inline":

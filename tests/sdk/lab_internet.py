@@ -121,6 +121,7 @@ class LabInternet:
         self.block = ipaddress.ip_network(f"198.18.{n}.0/26")
         self.dir = workdir
         self.proc: subprocess.Popen[bytes] | None = None
+        self.others: list[subprocess.Popen[bytes]] = []
 
     def host(self, i: int) -> str:
         return str(self.block.network_address + i)
@@ -173,12 +174,27 @@ class LabInternet:
             self.stop()
             raise
 
+    def run_inside(self, label: str, command: list[str]) -> None:
+        """Starts `command` in the namespace (a server of the lab's own), until `stop()`; its
+        output goes to `<label>.log`."""
+        self.others.append(
+            subprocess.Popen(
+                ["ip", "netns", "exec", self.netns, *command],
+                stdout=open(self.dir / f"{label}.log", "ab"),
+                stderr=subprocess.STDOUT,
+            )
+        )
+
     def received(self, label: str) -> list[str]:
         """What TLS host `label` received, a line per request (`METHOD TARGET authorization=V`)."""
         path = self.dir / f"received-{label}.log"
         return path.read_text().splitlines() if path.exists() else []
 
     def stop(self) -> None:
+        for other in self.others:
+            other.kill()
+            other.wait()
+        self.others = []
         if self.proc is not None:
             self.proc.kill()
             self.proc.wait()

@@ -14,7 +14,6 @@ client in them would.
 
 from __future__ import annotations
 
-import os
 import secrets
 import tempfile
 import time
@@ -115,55 +114,6 @@ def https(sb: SandboxSync, args: str, env: str = "") -> str:
     return "\n".join(fb.lines(ex.logs.stdout)).strip()
 
 
-def files_holding(directory: Path, needle: bytes) -> list[Path]:
-    """Files under `directory` holding `needle`, read where they hold data (sparse disk
-    images are mostly holes); overlay mounts (sandbox roots) are not entered: their upper
-    directories are searched where they live."""
-    found: list[Path] = []
-    overlays = {
-        line.split()[4]
-        for line in Path("/proc/self/mountinfo").read_text().splitlines()
-        if " - overlay " in line
-    }
-    for root, dirs, files in os.walk(directory):
-        dirs[:] = [d for d in dirs if os.path.join(root, d) not in overlays]
-        for name in files:
-            path = Path(root, name)
-            if path.is_symlink() or not path.is_file():
-                continue
-            if holds(path, needle):
-                found.append(path)
-    return found
-
-
-def holds(path: Path, needle: bytes) -> bool:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        at = 0
-        while True:
-            try:
-                start = os.lseek(fd, at, os.SEEK_DATA)
-            except OSError:
-                return False
-            end = os.lseek(fd, start, os.SEEK_HOLE)
-            pos = start
-            while pos < end:
-                chunk = os.pread(fd, min(1 << 20, end - pos), pos)
-                if not chunk:
-                    break
-                if needle in chunk:
-                    return True
-                if len(chunk) < len(needle):
-                    break
-                pos += len(chunk) - len(needle) + 1
-            at = end
-    finally:
-        os.close(fd)
-
-
 def test_bound_hosts_get_the_credential_and_the_sandbox_never_holds_it(
     fastbox: fb.FastboxServer, lab: LabInternet, api: httpx.Client
 ) -> None:
@@ -209,10 +159,10 @@ def test_bound_hosts_get_the_credential_and_the_sandbox_never_holds_it(
             what="paused",
         )
         assert fastbox.data_dir is not None
-        assert files_holding(fastbox.data_dir, marker.encode()), (
+        assert fb.files_holding(fastbox.data_dir, marker.encode()), (
             "the pause's dump holds the sandbox's memory marker (else the search proves nothing)"
         )
-        assert files_holding(fastbox.data_dir, secret.encode()) == []
+        assert fb.files_holding(fastbox.data_dir, secret.encode()) == []
         assert fastbox.log_path is not None and secret not in fastbox.log_path.read_text()
 
         # Resumed on its node: the vault is still there, and still injects.

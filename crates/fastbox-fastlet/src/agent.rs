@@ -146,6 +146,11 @@ pub enum FastletError {
     )]
     NoCredentialProxy(String),
     #[error("sandbox {id}: {source}")]
+    ObjectVolume {
+        id: String,
+        source: Box<crate::object_volumes::ObjectVolumeError>,
+    },
+    #[error("sandbox {id}: {source}")]
     Volumes {
         id: String,
         source: Box<crate::volumes::VolumesError>,
@@ -230,6 +235,8 @@ pub struct PlaceRequest {
     pub policy: EgressPolicy,
     /// Mounted before the entrypoint starts ([`crate::volumes`]).
     pub volumes: Vec<fastbox_node_api::wire::VolumeMount>,
+    /// The keys of its object-storage volumes, by volume name.
+    pub volume_keys: std::collections::BTreeMap<String, fastbox_node_api::wire::ObjectStorageKeys>,
     /// Created with `credentialProxy.enabled`: its HTTPS goes through the node's credential
     /// proxy, it trusts the proxy's CA, and it has a Credential Vault.
     pub credential_proxy: bool,
@@ -815,15 +822,6 @@ impl Fastlet {
         }
         // A restore's volumes (a resume, a clone) are CRIU's to mount again: external mounts
         // of its checkpoint.
-        if !req.volumes.is_empty() && mode == StartMode::Claim {
-            crate::volumes::detached_mounts(self.volume_sources(&req.id), &req.volumes)
-                .and_then(|mounts| Ok(fastbox_runtime::volume::attach(handle.init_pid, mounts)?))
-                .map_err(|source| FastletError::Volumes {
-                    id: req.id.clone(),
-                    source: Box::new(source),
-                })?;
-            clock.lap("volumes");
-        }
         let egress_err = |source| FastletError::Egress {
             id: req.id.clone(),
             source: Box::new(source),
@@ -849,6 +847,17 @@ impl Fastlet {
             None
         };
         clock.lap("policy");
+        // Its buckets are unmounted again unless the whole configuration succeeds.
+        let mut buckets = crate::object_volumes::UnmountOnDrop::new(&self.cfg.data_dir, &req.id);
+        if !req.volumes.is_empty() && mode == StartMode::Claim {
+            let mounted = self.mount_volumes(handle, slot, req);
+            if let (Err(_), Some(proxy), Some(_)) = (&mounted, &self.credential_proxy, trust_ca_pem)
+            {
+                proxy.forget(slot.address);
+            }
+            mounted?;
+            clock.lap("volumes");
+        }
         let mut envs: Vec<(String, String)> = req
             .env
             .iter()
@@ -895,8 +904,55 @@ impl Fastlet {
             proxy.forget(slot.address);
         }
         configured?;
+        buckets.keep();
         clock.lap("claim");
         Ok(clock.finish())
+    }
+
+    /// Mounts a claimed sandbox's volumes before its entrypoint starts. Its buckets first:
+    /// their clients run in its network namespace, which is opened for them now (under the
+    /// policy in force already).
+    fn mount_volumes(
+        &self,
+        handle: &SandboxHandle,
+        slot: &fastbox_runtime::net::NetSlot,
+        req: &PlaceRequest,
+    ) -> Result<(), FastletError> {
+        let object_err = |source| FastletError::ObjectVolume {
+            id: req.id.clone(),
+            source: Box::new(source),
+        };
+        let buckets = req.volumes.iter().any(|v| {
+            matches!(
+                v.source,
+                fastbox_node_api::wire::VolumeSource::ObjectStorage { .. }
+            )
+        });
+        if buckets {
+            self.host
+                .network
+                .allow_egress(slot)
+                .map_err(|e| FastletError::Place {
+                    id: req.id.clone(),
+                    source: Box::new(e.into()),
+                })?;
+        }
+        for volume in &req.volumes {
+            crate::object_volumes::mount(
+                &self.cfg.data_dir,
+                &req.id,
+                &slot.netns_path,
+                volume,
+                req.volume_keys.get(&volume.name),
+            )
+            .map_err(object_err)?;
+        }
+        crate::volumes::detached_mounts(self.volume_sources(&req.id), &req.volumes)
+            .and_then(|mounts| Ok(fastbox_runtime::volume::attach(handle.init_pid, mounts)?))
+            .map_err(|source| FastletError::Volumes {
+                id: req.id.clone(),
+                source: Box::new(source),
+            })
     }
 
     /// Forgets the template named `key` on this node (its directory; pooled sandboxes of it
@@ -1387,6 +1443,7 @@ impl Fastlet {
         };
         sandbox::stop_processes(&handle, &self.host.cgroups).map_err(|e| remove_err(e.into()))?;
         let processes_gone_ms = clock.ms();
+        crate::object_volumes::unmount_all(&self.cfg.data_dir, id);
         if placement.is_some() && !handle.dir.exists() {
             // Removed already: an earlier removal moved its directory to the reaper, whose
             // teardown releases (or released) the slot. A second removal (a server taking
@@ -1519,6 +1576,7 @@ impl Fastlet {
             allowed: &self.cfg.host_volume_roots,
             named: &self.named_volumes,
             user: id,
+            data_dir: &self.cfg.data_dir,
         }
     }
 

@@ -18,6 +18,7 @@ pub mod memory;
 pub mod named_volumes;
 pub mod node_proxy;
 pub mod node_store;
+pub mod object_volumes;
 pub mod one_at_a_time;
 pub mod phases;
 pub mod pool;

@@ -201,6 +201,7 @@ fn restore_request(spec: &RestoreSpec, checkpoint: &Template) -> PlaceRequest {
         egress_token: spec.common.tokens.egress.clone(),
         policy: spec.common.policy.clone(),
         volumes: spec.volumes.clone(),
+        volume_keys: Default::default(),
         credential_proxy: spec.common.credential_proxy,
     }
 }
@@ -343,6 +344,7 @@ impl NodeAgent for LocalNode {
             egress_token: spec.common.tokens.egress,
             policy: spec.common.policy,
             volumes: spec.volumes,
+            volume_keys: spec.volume_keys,
             credential_proxy: spec.common.credential_proxy,
         };
         let (template_choice, use_pool) = (spec.template, spec.use_pool);

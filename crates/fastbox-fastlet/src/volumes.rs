@@ -58,6 +58,9 @@ pub struct Sources<'a> {
     pub named: &'a crate::named_volumes::NamedVolumes,
     /// The sandbox the volumes are for.
     pub user: &'a str,
+    /// The data directory (object-storage volumes are mounted under it first:
+    /// [`crate::object_volumes`]).
+    pub data_dir: &'a Path,
 }
 
 /// The detached mounts of `volumes`, in order, host paths confined to `allowed`.
@@ -228,6 +231,15 @@ fn source_dir(sources: Sources<'_>, volume: &VolumeMount) -> Result<Dir, Volumes
             *size_bytes,
             *delete_on_termination,
         )?,
+        // The bucket, mounted already; its prefix (`sub_path`) is a directory in it.
+        VolumeSource::ObjectStorage { .. } => {
+            let point = crate::object_volumes::point(sources.data_dir, sources.user, &volume.name);
+            Dir::open_root(&point).map_err(|source| VolumesError::Source {
+                name: volume.name.clone(),
+                path: point.display().to_string(),
+                source,
+            })?
+        }
     };
     match &volume.sub_path {
         Some(sub) => dir

@@ -90,6 +90,9 @@ pub struct PlaceSpec {
     /// pool or restored).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeMount>,
+    /// The keys of its object-storage volumes, by volume name.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub volume_keys: std::collections::BTreeMap<String, ObjectStorageKeys>,
     #[serde(flatten)]
     pub common: SandboxSettings,
 }
@@ -128,6 +131,33 @@ pub enum VolumeSource {
         size_bytes: u64,
         delete_on_termination: bool,
     },
+    /// A bucket of S3-compatible storage (the spec's `ossfs`), mounted by a FUSE client the
+    /// node runs in the sandbox's own network namespace; the volume's `sub_path` is the
+    /// bucket prefix. Its keys travel beside it, never in it ([`PlaceSpec::volume_keys`]).
+    #[serde(rename_all = "camelCase")]
+    ObjectStorage {
+        bucket: String,
+        /// `http://` or `https://` and a host, with an optional port.
+        endpoint: String,
+        /// FUSE client options the server allowed (`name` or `name=value`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        options: Vec<String>,
+    },
+}
+
+/// The keys of an object-storage volume: given to the node with the place request only,
+/// never recorded, never printed.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectStorageKeys {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+}
+
+impl std::fmt::Debug for ObjectStorageKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ObjectStorageKeys(<redacted>)")
+    }
 }
 
 /// What every start (from an image, a snapshot or a pause checkpoint) sets.

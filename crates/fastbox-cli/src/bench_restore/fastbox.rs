@@ -66,6 +66,7 @@ fn measure(fastlet: &Fastlet, run: &Run, image: &ResolvedImage) -> anyhow::Resul
             egress_token: String::new(),
             policy: Default::default(),
             volumes: Vec::new(),
+            volume_keys: Default::default(),
             credential_proxy: false,
         };
         let slot = fastlet.reserve_slot()?;

@@ -155,6 +155,7 @@ fn restore(
         egress_token: String::new(),
         policy: Default::default(),
         volumes: Vec::new(),
+        volume_keys: Default::default(),
         credential_proxy: false,
     };
     let slot = fastlet.reserve_slot()?;

@@ -206,6 +206,7 @@ impl Lifecycle {
                 .is_none_or(|v| v != "off"),
             env,
             volumes: plan.volumes.clone(),
+            volume_keys: plan.volume_keys.clone(),
             common: SandboxSettings {
                 limits: plan.limits,
                 disk_bytes: plan.disk_bytes,
@@ -833,6 +834,9 @@ impl Lifecycle {
                     snapshot_id: record.snapshot_id.clone(),
                     secure_access: record.secure_access.is_some(),
                     volumes: record.volumes.clone(),
+                    // Never recorded: a restarted create of object-storage volumes fails
+                    // on the node, which has no keys for them.
+                    volume_keys: Default::default(),
                     credential_proxy: record.credential_proxy,
                 })
                 // The operator may have withdrawn the image's directory since.

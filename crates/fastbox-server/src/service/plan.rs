@@ -42,6 +42,9 @@ pub struct CreatePlan {
     pub secure_access: bool,
     /// Mounted before the entrypoint starts ([`super::volumes`]).
     pub volumes: Vec<fastbox_node_api::wire::VolumeMount>,
+    /// The keys of its object-storage volumes, by volume name: for the place request only
+    /// (never recorded, so a create restarted after a server restart has none).
+    pub volume_keys: std::collections::BTreeMap<String, fastbox_node_api::wire::ObjectStorageKeys>,
     /// `credentialProxy.enabled`: its HTTPS goes through the node's credential proxy.
     pub credential_proxy: bool,
 }
@@ -58,6 +61,8 @@ pub struct Rules<'a> {
     pub data_dir: &'a Path,
     /// Directories whose subdirectories may be mounted as host volumes.
     pub host_volume_roots: &'a [PathBuf],
+    /// Networks of the special ranges an object-storage endpoint address may be in.
+    pub allow_private: &'a [fastbox_image::IpNet],
 }
 
 impl<'a> Rules<'a> {
@@ -67,6 +72,7 @@ impl<'a> Rules<'a> {
             resources: cfg.resources,
             data_dir: &cfg.data_dir,
             host_volume_roots: &cfg.host_volume_roots,
+            allow_private: &cfg.registry_allow_private,
         }
     }
 }
@@ -121,9 +127,15 @@ pub fn plan(req: CreateSandboxRequest, rules: &Rules) -> Result<CreatePlan, ApiE
         credential_proxy_of(req.credential_proxy.as_ref(), req.network_policy.is_some())?;
     let metadata = metadata_of(req.metadata)?;
     let policy = policy_of(req.network_policy.as_ref())?;
-    let volumes = super::volumes::volumes_of(
+    let super::volumes::Planned {
+        mounts: volumes,
+        keys: volume_keys,
+    } = super::volumes::plan_volumes(
         req.volumes.as_deref().unwrap_or_default(),
-        rules.host_volume_roots,
+        super::volumes::VolumeRules {
+            host_roots: rules.host_volume_roots,
+            allow_private: rules.allow_private,
+        },
     )?;
     if req.lifecycle.is_some() {
         return Err(unsupported(
@@ -157,6 +169,7 @@ pub fn plan(req: CreateSandboxRequest, rules: &Rules) -> Result<CreatePlan, ApiE
         snapshot_id: None,
         secure_access: req.secure_access == Some(true),
         volumes,
+        volume_keys,
         credential_proxy,
     })
 }
@@ -210,6 +223,7 @@ pub fn plan_from_template(
         snapshot_id: None,
         secure_access: false,
         volumes: Vec::new(),
+        volume_keys: Default::default(),
         credential_proxy: false,
     })
 }
@@ -291,6 +305,7 @@ pub fn plan_from_snapshot(
         // request to open it); `true` makes a clone of any sandbox secure.
         secure_access: snapshot.secure_access || req.secure_access == Some(true),
         volumes: snapshot.volumes.clone(),
+        volume_keys: Default::default(),
         credential_proxy: snapshot.credential_proxy,
     })
 }
@@ -550,6 +565,7 @@ mod tests {
             resources: ResourcePolicy::default(),
             data_dir: Path::new("/tmp"),
             host_volume_roots: &[],
+            allow_private: &[],
         }
     }
 
@@ -871,6 +887,7 @@ mod tests {
             &Rules {
                 data_dir: Path::new("/"),
                 host_volume_roots: &[],
+                allow_private: &[],
                 ..rules
             },
         )

@@ -177,6 +177,7 @@ impl Lifecycle {
             )));
         }
         let source = self.record(sandbox_id)?;
+        refuse_object_storage(&source, "snapshotted or forked")?;
         if source.state() != SandboxState::Running || source.placement.is_none() {
             return Err(not_running(
                 &source,
@@ -373,6 +374,7 @@ impl Lifecycle {
     /// `POST /v1/sandboxes/{id}/pause`: `Pausing` now; `Paused` once the checkpoint is on
     /// disk and the runtime released.
     pub fn pause(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
+        refuse_object_storage(&self.record(id)?, "paused")?;
         let key = new_pause_key(id);
         self.begin(
             id,
@@ -1199,6 +1201,23 @@ fn snapshot_source(key: &str, record: &SandboxRecord) -> Option<SnapshotSource> 
         image_reference: record.image.uri.clone(),
         volumes: record.volumes.clone(),
     })
+}
+
+/// 409 for a sandbox with an object-storage volume: its FUSE client's state is not part of a
+/// checkpoint, and its keys are not kept to mount the bucket again.
+fn refuse_object_storage(record: &SandboxRecord, what: &str) -> Result<(), ApiError> {
+    match record.volumes.iter().find(|v| {
+        matches!(
+            v.source,
+            fastbox_node_api::wire::VolumeSource::ObjectStorage { .. }
+        )
+    }) {
+        Some(volume) => Err(ApiError::Conflict(format!(
+            "sandbox {} cannot be {what}: its volume {} is object storage (ossfs), whose mount a checkpoint cannot hold",
+            record.id, volume.name
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn busy(id: &str) -> ApiError {

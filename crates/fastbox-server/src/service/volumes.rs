@@ -7,12 +7,13 @@
 //! confined to the allowed directory (`fastbox_fastlet::volumes`); this check gives the
 //! caller a clear 400 before that. `pvc` volumes are the node's named volumes
 //! (`fastbox_fastlet::named_volumes`), each with its size as a quota. `ossfs` volumes are
-//! refused as not supported.
+//! buckets of S3-compatible storage ([`object_storage_source`]): their keys are kept apart
+//! ([`Planned::keys`]) for the node's place request only, never recorded.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Component, Path, PathBuf};
 
-use fastbox_node_api::wire::{VolumeMount, VolumeSource};
+use fastbox_node_api::wire::{ObjectStorageKeys, VolumeMount, VolumeSource};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -73,8 +74,40 @@ struct PvcBackend {
     access_modes: Option<Vec<String>>,
 }
 
-/// The volumes of a create, in order; `host_roots` are the allowed host directories.
+/// The volumes of a create and the keys of its object-storage ones.
+#[derive(Debug, Default)]
+pub struct Planned {
+    pub mounts: Vec<VolumeMount>,
+    /// By volume name: for the place request only.
+    pub keys: BTreeMap<String, ObjectStorageKeys>,
+}
+
+/// What a create's volumes are checked against.
+#[derive(Debug, Clone, Copy)]
+pub struct VolumeRules<'a> {
+    /// The allowed host directories.
+    pub host_roots: &'a [PathBuf],
+    /// Networks of the special ranges an object-storage endpoint given as an address may be
+    /// in (the image pulls' `registry_allow_private`).
+    pub allow_private: &'a [fastbox_image::IpNet],
+}
+
+/// [`plan_volumes`] without object-storage keys (tests).
+#[cfg(test)]
 pub fn volumes_of(values: &[Value], host_roots: &[PathBuf]) -> Result<Vec<VolumeMount>, ApiError> {
+    plan_volumes(
+        values,
+        VolumeRules {
+            host_roots,
+            allow_private: &[],
+        },
+    )
+    .map(|p| p.mounts)
+}
+
+/// The volumes of a create, in order, and the keys of the object-storage ones.
+pub fn plan_volumes(values: &[Value], rules: VolumeRules<'_>) -> Result<Planned, ApiError> {
+    let host_roots = rules.host_roots;
     if values.len() > MAX_VOLUMES {
         return Err(invalid(format!(
             "volumes: {} given, at most {MAX_VOLUMES}",
@@ -83,6 +116,7 @@ pub fn volumes_of(values: &[Value], host_roots: &[PathBuf]) -> Result<Vec<Volume
     }
     let mut names = HashSet::new();
     let mut mounts: Vec<VolumeMount> = Vec::with_capacity(values.len());
+    let mut keys = BTreeMap::new();
     for (i, value) in values.iter().enumerate() {
         let volume: Volume = serde_json::from_value(value.clone())
             .map_err(|e| invalid(format!("volumes[{i}]: {e}")))?;
@@ -114,10 +148,11 @@ pub fn volumes_of(values: &[Value], host_roots: &[PathBuf]) -> Result<Vec<Volume
             (None, Some(pvc), None) => {
                 named_source(pvc).map_err(|e| invalid(format!("{at}: pvc.{e}")))?
             }
-            (None, None, Some(_)) => {
-                return Err(ApiError::NotSupported(format!(
-                    "{at}: ossfs volumes are not supported by this server"
-                )));
+            (None, None, Some(ossfs)) => {
+                let (source, secret) = object_storage_source(ossfs, rules.allow_private)
+                    .map_err(|e| invalid(format!("{at}: ossfs.{e}")))?;
+                keys.insert(volume.name.clone(), secret);
+                source
             }
             (None, None, None) => {
                 return Err(invalid(format!(
@@ -138,7 +173,7 @@ pub fn volumes_of(values: &[Value], host_roots: &[PathBuf]) -> Result<Vec<Volume
             sub_path,
         });
     }
-    Ok(mounts)
+    Ok(Planned { mounts, keys })
 }
 
 fn invalid(message: String) -> ApiError {
@@ -216,6 +251,150 @@ fn sub_path_of(path: &str) -> Result<String, String> {
         return Err(format!("{path:?} names no directory of the volume"));
     }
     Ok(out.display().to_string())
+}
+
+/// `ossfs`: a bucket of S3-compatible storage. `version` is accepted and means nothing here
+/// (the node's client speaks S3).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct OssfsBackend {
+    bucket: String,
+    endpoint: String,
+    #[serde(default)]
+    version: Option<String>,
+    #[serde(default)]
+    options: Vec<String>,
+    access_key_id: String,
+    access_key_secret: String,
+}
+
+/// The FUSE client options a create may give: they tune how the bucket is spoken to, and
+/// none names a host path (`passwd_file`, `use_cache`, `tmpdir` and the like are refused).
+const OBJECT_STORAGE_OPTIONS: &[(&str, bool)] = &[
+    // (name, takes a number)
+    ("use_path_request_style", false),
+    ("sigv2", false),
+    ("sigv4", false),
+    ("nomultipart", false),
+    ("enable_noobj_cache", false),
+    ("list_object_max_keys", true),
+    ("multipart_size", true),
+    ("parallel_count", true),
+    ("stat_cache_expire", true),
+    ("max_stat_cache_size", true),
+];
+
+/// An `ossfs` backend as the node's source, and its keys; or why not.
+fn object_storage_source(
+    value: &Value,
+    allow_private: &[fastbox_image::IpNet],
+) -> Result<(VolumeSource, ObjectStorageKeys), String> {
+    // The error never quotes the value: it holds the keys.
+    let backend: OssfsBackend = serde_json::from_value(value.clone()).map_err(|e| {
+        let text = e.to_string();
+        match text.split_once(" at line") {
+            Some((what, _)) => what.to_string(),
+            None => text,
+        }
+    })?;
+    let bucket = &backend.bucket;
+    let bucket_ok = (3..=63).contains(&bucket.len())
+        && bucket
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+        && bucket.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && bucket.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if !bucket_ok {
+        return Err(format!(
+            "bucket {bucket:?} is not a bucket name (3 to 63 of lowercase letters, digits, '.' and '-')"
+        ));
+    }
+    if let Some(v) = &backend.version
+        && v != "1.0"
+        && v != "2.0"
+    {
+        return Err(format!("version {v:?} is not 1.0 or 2.0"));
+    }
+    let endpoint =
+        endpoint_of(&backend.endpoint, allow_private).map_err(|e| format!("endpoint {e}"))?;
+    for option in &backend.options {
+        let (name, value) = match option.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (option.as_str(), None),
+        };
+        let allowed = OBJECT_STORAGE_OPTIONS.iter().find(|(n, _)| *n == name);
+        let fits = match (allowed, value) {
+            (Some((_, false)), None) => true,
+            (Some((_, true)), Some(v)) => {
+                !v.is_empty() && v.len() <= 9 && v.bytes().all(|b| b.is_ascii_digit())
+            }
+            _ => false,
+        };
+        if !fits {
+            let names: Vec<&str> = OBJECT_STORAGE_OPTIONS.iter().map(|(n, _)| *n).collect();
+            return Err(format!(
+                "options: {option:?} is not allowed (allowed: {}; numbers for the ones that take a value)",
+                names.join(", ")
+            ));
+        }
+    }
+    let key_ok =
+        |k: &str| !k.is_empty() && k.len() <= 512 && k.bytes().all(|b| b.is_ascii_graphic());
+    if !key_ok(&backend.access_key_id) || backend.access_key_id.contains(':') {
+        return Err("accessKeyId must be visible ASCII without ':'".into());
+    }
+    if !key_ok(&backend.access_key_secret) {
+        return Err("accessKeySecret must be visible ASCII".into());
+    }
+    Ok((
+        VolumeSource::ObjectStorage {
+            bucket: backend.bucket,
+            endpoint,
+            options: backend.options,
+        },
+        ObjectStorageKeys {
+            access_key_id: backend.access_key_id,
+            secret_access_key: backend.access_key_secret,
+        },
+    ))
+}
+
+/// `endpoint` as `scheme://host[:port]` (`https` when it names none), or why not. An address
+/// in the special ranges (private, loopback, link-local, ...) is refused unless
+/// `allow_private` holds it, as for image pulls; a name is checked where it is connected to:
+/// the node's client runs in the sandbox's network namespace, whose policy and private-range
+/// denies decide.
+fn endpoint_of(endpoint: &str, allow_private: &[fastbox_image::IpNet]) -> Result<String, String> {
+    let (scheme, rest) = match endpoint.split_once("://") {
+        Some((s, r)) if s == "http" || s == "https" => (s, r),
+        Some((s, _)) => return Err(format!("{endpoint:?}: scheme {s:?} is not http or https")),
+        None => ("https", endpoint),
+    };
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') => (h, Some(p)),
+        _ => (authority, None),
+    };
+    let host_ok = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-');
+    let port_ok = port.is_none_or(|p| p.parse::<u16>().is_ok_and(|p| p > 0));
+    if !host_ok || !port_ok {
+        return Err(format!(
+            "{endpoint:?} is not [http[s]://]HOST[:PORT] (no path, no user, no IPv6)"
+        ));
+    }
+    if let Ok(address) = host.parse::<std::net::IpAddr>()
+        && let Some(special) = fastbox_image::classify(address)
+        && !allow_private.iter().any(|n| n.contains(address))
+    {
+        return Err(format!(
+            "{endpoint:?}: {address} is {special}, which volumes may not reach unless the operator allows the network (registry_allow_private)"
+        ));
+    }
+    Ok(format!("{scheme}://{authority}"))
 }
 
 fn host_source(path: &str, roots: &[PathBuf]) -> Result<VolumeSource, String> {
@@ -377,8 +556,6 @@ mod tests {
             &[],
         );
         assert!(message(off.unwrap_err()).contains("host volumes are off"));
-        let ossfs = one(json!({"name": "w", "ossfs": {"bucket": "b"}, "mountPath": "/w"}));
-        assert!(matches!(ossfs, Err(ApiError::NotSupported(_))), "{ossfs:?}");
         for (pvc, expected) in [
             (json!({"claimName": "Bad_Name"}), "DNS label"),
             (json!({"claimName": "../x"}), "DNS label"),
@@ -423,6 +600,73 @@ mod tests {
                 delete_on_termination: true,
             }
         );
+    }
+
+    #[test]
+    fn a_bucket_is_taken_and_its_keys_kept_apart_never_in_an_error() {
+        let secret = "s3cr3t-never-shown";
+        let ossfs = |change: Value| {
+            let mut backend = json!({"bucket": "team-data", "endpoint": "s3.example.com",
+                "accessKeyId": "AKID", "accessKeySecret": secret,
+                "options": ["use_path_request_style", "parallel_count=4"]});
+            backend
+                .as_object_mut()
+                .unwrap()
+                .extend(change.as_object().unwrap().clone());
+            let allowed = ["10.9.0.0/16".parse().unwrap()];
+            plan_volumes(
+                &[json!({"name": "d", "ossfs": backend, "mountPath": "/d", "subPath": "p/q"})],
+                VolumeRules {
+                    host_roots: &[],
+                    allow_private: &allowed,
+                },
+            )
+        };
+        let planned = ossfs(json!({})).unwrap();
+        assert_eq!(
+            planned.mounts[0].source,
+            VolumeSource::ObjectStorage {
+                bucket: "team-data".into(),
+                endpoint: "https://s3.example.com".into(),
+                options: vec!["use_path_request_style".into(), "parallel_count=4".into()],
+            }
+        );
+        assert_eq!(planned.mounts[0].sub_path.as_deref(), Some("p/q"));
+        assert_eq!(planned.keys["d"].secret_access_key, secret);
+        assert!(
+            !format!("{planned:?}").contains(secret),
+            "Debug hides the keys"
+        );
+        // An address the operator allows passes; others of the special ranges do not.
+        assert!(ossfs(json!({"endpoint": "http://10.9.1.2:9000"})).is_ok());
+        for (change, expected) in [
+            (json!({"endpoint": "http://10.1.2.3"}), "private"),
+            (json!({"endpoint": "http://127.0.0.1:9000"}), "loopback"),
+            (json!({"endpoint": "ftp://s3.example.com"}), "scheme"),
+            (
+                json!({"endpoint": "https://s3.example.com/path"}),
+                "not [http[s]://]HOST",
+            ),
+            (
+                json!({"endpoint": "https://user@s3.example.com"}),
+                "not [http[s]://]HOST",
+            ),
+            (json!({"bucket": "No_Such"}), "bucket"),
+            (json!({"version": "3.0"}), "version"),
+            (
+                json!({"options": ["passwd_file=/etc/shadow"]}),
+                "not allowed",
+            ),
+            (json!({"options": ["use_cache=/tmp"]}), "not allowed"),
+            (json!({"options": ["parallel_count=x"]}), "not allowed"),
+            (json!({"accessKeyId": "a:b"}), "accessKeyId"),
+            (json!({"accessKeySecret": ""}), "accessKeySecret"),
+            (json!({"unknown": 1}), "unknown field"),
+        ] {
+            let text = message(ossfs(change.clone()).expect_err(&change.to_string()));
+            assert!(text.contains(expected), "{change}: {text}");
+            assert!(!text.contains(secret), "{change}: {text}");
+        }
     }
 
     #[test]
