@@ -732,6 +732,7 @@ fn a_claim_whose_placement_was_never_recorded_goes_with_a_release_by_id() {
             entrypoint: vec!["sleep".into(), "100000".into()],
             env: Vec::new(),
             volumes: Vec::new(),
+            volume_keys: Default::default(),
             common: SandboxSettings {
                 limits: Default::default(),
                 disk_bytes: None,

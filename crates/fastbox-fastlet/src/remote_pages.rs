@@ -352,7 +352,7 @@ mod tests {
     fn a_whole_fetch_writes_each_pages_image_and_clears_the_list() {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn ArtifactStore> =
-            Arc::new(LocalStore::open(&dir.path().join("store")).unwrap());
+            Arc::new(LocalStore::open(dir.path().join("store")).unwrap());
         let (a, b) = (vec![1u8; BLOCK_SIZE], vec![2u8; 10]);
         for block in [&a, &b] {
             store.put_block(&Digest::of(block), block).unwrap();

@@ -1697,6 +1697,7 @@ mod tests {
             entrypoint: vec!["sleep".into()],
             env: vec![],
             volumes: Vec::new(),
+            volume_keys: Default::default(),
             common: settings(),
         }
     }

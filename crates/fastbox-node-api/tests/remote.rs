@@ -507,6 +507,7 @@ async fn script(node: &dyn NodeAgent) -> Vec<String> {
         entrypoint: vec!["sh".into(), "-c".into(), "sleep 1; echo \"x\"".into()],
         env: vec!["A=1".into(), "B=ü".into()],
         volumes: Vec::new(),
+        volume_keys: Default::default(),
         common: settings(1),
     };
     let first = note!(node.place(spec, slot).await).unwrap().placement;
@@ -843,6 +844,7 @@ async fn a_stopped_node_is_unreachable_within_the_timeout() {
                 entrypoint: vec![],
                 env: vec![],
                 volumes: Vec::new(),
+                volume_keys: Default::default(),
                 common: settings(1),
             },
             0,
@@ -1123,6 +1125,7 @@ async fn proxy_carries_its_route_headers_and_client_exactly() {
         entrypoint: vec![],
         env: vec![],
         volumes: Vec::new(),
+        volume_keys: Default::default(),
         common: settings(9),
     };
     served.node.place(spec, slot).await.unwrap();
