@@ -545,11 +545,13 @@ fn a_paused_sandbox_resumes_on_another_node_when_its_node_is_lost() {
         .tempdir()
         .unwrap();
     let store = shared.path().display().to_string();
+    // Lazy restores from 1 MiB: the moved sandbox's memory (about 20 MiB, under the default
+    // minimum, which a move would fetch whole first) is fetched while it runs.
     let (server, mut node) = joined(
         (&server_prefix, "10.218.125.0/24"),
         (&node_prefix, "10.218.126.0/24"),
         5000,
-        &["--artifact-store", &store],
+        &["--artifact-store", &store, "--lazy-restore-min-mib", "1"],
     );
     server.wait_node("n1", "ready", Duration::from_secs(10));
 
