@@ -259,3 +259,52 @@ def test_plain_http_is_injected_only_for_a_binding_that_asks_for_it(
     finally:
         sb.kill()
         sb.close()
+
+
+def test_a_fork_keeps_the_proxy_and_gets_a_vault_of_its_own(
+    fastbox: fb.FastboxServer, lab: LabInternet, api: httpx.Client
+) -> None:
+    secret = "fbv-" + secrets.token_hex(12)
+    source = create(fastbox)
+    forks: list[str] = []
+    try:
+        source.files.write_file("/tmp/https.py", HTTPS)
+        source.credential_vault.create(
+            credentials=[{"name": "t", "source": {"type": "inline", "value": secret}}],
+            bindings=[{"name": "api", "match": {"hosts": [VAULT]},
+                       "auth": {"type": "bearer", "credential": "t"}}],
+        )  # fmt: skip
+        r = api.post(f"/v1/sandboxes/{source.id}/fork", json={"count": 1})
+        assert r.status_code == 202, r.text
+        forks = [item["id"] for item in r.json()["items"]]
+        fb.wait_until(
+            lambda: api.get(f"/v1/sandboxes/{forks[0]}").json()["status"]["state"] == "Running",
+            timeout=120,
+            what="the fork running",
+        )
+        fork = SandboxSync.connect(forks[0], connection_config=fastbox.connection_config())
+        # Its own vault, empty: the source's values are not copied.
+        with pytest.raises(SandboxException):
+            fork.credential_vault.get()
+        # Its HTTPS still goes through the proxy (the source's CA is trusted in its memory and
+        # files): unbound, the real host's certificate is not trusted, as in any proxied
+        # sandbox; bound, its own vault injects.
+        before = len(lab.received("real"))
+        assert "CERTIFICATE_VERIFY_FAILED" in https(fork, VAULT)
+        fork.credential_vault.create(
+            credentials=[{"name": "t", "source": {"type": "inline", "value": "fork-own"}}],
+            bindings=[{"name": "api", "match": {"hosts": [VAULT]},
+                       "auth": {"type": "bearer", "credential": "t"}}],
+        )  # fmt: skip
+        assert https(fork, VAULT) == REDACTED
+        assert lab.received("real")[before:] == [
+            "GET /user/repos?per_page=1 authorization=Bearer fork-own"
+        ]
+        # The source's vault is untouched.
+        assert https(source, VAULT) == REDACTED
+        assert lab.received("real")[-1].endswith(f"Bearer {secret}")
+    finally:
+        for fid in forks:
+            api.delete(f"/v1/sandboxes/{fid}")
+        source.kill()
+        source.close()
