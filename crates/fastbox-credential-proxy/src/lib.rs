@@ -53,6 +53,9 @@ const MAX_HEAD: usize = 16 * 1024;
 /// A sandbox speaking a protocol where the host speaks first gets its connection passed on
 /// untouched after this.
 const FIRST_BYTES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long a request's head may take to come on a served connection, the first one and each
+/// after (an idle keep-alive connection is closed after this).
+const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A future of the proxy's I/O.
 pub type IoFuture<'a, T> = Pin<Box<dyn Future<Output = io::Result<T>> + Send + 'a>>;
@@ -217,6 +220,10 @@ impl Proxy {
             upstream: self.upstream.clone(),
         });
         hyper::server::conn::http1::Builder::new()
+            // A request's head must come whole within this (a client that trickles, or
+            // keeps an idle connection, is closed).
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT)
             .serve_connection(
                 TokioIo::new(io),
                 hyper::service::service_fn(move |req| {

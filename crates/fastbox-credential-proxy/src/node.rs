@@ -6,6 +6,7 @@
 //! source port of `PROXY_SOURCE_PORTS` (which the redirect lets pass), so the slot's egress
 //! policy and the private ranges decide exactly as for the sandbox itself.
 
+use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::path::PathBuf;
@@ -22,6 +23,13 @@ use crate::{Connector, Handled, IoFuture, Proxy, Scheme, Session};
 
 /// How long a name's resolution may take.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long passing a connection on may take to connect.
+const PASS_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most connections one sandbox has at the proxy at once; more are closed at once (the
+/// instance table also counts them against the sandbox's connection cap).
+pub const MAX_CONNECTIONS_PER_SANDBOX: usize = 256;
+/// The most connections the proxy holds at once, all sandboxes together.
+pub const MAX_CONNECTIONS: usize = 4096;
 
 /// A sandbox's way out, for the proxy.
 pub struct SlotConnector {
@@ -113,18 +121,76 @@ pub trait Sandboxes: Send + Sync {
     fn session(&self, address: Ipv4Addr) -> Option<Session>;
 }
 
-/// Serves the redirected connections arriving at `listener` until it fails.
+/// Serves the redirected connections arriving at `listener`, for as long as it runs. A
+/// failed accept (out of descriptors, say) is logged and retried after a pause; a sandbox
+/// over [`MAX_CONNECTIONS_PER_SANDBOX`], or the proxy over [`MAX_CONNECTIONS`], has the new
+/// connection closed.
 pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, sandboxes: Arc<dyn Sandboxes>) {
+    let total = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let per_sandbox: Arc<std::sync::Mutex<HashMap<Ipv4Addr, usize>>> = Arc::default();
     loop {
-        let Ok((stream, peer)) = listener.accept().await else {
-            return;
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "credential proxy: accept failed; trying again");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = total.clone().try_acquire_owned() else {
+            tracing::warn!(peer = %peer, "credential proxy: at its connection limit; closed");
+            continue;
+        };
+        let Some(held) = Held::take(&per_sandbox, peer) else {
+            tracing::debug!(peer = %peer, "credential proxy: the sandbox is at its connection limit; closed");
+            continue;
         };
         let (proxy, sandboxes) = (proxy.clone(), sandboxes.clone());
         tokio::spawn(async move {
+            let _held = (held, permit);
             if let Err(e) = connection(stream, peer, &proxy, sandboxes.as_ref()).await {
                 tracing::debug!(peer = %peer, error = %e, "credential proxy: connection ended");
             }
         });
+    }
+}
+
+/// One of a sandbox's connections at the proxy, counted while it lives.
+struct Held {
+    counts: Arc<std::sync::Mutex<HashMap<Ipv4Addr, usize>>>,
+    address: Ipv4Addr,
+}
+
+impl Held {
+    fn take(
+        counts: &Arc<std::sync::Mutex<HashMap<Ipv4Addr, usize>>>,
+        peer: SocketAddr,
+    ) -> Option<Self> {
+        let SocketAddr::V4(peer) = peer else {
+            return None;
+        };
+        let mut map = counts.lock().expect("connection counts lock");
+        let count = map.entry(*peer.ip()).or_default();
+        if *count >= MAX_CONNECTIONS_PER_SANDBOX {
+            return None;
+        }
+        *count += 1;
+        Some(Self {
+            counts: counts.clone(),
+            address: *peer.ip(),
+        })
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut map = self.counts.lock().expect("connection counts lock");
+        if let Some(count) = map.get_mut(&self.address) {
+            *count -= 1;
+            if *count == 0 {
+                map.remove(&self.address);
+            }
+        }
     }
 }
 
@@ -135,6 +201,10 @@ async fn connection(
     sandboxes: &dyn Sandboxes,
 ) -> io::Result<()> {
     let original = original_destination(&stream)?;
+    // Only the redirect's ports: anything else reached the listener directly.
+    if !matches!(original.port(), 80 | 443) {
+        return Err(io::Error::other("not a redirected connection"));
+    }
     let SocketAddr::V4(peer) = peer else {
         return Err(io::Error::other("not a slot's address"));
     };
@@ -153,7 +223,12 @@ async fn connection(
             mut stream, prefix, ..
         } => {
             // Untouched: on to where the sandbox aimed it, as the sandbox.
-            let mut upstream = connector.connect(SocketAddr::V4(original)).await?;
+            let mut upstream = tokio::time::timeout(
+                PASS_CONNECT_TIMEOUT,
+                connector.connect(SocketAddr::V4(original)),
+            )
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "passing the connection on"))??;
             upstream.write_all(&prefix).await?;
             tokio::io::copy_bidirectional(&mut stream, &mut upstream).await?;
             Ok(())

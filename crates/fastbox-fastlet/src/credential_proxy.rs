@@ -43,10 +43,6 @@ pub enum CredentialProxyError {
     Ca(#[from] fastbox_credential_proxy::CaError),
     #[error("credential proxy roots {path}: {message}")]
     Roots { path: PathBuf, message: String },
-    #[error(
-        "credential proxy: no trusted roots (the host's trust store is empty and no --credential-proxy-roots was given)"
-    )]
-    NoRoots,
     #[error("credential proxy listener: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -83,6 +79,7 @@ impl CredentialProxy {
             .unwrap_or_else(|| data_dir.join("credential-proxy"));
         let ca = Arc::new(ProxyCa::load_or_generate(&ca_dir, CA_NAME)?);
         let roots = Arc::new(trusted_roots(&cfg.extra_roots)?);
+        raise_open_files_limit();
         let proxy = Arc::new(Proxy::new(ca.clone(), Upstream { roots }));
         let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0))?;
         listener.set_nonblocking(true)?;
@@ -192,6 +189,18 @@ impl Sandboxes for SessionTable {
     }
 }
 
+/// Raises this process's soft limit of open files to its hard limit: the proxy holds two
+/// descriptors per connection, up to `node::MAX_CONNECTIONS`.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        tracing::warn!(soft, hard, error = %e, "could not raise the open files limit");
+    }
+}
+
 /// The host's trust store and the PEM files of `extra`.
 fn trusted_roots(extra: &[PathBuf]) -> Result<RootCertStore, CredentialProxyError> {
     let mut roots = RootCertStore::empty();
@@ -223,7 +232,10 @@ fn trusted_roots(extra: &[PathBuf]) -> Result<RootCertStore, CredentialProxyErro
         }
     }
     if roots.is_empty() {
-        return Err(CredentialProxyError::NoRoots);
+        // The node runs without them: bound hosts then fail verification (502), nothing else.
+        tracing::warn!(
+            "credential proxy: no trusted roots (the host's trust store is empty and no --credential-proxy-roots was given): bound hosts cannot be verified"
+        );
     }
     Ok(roots)
 }

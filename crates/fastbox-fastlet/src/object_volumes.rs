@@ -132,9 +132,25 @@ fn run_client(
     // reads (a daemonized client checks the bucket after mounting, and says nothing).
     let mut command = Command::new(CLIENT);
     command.arg(&target).arg(point).arg("-f");
+    check_resolver(endpoint).map_err(&failed)?;
+    // Its staging files live in a directory of the sandbox's own under the data directory,
+    // and it keeps 1 GiB of that disk free.
+    let tmp = point.with_file_name(format!(".tmp-{name}"));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&tmp)
+        .or_else(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => Ok(()),
+            _ => Err(e),
+        })
+        .map_err(|e| failed(format!("make its staging directory: {e}")))?;
     let mut opts = vec![
         format!("url={endpoint}"),
         format!("passwd_file={}", passwd.display()),
+        format!("tmpdir={}", tmp.display()),
+        "ensure_diskfree=1024".to_string(),
+        "nosuid".to_string(),
+        "nodev".to_string(),
         // The sandbox's processes are other users of the mount.
         "allow_other".to_string(),
         "mp_umask=022".to_string(),
@@ -178,7 +194,10 @@ fn run_client(
             Ok(())
         });
     }
+    // Nothing of the node's environment (its API keys, its store's credentials).
     command
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .stdin(Stdio::null())
         .stdout(Stdio::from(log))
         .stderr(Stdio::from(log_err));
@@ -272,12 +291,72 @@ fn run_client(
     Ok(())
 }
 
+/// Whether the client, which runs in the sandbox's network namespace but reads the node's
+/// resolver settings, asks the sandbox's DNS forwarder for `endpoint`'s name: a name server
+/// on loopback would be the sandbox's own loopback there (a sandbox process could answer),
+/// and a resolver other than `files`/`dns` (systemd's `resolve`) would go around the
+/// forwarder. Such a node takes endpoints given as addresses only.
+fn check_resolver(endpoint: &str) -> Result<(), String> {
+    let authority = endpoint
+        .split_once("://")
+        .map_or(endpoint, |(_, rest)| rest);
+    let host = match authority.rsplit_once(':') {
+        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
+        _ => authority,
+    };
+    if host.parse::<std::net::IpAddr>().is_ok() {
+        return Ok(());
+    }
+    let resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    let loopback = resolv
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .filter_map(|a| a.trim().parse::<std::net::IpAddr>().ok())
+        .find(|a| a.is_loopback() || a.is_unspecified());
+    let nss = std::fs::read_to_string("/etc/nsswitch.conf").unwrap_or_default();
+    let other = nss
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("hosts:"))
+        .and_then(|sources| {
+            sources
+                .split_whitespace()
+                .filter(|s| !s.starts_with('['))
+                // `myhostname` answers only the machine's own names.
+                .find(|s| !matches!(*s, "files" | "dns" | "myhostname"))
+                .map(str::to_string)
+        });
+    match (loopback, other) {
+        (Some(ns), _) => Err(format!(
+            "this node's resolver is {ns}, on loopback: give the endpoint as an address"
+        )),
+        (None, Some(source)) => Err(format!(
+            "this node resolves host names through {source:?}, around the sandbox's DNS: give the endpoint as an address"
+        )),
+        (None, None) => Ok(()),
+    }
+}
+
+/// `path` as `/proc/self/mountinfo` writes it (space, tab, newline and backslash octal).
+fn mountinfo_escaped(path: &Path) -> String {
+    let mut out = String::new();
+    for c in path.to_string_lossy().chars() {
+        match c {
+            ' ' => out.push_str("\\040"),
+            '\t' => out.push_str("\\011"),
+            '\n' => out.push_str("\\012"),
+            '\\' => out.push_str("\\134"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// Whether a FUSE file system is mounted at `point`.
 fn is_mounted(point: &Path) -> bool {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return false;
     };
-    let point = point.to_string_lossy();
+    let point = mountinfo_escaped(point);
     info.lines().any(|line| {
         let mut fields = line.split(" - ");
         let (Some(head), Some(tail)) = (fields.next(), fields.next()) else {
@@ -300,8 +379,14 @@ pub fn unmount_all(data_dir: &Path, sandbox: &str) {
     };
     for entry in entries.flatten() {
         let path = entry.path();
-        // Its keys (gone already unless a crash came between) and its client's log.
-        if entry.file_name().to_string_lossy().starts_with('.') {
+        // Its keys (gone already unless a crash came between), its client's log and staging
+        // directory: fastbox's own files, never the bucket's.
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        if file_name.starts_with(".tmp-") {
+            let _ = std::fs::remove_dir_all(&path);
+            continue;
+        }
+        if file_name.starts_with('.') {
             let _ = std::fs::remove_file(&path);
             continue;
         }

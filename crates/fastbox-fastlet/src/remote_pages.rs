@@ -120,26 +120,14 @@ impl RemotePages {
         images: &Path,
         checkpoint: &Path,
     ) -> Result<(), SourceError> {
-        use std::io::Write;
         self.remove_partial(images);
         for (name, file) in self.files.iter().filter(|(n, _)| is_pages_name(n)) {
-            let path = images.join(name);
             let partial = images.join(format!("{name}.fetching"));
-            let mut out = std::fs::File::create(&partial)?;
-            let mut left = file.size;
-            for digest in &file.blocks {
-                let block = source.get_block(digest)?;
-                let take = (block.len() as u64).min(left) as usize;
-                out.write_all(&block[..take])?;
-                left -= take as u64;
+            let written = Self::fetch_file(source, name, file, &partial, &images.join(name));
+            if written.is_err() {
+                let _ = std::fs::remove_file(&partial);
             }
-            if left > 0 {
-                return Err(
-                    format!("{name}: its blocks hold {left} bytes less than its size").into(),
-                );
-            }
-            out.sync_all()?;
-            std::fs::rename(&partial, &path)?;
+            written?;
         }
         Self::clear(checkpoint);
         Ok(())
@@ -183,6 +171,32 @@ impl RemotePages {
         for name in self.files.keys().filter(|n| is_pages_name(n)) {
             let _ = std::fs::remove_file(images.join(name));
         }
+    }
+
+    /// Writes pages image `name` (`file`) from `source` into `partial`, then renames it
+    /// `path`.
+    fn fetch_file(
+        source: &dyn BlockSource,
+        name: &str,
+        file: &RemotePagesFile,
+        partial: &Path,
+        path: &Path,
+    ) -> Result<(), SourceError> {
+        use std::io::Write;
+        let mut out = std::fs::File::create(partial)?;
+        let mut left = file.size;
+        for digest in &file.blocks {
+            let block = source.get_block(digest)?;
+            let take = (block.len() as u64).min(left) as usize;
+            out.write_all(&block[..take])?;
+            left -= take as u64;
+        }
+        if left > 0 {
+            return Err(format!("{name}: its blocks hold {left} bytes less than its size").into());
+        }
+        out.sync_all()?;
+        std::fs::rename(partial, path)?;
+        Ok(())
     }
 
     /// A lazy restore's pages: these files, from `source`.

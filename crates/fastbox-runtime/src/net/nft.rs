@@ -207,7 +207,11 @@ fn credential_proxy_rules(cfg: &NetConfig) -> ProxyRules {
             "\n\t\tiifname @{CREDENTIAL_PROXY_SLOTS} tcp dport {{ 80, 443 }} tcp sport != {first}-{last} redirect to :{port}"
         ),
         input: format!("\n\t\ttcp dport {port} drop"),
-        slot_input: format!("\n\t\ttcp dport {port} ct status dnat accept"),
+        // Counted against the slot's connection cap, as its forwarded connections are.
+        slot_input: format!(
+            "\n\t\ttcp dport {port} ct status dnat ct state new add @{CONNS_SET} {{ ip saddr ct count over {max} }} drop\n\t\ttcp dport {port} ct status dnat accept",
+            max = cfg.slot_limits.max_connections
+        ),
         quic: format!("\n\t\tiifname @{CREDENTIAL_PROXY_SLOTS} udp dport 443 drop"),
     }
 }

@@ -270,18 +270,19 @@ struct OssfsBackend {
 
 /// The FUSE client options a create may give: they tune how the bucket is spoken to, and
 /// none names a host path (`passwd_file`, `use_cache`, `tmpdir` and the like are refused).
-const OBJECT_STORAGE_OPTIONS: &[(&str, bool)] = &[
-    // (name, takes a number)
-    ("use_path_request_style", false),
-    ("sigv2", false),
-    ("sigv4", false),
-    ("nomultipart", false),
-    ("enable_noobj_cache", false),
-    ("list_object_max_keys", true),
-    ("multipart_size", true),
-    ("parallel_count", true),
-    ("stat_cache_expire", true),
-    ("max_stat_cache_size", true),
+const OBJECT_STORAGE_OPTIONS: &[(&str, Option<u64>)] = &[
+    // (name, the largest number it takes; None: it takes none)
+    ("use_path_request_style", None),
+    ("sigv2", None),
+    ("sigv4", None),
+    ("nomultipart", None),
+    ("enable_noobj_cache", None),
+    ("list_object_max_keys", Some(1000)),
+    // MiB per part.
+    ("multipart_size", Some(5120)),
+    ("parallel_count", Some(16)),
+    ("stat_cache_expire", Some(86400)),
+    ("max_stat_cache_size", Some(100_000)),
 ];
 
 /// An `ossfs` backend as the node's source, and its keys; or why not.
@@ -324,16 +325,20 @@ fn object_storage_source(
         };
         let allowed = OBJECT_STORAGE_OPTIONS.iter().find(|(n, _)| *n == name);
         let fits = match (allowed, value) {
-            (Some((_, false)), None) => true,
-            (Some((_, true)), Some(v)) => {
-                !v.is_empty() && v.len() <= 9 && v.bytes().all(|b| b.is_ascii_digit())
-            }
+            (Some((_, None)), None) => true,
+            (Some((_, Some(max))), Some(v)) => v.parse::<u64>().is_ok_and(|n| n >= 1 && n <= *max),
             _ => false,
         };
         if !fits {
-            let names: Vec<&str> = OBJECT_STORAGE_OPTIONS.iter().map(|(n, _)| *n).collect();
+            let names: Vec<String> = OBJECT_STORAGE_OPTIONS
+                .iter()
+                .map(|(n, max)| match max {
+                    Some(max) => format!("{n}=1..{max}"),
+                    None => n.to_string(),
+                })
+                .collect();
             return Err(format!(
-                "options: {option:?} is not allowed (allowed: {}; numbers for the ones that take a value)",
+                "options: {option:?} is not allowed (allowed: {})",
                 names.join(", ")
             ));
         }
@@ -386,13 +391,30 @@ fn endpoint_of(endpoint: &str, allow_private: &[fastbox_image::IpNet]) -> Result
             "{endpoint:?} is not [http[s]://]HOST[:PORT] (no path, no user, no IPv6)"
         ));
     }
-    if let Ok(address) = host.parse::<std::net::IpAddr>()
-        && let Some(special) = fastbox_image::classify(address)
-        && !allow_private.iter().any(|n| n.contains(address))
-    {
-        return Err(format!(
-            "{endpoint:?}: {address} is {special}, which volumes may not reach unless the operator allows the network (registry_allow_private)"
-        ));
+    match host.parse::<std::net::IpAddr>() {
+        Ok(address) => {
+            if let Some(special) = fastbox_image::classify(address)
+                && !allow_private.iter().any(|n| n.contains(address))
+            {
+                return Err(format!(
+                    "{endpoint:?}: {address} is {special}, which volumes may not reach unless the operator allows the network (registry_allow_private)"
+                ));
+            }
+        }
+        Err(_) => {
+            // A name: its last label has a letter (the resolver reads `10.1`, `2130706433`
+            // and `0x7f000001` as addresses), and it does not name this machine.
+            let last = host.trim_end_matches('.').rsplit('.').next().unwrap_or("");
+            let numeric = !last.bytes().any(|b| b.is_ascii_alphabetic())
+                || last.to_ascii_lowercase().starts_with("0x");
+            let lower = host.to_ascii_lowercase();
+            let local = lower == "localhost" || lower.ends_with(".localhost");
+            if numeric || local {
+                return Err(format!(
+                    "{endpoint:?}: {host} is neither an address in dotted form nor a host name of another machine"
+                ));
+            }
+        }
     }
     Ok(format!("{scheme}://{authority}"))
 }
@@ -659,6 +681,23 @@ mod tests {
             ),
             (json!({"options": ["use_cache=/tmp"]}), "not allowed"),
             (json!({"options": ["parallel_count=x"]}), "not allowed"),
+            (
+                json!({"options": ["parallel_count=1000000"]}),
+                "not allowed",
+            ),
+            (json!({"endpoint": "http://10.1"}), "neither an address"),
+            (
+                json!({"endpoint": "http://2130706433:80"}),
+                "neither an address",
+            ),
+            (
+                json!({"endpoint": "http://0x7f000001"}),
+                "neither an address",
+            ),
+            (
+                json!({"endpoint": "http://localhost:9000"}),
+                "neither an address",
+            ),
             (json!({"accessKeyId": "a:b"}), "accessKeyId"),
             (json!({"accessKeySecret": ""}), "accessKeySecret"),
             (json!({"unknown": 1}), "unknown field"),
