@@ -297,6 +297,13 @@ fn run_client(
 /// and a resolver other than `files`/`dns` (systemd's `resolve`) would go around the
 /// forwarder. Such a node takes endpoints given as addresses only.
 fn check_resolver(endpoint: &str) -> Result<(), String> {
+    let resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    let nss = std::fs::read_to_string("/etc/nsswitch.conf").unwrap_or_default();
+    resolver_reaches_the_forwarder(endpoint, &resolv, &nss)
+}
+
+/// [`check_resolver`] for the node's `resolv.conf` and `nsswitch.conf` texts.
+fn resolver_reaches_the_forwarder(endpoint: &str, resolv: &str, nss: &str) -> Result<(), String> {
     let authority = endpoint
         .split_once("://")
         .map_or(endpoint, |(_, rest)| rest);
@@ -307,13 +314,11 @@ fn check_resolver(endpoint: &str) -> Result<(), String> {
     if host.parse::<std::net::IpAddr>().is_ok() {
         return Ok(());
     }
-    let resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
     let loopback = resolv
         .lines()
         .filter_map(|l| l.trim().strip_prefix("nameserver"))
         .filter_map(|a| a.trim().parse::<std::net::IpAddr>().ok())
         .find(|a| a.is_loopback() || a.is_unspecified());
-    let nss = std::fs::read_to_string("/etc/nsswitch.conf").unwrap_or_default();
     let other = nss
         .lines()
         .find_map(|l| l.trim().strip_prefix("hosts:"))
@@ -448,6 +453,48 @@ mod tests {
         unmount_all(dir.path(), "sbx");
         assert!(!dir.path().join("object-volumes/sbx").exists());
         unmount_all(dir.path(), "gone");
+    }
+
+    #[test]
+    fn names_are_taken_only_when_the_nodes_resolver_asks_the_sandboxs_dns() {
+        let debian = ("nameserver 10.255.255.53\n", "hosts: files dns\n");
+        let resolved = (
+            "nameserver 127.0.0.53\noptions edns0\n",
+            "hosts: files dns\n",
+        );
+        let nss_resolve = (
+            "nameserver 10.0.0.2\n",
+            "hosts: files resolve [!UNAVAIL=return] dns\n",
+        );
+        let ok = |(resolv, nss): (&str, &str), endpoint: &str| {
+            resolver_reaches_the_forwarder(endpoint, resolv, nss)
+        };
+        assert!(ok(debian, "https://s3.example.com").is_ok());
+        assert!(
+            ok(
+                ("nameserver 10.0.0.2\n", "hosts: files myhostname dns\n"),
+                "s3.test"
+            )
+            .is_ok()
+        );
+        let err = ok(resolved, "http://s3.test:9000").unwrap_err();
+        assert!(
+            err.contains("127.0.0.53") && err.contains("address"),
+            "{err}"
+        );
+        let err = ok(nss_resolve, "https://s3.example.com").unwrap_err();
+        assert!(err.contains("resolve"), "{err}");
+        // An address needs no resolver.
+        assert!(ok(resolved, "http://198.18.1.20:9000").is_ok());
+        assert!(ok(nss_resolve, "https://203.0.113.7").is_ok());
+    }
+
+    #[test]
+    fn mount_points_compare_as_mountinfo_writes_them() {
+        assert_eq!(
+            mountinfo_escaped(Path::new("/data dir/a\\b")),
+            "/data\\040dir/a\\134b"
+        );
     }
 
     #[test]
