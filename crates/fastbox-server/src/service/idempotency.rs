@@ -50,6 +50,30 @@ fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// The digest that tells a retry from another request: of the request's JSON without the
+/// credentials it carries (a registry password, object-storage keys), so no digest of a
+/// secret is ever recorded; a retry that differs only in them counts as the same request.
+fn request_digest(body: &[u8]) -> String {
+    let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return sha256_hex(body);
+    };
+    if let Some(auth) = value
+        .pointer_mut("/image/auth")
+        .and_then(|a| a.as_object_mut())
+    {
+        auth.remove("password");
+    }
+    if let Some(volumes) = value.get_mut("volumes").and_then(|v| v.as_array_mut()) {
+        for volume in volumes {
+            if let Some(ossfs) = volume.get_mut("ossfs").and_then(|o| o.as_object_mut()) {
+                ossfs.remove("accessKeyId");
+                ossfs.remove("accessKeySecret");
+            }
+        }
+    }
+    sha256_hex(&serde_json::to_vec(&value).unwrap_or_default())
+}
+
 impl Lifecycle {
     /// `POST /v1/sandboxes` with `Idempotency-Key: key`; `body` is the request as sent (its
     /// digest tells a retry from a different request). Returns the sandbox, and whether it
@@ -69,7 +93,7 @@ impl Lifecycle {
             )));
         }
         let slot = sha256_hex(key.as_bytes());
-        let digest = sha256_hex(body);
+        let digest = request_digest(body);
         let deadline = Instant::now() + WAIT_FOR_FIRST;
         let keyed = loop {
             if let Some(first) = self.store.idempotent_create(&slot)? {
@@ -172,5 +196,33 @@ impl Lifecycle {
                 tracing::warn!(error = %e, "an old Idempotency-Key was not collected");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_request_digest_holds_no_credential() {
+        let body = |password: &str, secret: &str| {
+            serde_json::json!({
+                "image": {"uri": "r/i", "auth": {"username": "u", "password": password}},
+                "volumes": [{"name": "d", "mountPath": "/d",
+                             "ossfs": {"bucket": "b", "endpoint": "e", "accessKeyId": "k",
+                                       "accessKeySecret": secret}}],
+            })
+            .to_string()
+        };
+        let a = request_digest(body("p1", "s1").as_bytes());
+        assert_eq!(
+            a,
+            request_digest(body("p2", "s2").as_bytes()),
+            "credentials left out"
+        );
+        let other = body("p1", "s1").replace("\"r/i\"", "\"r/other\"");
+        assert_ne!(a, request_digest(other.as_bytes()), "the rest counts");
+        // Not JSON: the bytes as they are.
+        assert_eq!(request_digest(b"junk"), sha256_hex(b"junk"));
     }
 }
