@@ -245,3 +245,31 @@ fn original_destination(stream: &TcpStream) -> io::Result<SocketAddrV4> {
         u16::from_be(raw.sin_port),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sandbox_holds_at_most_its_share_of_connections_and_gets_them_back() {
+        let counts: Arc<std::sync::Mutex<HashMap<Ipv4Addr, usize>>> = Arc::default();
+        let (a, b) = (
+            SocketAddr::from(([10, 89, 0, 1], 40000)),
+            SocketAddr::from(([10, 89, 0, 3], 40000)),
+        );
+        let held: Vec<Held> = (0..MAX_CONNECTIONS_PER_SANDBOX)
+            .map(|_| Held::take(&counts, a).expect("under the limit"))
+            .collect();
+        assert!(Held::take(&counts, a).is_none(), "over the limit");
+        assert!(
+            Held::take(&counts, b).is_some(),
+            "another sandbox is not held back"
+        );
+        drop(held);
+        assert!(Held::take(&counts, a).is_some(), "given back");
+        assert!(
+            counts.lock().unwrap().is_empty(),
+            "nothing counted once all are gone"
+        );
+    }
+}
