@@ -16,7 +16,7 @@ from typing import Any
 import fastbox_server as fb
 import httpx
 import pytest
-from opensandbox.exceptions import SandboxApiException
+from opensandbox.exceptions import SandboxApiException, SandboxException
 from opensandbox.models.sandboxes import NetworkPolicy, NetworkRule, SandboxFilter
 from opensandbox.sync.manager import SandboxManagerSync
 from opensandbox.sync.sandbox import SandboxSync
@@ -382,3 +382,18 @@ def test_execd_requires_access_token(api: httpx.Client, node: httpx.Client, sand
     assert node.get(url).status_code == 401
     assert node.get(url, headers={fb.EXECD_TOKEN_HEADER: "wrong-token"}).status_code == 401
     assert node.get(url, headers=headers).status_code == 200
+
+
+def test_isolated_sessions_are_reported_unavailable(fastbox: fb.FastboxServer) -> None:
+    """Isolated sessions are not offered yet: the SDK's capabilities call says so (as the
+    spec has it when isolation is unavailable), and a session call is a 503 NOT_SUPPORTED."""
+    sb = fastbox.create_sandbox()
+    try:
+        caps = sb.isolation.capabilities()
+        assert caps.available is False and caps.message, caps
+        with pytest.raises(SandboxException) as refused:
+            sb.isolation.list()
+        assert "503" in str(refused.value) or "NOT_SUPPORTED" in str(refused.value), refused.value
+    finally:
+        sb.kill()
+        sb.close()

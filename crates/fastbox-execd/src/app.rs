@@ -24,8 +24,9 @@ pub fn app(state: AppState) -> Router {
         .merge(proxy::routes())
         .merge(pty::routes())
         .nest("/v1/filesystem/{uid}/{gid}", files::routes())
-        .route("/v1/isolated", any(not_supported))
-        .route("/v1/isolated/{*rest}", any(not_supported))
+        .route("/v1/isolated/capabilities", get(isolation_capabilities))
+        .route("/v1/isolated", any(isolation_unavailable))
+        .route("/v1/isolated/{*rest}", any(isolation_unavailable))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -36,8 +37,25 @@ pub fn app(state: AppState) -> Router {
 
 async fn ping() {}
 
-async fn not_supported(uri: Uri) -> ApiError {
-    ApiError::NotSupported(uri.path().to_string())
+/// Why this sandbox runs no isolated sessions (`GET /v1/isolated/capabilities`).
+const ISOLATION_UNAVAILABLE: &str = "isolated sessions are not available in fastbox sandboxes yet";
+
+/// `GET /v1/isolated/capabilities`: what the spec answers when isolation is unavailable
+/// (every other `/v1/isolated` route is then a 503 `NOT_SUPPORTED`).
+async fn isolation_capabilities() -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({
+        "available": false,
+        "isolator": "none",
+        "message": ISOLATION_UNAVAILABLE,
+        "setpriv_available": false,
+        "userns_available": false,
+        "commit_supported": false,
+        "diff_supported": false,
+    }))
+}
+
+async fn isolation_unavailable(uri: Uri) -> ApiError {
+    ApiError::IsolationUnavailable(format!("{}: {ISOLATION_UNAVAILABLE}", uri.path()))
 }
 
 async fn not_found(uri: Uri) -> ApiError {

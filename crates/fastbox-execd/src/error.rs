@@ -21,8 +21,8 @@ use crate::session::SessionError;
 pub enum ApiError {
     #[error("invalid or missing header X-EXECD-ACCESS-TOKEN")]
     Unauthorized,
-    #[error("{0} is not supported by fastbox execd")]
-    NotSupported(String),
+    #[error("{0}")]
+    IsolationUnavailable(String),
     #[error("route not found: {0}")]
     RouteNotFound(String),
     #[error(transparent)]
@@ -55,7 +55,7 @@ impl ApiError {
         use StatusCode as S;
         match self {
             ApiError::Unauthorized => (S::UNAUTHORIZED, "UNAUTHORIZED"),
-            ApiError::NotSupported(_) => (S::NOT_IMPLEMENTED, "NOT_SUPPORTED"),
+            ApiError::IsolationUnavailable(_) => (S::SERVICE_UNAVAILABLE, "NOT_SUPPORTED"),
             ApiError::RouteNotFound(_) => (S::NOT_FOUND, "NOT_FOUND"),
             ApiError::Request(e) => match e {
                 RequestError::Body(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),

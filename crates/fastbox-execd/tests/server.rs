@@ -53,21 +53,30 @@ async fn token_is_required_on_every_route_when_configured() {
 }
 
 #[tokio::test]
-async fn isolated_sessions_are_not_supported() {
+async fn isolation_is_reported_unavailable_as_the_spec_has_it() {
     let app = test_app();
+    let caps = app.get("/v1/isolated/capabilities").await;
+    assert_eq!(caps.status, StatusCode::OK);
+    assert_eq!(caps.json()["available"], false);
+    assert!(
+        caps.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("not available")
+    );
     for uri in [
         "/v1/isolated/session",
-        "/v1/isolated/capabilities",
+        "/v1/isolated/sessions",
         "/v1/isolated",
     ] {
         let r = app.get(uri).await;
-        assert_eq!(r.status, StatusCode::NOT_IMPLEMENTED, "{uri}");
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{uri}");
         assert_eq!(r.json()["code"], "NOT_SUPPORTED");
     }
     let r = app
         .post_json("/v1/isolated/session", serde_json::json!({}))
         .await;
-    assert_eq!(r.status, StatusCode::NOT_IMPLEMENTED);
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
 }
 
 #[tokio::test]
