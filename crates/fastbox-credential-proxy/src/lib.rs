@@ -155,17 +155,11 @@ impl Proxy {
     {
         let mut prefix = Vec::new();
         let server_name = first_bytes(read_hello(&mut stream, &mut prefix)).await?;
-        let bound = server_name
-            .as_deref()
-            .is_some_and(|name| session.binds_host(Scheme::Https, name));
-        let Some(name) = server_name.clone().filter(|_| bound) else {
-            return Ok(Handled::NotBound {
-                stream,
-                prefix,
-                server_name,
-            });
-        };
-        let rewound = rewind::Rewind::new(prefix, stream);
+        let (name, rewound) =
+            match take_if_bound(stream, prefix, server_name, Scheme::Https, &session) {
+                Ok(taken) => taken,
+                Err(untouched) => return Ok(untouched),
+            };
         let tls = tokio_rustls::TlsAcceptor::from(self.tls.clone())
             .accept(rewound)
             .await
@@ -187,17 +181,10 @@ impl Proxy {
     {
         let mut prefix = Vec::new();
         let host = first_bytes(read_head(&mut stream, &mut prefix)).await?;
-        let bound = host
-            .as_deref()
-            .is_some_and(|name| session.binds_host(Scheme::Http, name));
-        let Some(name) = host.clone().filter(|_| bound) else {
-            return Ok(Handled::NotBound {
-                stream,
-                prefix,
-                server_name: host,
-            });
+        let (name, rewound) = match take_if_bound(stream, prefix, host, Scheme::Http, &session) {
+            Ok(taken) => taken,
+            Err(untouched) => return Ok(untouched),
         };
-        let rewound = rewind::Rewind::new(prefix, stream);
         self.serve(rewound, name, Scheme::Http, session).await?;
         Ok(Handled::Served)
     }
@@ -233,6 +220,27 @@ impl Proxy {
             )
             .await?;
         Ok(())
+    }
+}
+
+/// The name a connection's first bytes asked for, when a binding takes it for `scheme`, and
+/// the stream that replays those bytes; otherwise the connection back, untouched.
+fn take_if_bound<S>(
+    stream: S,
+    prefix: Vec<u8>,
+    name: Option<String>,
+    scheme: Scheme,
+    session: &Session,
+) -> Result<(String, rewind::Rewind<S>), Handled<S>> {
+    match name {
+        Some(name) if session.binds_host(scheme, &name) => {
+            Ok((name, rewind::Rewind::new(prefix, stream)))
+        }
+        server_name => Err(Handled::NotBound {
+            stream,
+            prefix,
+            server_name,
+        }),
     }
 }
 

@@ -43,6 +43,19 @@ pub struct SlotConnector {
     pub http_port: u16,
 }
 
+impl SlotConnector {
+    /// The way out of the sandbox in `slot`: its network namespace, its DNS (the gateway's
+    /// port 53), hosts on ports 443 and 80.
+    pub fn for_slot(slot: &fastbox_runtime::net::NetSlot) -> Self {
+        Self {
+            netns: slot.netns_path.clone(),
+            dns: SocketAddr::from((slot.gateway, 53)),
+            https_port: 443,
+            http_port: 80,
+        }
+    }
+}
+
 impl Connector for SlotConnector {
     fn resolve<'a>(&'a self, name: &'a str, scheme: Scheme) -> IoFuture<'a, Vec<SocketAddr>> {
         let port = match scheme {

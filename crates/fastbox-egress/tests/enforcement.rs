@@ -279,12 +279,7 @@ fn credential_proxy_end_to_end(lab: &Lab, proxy_listener: TcpListener) {
     ))));
     let session = Session {
         vault,
-        connector: Arc::new(SlotConnector {
-            netns: slot.netns_path.clone(),
-            dns: SocketAddr::from((slot.gateway, 53)),
-            https_port: 443,
-            http_port: 80,
-        }),
+        connector: Arc::new(SlotConnector::for_slot(&slot)),
     };
     let proxy_ca = Arc::new(ProxyCa::generate("fastbox test proxy CA").unwrap());
     let netns = slot.netns_path.clone();

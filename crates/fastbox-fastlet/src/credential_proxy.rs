@@ -14,7 +14,7 @@
 //!   egress policy and the private ranges decide where the proxy may go.
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -134,12 +134,7 @@ impl CredentialProxy {
     pub fn admit(&self, slot: &fastbox_runtime::net::NetSlot, vault: VaultSource) {
         let session = Session {
             vault,
-            connector: Arc::new(SlotConnector {
-                netns: slot.netns_path.clone(),
-                dns: SocketAddr::from((slot.gateway, 53)),
-                https_port: 443,
-                http_port: 80,
-            }),
+            connector: Arc::new(SlotConnector::for_slot(slot)),
         };
         self.sessions
             .by_address
