@@ -32,19 +32,7 @@ def fastbox(request: pytest.FixtureRequest) -> fb.FastboxServer:
     """A running `fastbox up` for this module. Skips the module when not root or when the
     binary is missing; fails it when the server does not come up. Its finalizer deletes every
     sandbox, stops the server, purges the prefix and fails on leftovers."""
-    reason = fb.skip_reason()
-    if reason:
-        pytest.skip(reason)
-    failure = None
-    try:
-        server = fb.FastboxServer(label=request.module.__name__.rsplit(".", 1)[-1])
-        request.addfinalizer(server.cleanup)
-        server.start()
-    except fb.ServerError as e:
-        failure = str(e)
-    if failure is not None:
-        pytest.fail(failure, pytrace=False)
-    return server
+    return fb.module_server(request, request.module.__name__.rsplit(".", 1)[-1])
 
 
 @pytest.fixture(scope="module")

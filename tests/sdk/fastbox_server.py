@@ -535,6 +535,24 @@ def holds(path: Path, needle: bytes) -> bool:
         os.close(fd)
 
 
+def module_server(
+    request: pytest.FixtureRequest, label: str, extra_args: list[str] | None = None
+) -> FastboxServer:
+    """A running `fastbox up` for a test module (its `fastbox` fixture). Skips the module when
+    this machine cannot run it; fails it when the server does not come up. Its finalizer
+    deletes every sandbox, stops the server, purges the prefix and fails on leftovers."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    server = FastboxServer(label=label, extra_args=extra_args)
+    request.addfinalizer(server.cleanup)
+    try:
+        server.start()
+    except ServerError as e:
+        pytest.fail(str(e), pytrace=False)
+    return server
+
+
 def diagnostic_text(server: FastboxServer, content: DiagnosticContent) -> str:
     """The text of a diagnostics descriptor, inline or fetched from its URL."""
     if content.delivery == "inline":

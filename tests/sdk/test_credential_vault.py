@@ -33,27 +33,8 @@ SPOOFED = "spoofed.test"
 PLAIN = "plain.test"
 REDACTED = "200 Bearer [REDACTED] | echo: Bearer [REDACTED]"
 
-# An HTTPS request to argv[1] (at address argv[2] when given: the name still sent as SNI and
-# Host) with a placeholder credential of the sandbox's own; it trusts the system store, and
-# the file $LAB_CA too when set.
-HTTPS = r"""
-import http.client, os, socket, ssl, sys
-host = sys.argv[1]
-ctx = ssl.create_default_context()
-if os.environ.get("LAB_CA"):
-    ctx.load_verify_locations(os.environ["LAB_CA"])
-try:
-    conn = http.client.HTTPSConnection(host, 443, context=ctx, timeout=15)
-    if len(sys.argv) > 2:
-        raw = socket.create_connection((sys.argv[2], 443), timeout=15)
-        conn.sock = ctx.wrap_socket(raw, server_hostname=host)
-    conn.request("GET", "/user/repos?per_page=1",
-                 headers={"Authorization": "Bearer sandbox-placeholder"})
-    r = conn.getresponse()
-    print(r.status, r.getheader("x-echo"), "|", r.read().decode(), flush=True)
-except Exception as e:
-    print("error", type(e).__name__, e, flush=True)
-"""
+# The request the sandboxes make (shared with the Rust end-to-end test).
+HTTPS = (Path(__file__).parent / "https_probe.py").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -80,19 +61,11 @@ def lab() -> Iterator[LabInternet]:
 @pytest.fixture(scope="module")
 def fastbox(request: pytest.FixtureRequest, lab: LabInternet) -> fb.FastboxServer:
     """This module's own `fastbox up`, its names resolved and its bound hosts trusted by the lab."""
-    server = fb.FastboxServer(
-        label="test_credential_vault",
-        extra_args=[
-            "--dns-upstream", lab.dns,
-            "--credential-proxy-roots", str(lab.dir / "roots.pem"),
-        ],
-    )  # fmt: skip
-    request.addfinalizer(server.cleanup)
-    try:
-        server.start()
-    except fb.ServerError as e:
-        pytest.fail(str(e), pytrace=False)
-    return server
+    return fb.module_server(
+        request,
+        "test_credential_vault",
+        ["--dns-upstream", lab.dns, "--credential-proxy-roots", str(lab.dir / "roots.pem")],
+    )
 
 
 def create(fastbox: fb.FastboxServer, **kw: object) -> SandboxSync:

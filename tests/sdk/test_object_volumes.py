@@ -73,13 +73,7 @@ def _answers(url: str) -> bool:
 @pytest.fixture(scope="module")
 def fastbox(request: pytest.FixtureRequest, lab: LabInternet) -> fb.FastboxServer:
     """This module's own `fastbox up`, its names resolved by the lab."""
-    server = fb.FastboxServer(label="test_object_volumes", extra_args=["--dns-upstream", lab.dns])
-    request.addfinalizer(server.cleanup)
-    try:
-        server.start()
-    except fb.ServerError as e:
-        pytest.fail(str(e), pytrace=False)
-    return server
+    return fb.module_server(request, "test_object_volumes", ["--dns-upstream", lab.dns])
 
 
 def bucket_volume(secret: str, **kw: object) -> Volume:

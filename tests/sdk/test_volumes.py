@@ -40,18 +40,7 @@ def allowed() -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def fastbox(request: pytest.FixtureRequest, allowed: Path) -> fb.FastboxServer:
     """This module's own `fastbox up`, allowing host volumes under `allowed` only."""
-    reason = fb.skip_reason()
-    if reason:
-        pytest.skip(reason)
-    server = fb.FastboxServer(
-        label="test_volumes", extra_args=["--allow-host-volume", str(allowed)]
-    )
-    request.addfinalizer(server.cleanup)
-    try:
-        server.start()
-    except fb.ServerError as e:
-        pytest.fail(str(e), pytrace=False)
-    return server
+    return fb.module_server(request, "test_volumes", ["--allow-host-volume", str(allowed)])
 
 
 def run_ok(sb: SandboxSync, command: str) -> str:

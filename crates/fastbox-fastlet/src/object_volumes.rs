@@ -82,14 +82,7 @@ pub fn mount(
         .create(&dir)
         .map_err(io("make its directory"))?;
     let point = dir.join(&volume.name);
-    std::fs::DirBuilder::new()
-        .mode(0o755)
-        .create(&point)
-        .or_else(|e| match e.kind() {
-            std::io::ErrorKind::AlreadyExists => Ok(()),
-            _ => Err(e),
-        })
-        .map_err(io("make its mount point"))?;
+    make_dir(&point, 0o755).map_err(io("make its mount point"))?;
     let passwd = dir.join(format!(".keys-{}", volume.name));
     let written = std::fs::OpenOptions::new()
         .write(true)
@@ -136,14 +129,7 @@ fn run_client(
     // Its staging files live in a directory of the sandbox's own under the data directory,
     // and it keeps 1 GiB of that disk free.
     let tmp = point.with_file_name(format!(".tmp-{name}"));
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&tmp)
-        .or_else(|e| match e.kind() {
-            std::io::ErrorKind::AlreadyExists => Ok(()),
-            _ => Err(e),
-        })
-        .map_err(|e| failed(format!("make its staging directory: {e}")))?;
+    make_dir(&tmp, 0o700).map_err(|e| failed(format!("make its staging directory: {e}")))?;
     let mut opts = vec![
         format!("url={endpoint}"),
         format!("passwd_file={}", passwd.display()),
@@ -289,6 +275,14 @@ fn run_client(
         })
         .map_err(|e| failed(format!("watch {CLIENT}: {e}")))?;
     Ok(())
+}
+
+/// Makes directory `path` with `mode`, unless it is there already.
+fn make_dir(path: &Path, mode: u32) -> std::io::Result<()> {
+    match std::fs::DirBuilder::new().mode(mode).create(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        made => made,
+    }
 }
 
 /// Whether the client, which runs in the sandbox's network namespace but reads the node's

@@ -38,23 +38,8 @@ const IMPOSTOR: u8 = 31;
 
 /// Makes an HTTPS request to `argv[1]` (at `argv[2]` when given, the name still sent as SNI
 /// and `Host`) with a placeholder credential of its own; prints `STATUS ECHO | BODY` or
-/// `error ...`.
-const HTTPS: &str = r#"
-import http.client, socket, ssl, sys
-host = sys.argv[1]
-ctx = ssl.create_default_context()
-try:
-    conn = http.client.HTTPSConnection(host, 443, context=ctx, timeout=15)
-    if len(sys.argv) > 2:
-        raw = socket.create_connection((sys.argv[2], 443), timeout=15)
-        conn.sock = ctx.wrap_socket(raw, server_hostname=host)
-    conn.request("GET", "/user/repos?per_page=1",
-                 headers={"Authorization": "Bearer sandbox-placeholder"})
-    r = conn.getresponse()
-    print(r.status, r.getheader("x-echo"), "|", r.read().decode(), flush=True)
-except Exception as e:
-    print("error", type(e).__name__, e, flush=True)
-"#;
+/// `error ...` (shared with the SDK suite).
+const HTTPS: &str = include_str!("../../../../tests/sdk/https_probe.py");
 
 /// The test internet's TLS hosts, running for as long as this lives.
 pub struct Hosts {
@@ -145,6 +130,22 @@ fn vault_call(
     }
     let r = req.send().expect("vault request");
     (r.status().as_u16(), r.text().unwrap_or_default())
+}
+
+/// `POST /credential-vault`: credential `token` holding `secret`, bound as a bearer token for
+/// `hosts`.
+fn make_vault(node: &str, token: &str, secret: &str, hosts: &[&str]) -> (u16, String) {
+    vault_call(
+        node,
+        token,
+        Method::POST,
+        "",
+        Some(json!({
+            "credentials": [{"name": "token", "source": {"type": "inline", "value": secret}}],
+            "bindings": [{"name": "api", "match": {"hosts": hosts},
+                          "auth": {"type": "bearer", "credential": "token"}}],
+        })),
+    )
 }
 
 /// Every file under `dir` holding `needle`: the sandboxes' writable layers, checkpoints
@@ -256,17 +257,7 @@ pub fn credential_vault(server: &mut UpServer, hosts: &Hosts) {
     let node = format!("http://{}", endpoint["endpoint"].as_str().unwrap());
 
     // --- the vault: made through port 18080; no answer carries the value
-    let (status, body) = vault_call(
-        &node,
-        &token,
-        Method::POST,
-        "",
-        Some(json!({
-            "credentials": [{"name": "token", "source": {"type": "inline", "value": secret}}],
-            "bindings": [{"name": "api", "match": {"hosts": [VAULT.0, SPOOFED.0]},
-                          "auth": {"type": "bearer", "credential": "token"}}],
-        })),
-    );
+    let (status, body) = make_vault(&node, &token, &secret, &[VAULT.0, SPOOFED.0]);
     assert_eq!(status, 201, "{body}");
     assert!(!body.contains(&secret), "{body}");
     let https = |args: &str| sandbox.run(&format!("python3 /tmp/https.py {args}"));
@@ -344,17 +335,7 @@ pub fn credential_vault(server: &mut UpServer, hosts: &Hosts) {
         3,
         "the handshake failed before any request"
     );
-    let (status, body) = vault_call(
-        &node,
-        &token,
-        Method::POST,
-        "",
-        Some(json!({
-            "credentials": [{"name": "token", "source": {"type": "inline", "value": secret}}],
-            "bindings": [{"name": "api", "match": {"hosts": [VAULT.0]},
-                          "auth": {"type": "bearer", "credential": "token"}}],
-        })),
-    );
+    let (status, body) = make_vault(&node, &token, &secret, &[VAULT.0]);
     assert_eq!(status, 201, "{body}");
     let out = sandbox.run(&format!("python3 /tmp/https.py {}", VAULT.0));
     assert_eq!(out.trim(), redacted);
