@@ -116,6 +116,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         lazy_memory: false,
         remote_memory: None,
         external_mounts: Vec::new(),
+        isolation: false,
     };
     let started = Instant::now();
     let result = host

@@ -735,6 +735,7 @@ fn a_claim_whose_placement_was_never_recorded_goes_with_a_release_by_id() {
             env: Vec::new(),
             volumes: Vec::new(),
             volume_keys: Default::default(),
+            isolation: false,
             common: SandboxSettings {
                 limits: Default::default(),
                 disk_bytes: None,

@@ -509,6 +509,7 @@ impl Fastlet {
             entrypoint: recipe.warm_up.clone(),
             execd_token: Some(golden_token.clone()),
             probe_without_token: true,
+            isolation: recipe.isolation,
             ..StartOptions::default()
         };
         let checkpoint = dir.join("checkpoint");

@@ -150,6 +150,8 @@ pub struct StartOptions {
     pub remote_memory: Option<LazyPages>,
     /// A restore's volumes: `(CRIU's key, staging point)` ([`crate::volumes::Staged`]).
     pub external_mounts: Vec<(String, PathBuf)>,
+    /// A cold start that offers isolated sessions (template builds of the isolation variant).
+    pub isolation: bool,
 }
 
 /// How long a lazy restore's `criu restore` may run.
@@ -280,6 +282,7 @@ impl LocalHost {
             resolv_conf: Some(slot.resolv_conf()),
             execd: execd.clone(),
             execd_args: vec![],
+            isolation: opts.isolation,
             entrypoint: opts.entrypoint.clone(),
             env,
             limits: opts.limits,

@@ -19,7 +19,7 @@ use axum::body::Body;
 use axum::response::Response;
 use fastbox_egress::EgressPolicy;
 use fastbox_image::{NoProgress, RegistryAuth, ResolvedImage};
-use fastbox_node_api::recipe::GoldenRecipe;
+use fastbox_node_api::recipe::{GoldenRecipe, isolation_key};
 use fastbox_node_api::wire::{
     Adoption, CheckpointFetch, ImageInfo, NodePlacement, NodeStatus, PlaceSpec, Placed,
     ProxyRefusal, RegistryCredentials, RemoveReport, RestoreSpec, SandboxTokens, SnapshotReport,
@@ -348,12 +348,23 @@ impl NodeAgent for LocalNode {
             credential_proxy: spec.common.credential_proxy,
         };
         let (template_choice, use_pool) = (spec.template, spec.use_pool);
+        let isolation = spec.isolation;
         let fastlet = self.fastlet.clone();
         let started = self
             .in_turn(Some(slot), "fastbox-place", move || {
-                let template = match &template_choice {
-                    Some(choice) => fastlet.template_for(&choice.key, &image, &choice.recipe)?,
-                    None => fastlet.template(&image)?,
+                let template = match (&template_choice, isolation) {
+                    (Some(choice), false) => {
+                        fastlet.template_for(&choice.key, &image, &choice.recipe)?
+                    }
+                    (None, false) => fastlet.template(&image)?,
+                    (choice, true) => {
+                        let (key, mut recipe) = match choice {
+                            Some(c) => (c.key.clone(), c.recipe.clone()),
+                            None => (image.digest.clone(), GoldenRecipe::default()),
+                        };
+                        recipe.isolation = true;
+                        fastlet.template_for(&isolation_key(&key), &image, &recipe)?
+                    }
                 };
                 fastlet.register_template(&template);
                 if use_pool && let Some(claimed) = fastlet.claim_pooled(&template, &req) {

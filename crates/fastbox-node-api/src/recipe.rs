@@ -133,6 +133,14 @@ pub struct GoldenRecipe {
     pub warm_up: Vec<String>,
     /// Waited for after execd answers, before the dump.
     pub readiness: Option<Readiness>,
+    /// Built to offer isolated sessions (the seccomp variant and execd `--isolation`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub isolation: bool,
+}
+
+/// What the node names the isolation variant of template `key`.
+pub fn isolation_key(key: &str) -> String {
+    format!("{key}+isolation")
 }
 
 #[cfg(test)]
@@ -187,6 +195,7 @@ mod tests {
             env: vec!["A=1".into()],
             warm_up: vec!["sleep".into(), "9".into()],
             readiness: Some(Readiness::parse(Some("cmd://true"), Some(5)).unwrap()),
+            isolation: true,
         };
         let json = serde_json::to_string(&recipe).unwrap();
         assert!(json.contains("\"cmd://true\""), "{json}");

@@ -1698,6 +1698,7 @@ mod tests {
             env: vec![],
             volumes: Vec::new(),
             volume_keys: Default::default(),
+            isolation: false,
             common: settings(),
         }
     }

@@ -93,6 +93,10 @@ pub struct PlaceSpec {
     /// The keys of its object-storage volumes, by volume name.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub volume_keys: std::collections::BTreeMap<String, ObjectStorageKeys>,
+    /// Restored from the template's isolation variant (`bootstrap.execd.isolation=enable`):
+    /// execd offers isolated sessions.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub isolation: bool,
     #[serde(flatten)]
     pub common: SandboxSettings,
 }

@@ -455,6 +455,7 @@ fn recipe() -> GoldenRecipe {
         env: vec!["WARM=1".into()],
         warm_up: vec!["python3".into(), "-c".into(), "print('é')".into()],
         readiness: Some(Readiness::parse(Some("tcp://127.0.0.1:8080"), Some(30)).unwrap()),
+        isolation: true,
     }
 }
 
@@ -508,6 +509,7 @@ async fn script(node: &dyn NodeAgent) -> Vec<String> {
         env: vec!["A=1".into(), "B=ü".into()],
         volumes: Vec::new(),
         volume_keys: Default::default(),
+        isolation: true,
         common: settings(1),
     };
     let first = note!(node.place(spec, slot).await).unwrap().placement;
@@ -845,6 +847,7 @@ async fn a_stopped_node_is_unreachable_within_the_timeout() {
                 env: vec![],
                 volumes: Vec::new(),
                 volume_keys: Default::default(),
+                isolation: false,
                 common: settings(1),
             },
             0,
@@ -1126,6 +1129,7 @@ async fn proxy_carries_its_route_headers_and_client_exactly() {
         env: vec![],
         volumes: Vec::new(),
         volume_keys: Default::default(),
+        isolation: false,
         common: settings(9),
     };
     served.node.place(spec, slot).await.unwrap();

@@ -20,7 +20,7 @@ pub mod net;
 pub mod post_dump;
 pub mod rootfs;
 pub mod sandbox;
-pub mod seccomp;
+pub use fastbox_seccomp as seccomp;
 pub mod spec;
 pub mod tree_copy;
 pub mod volume;

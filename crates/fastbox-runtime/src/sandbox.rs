@@ -126,6 +126,7 @@ pub fn start(
             argv: execd_argv(spec),
             env: spec.env.clone(),
             keep_mknod: cgroups.version() == crate::cgroup::CgroupVersion::V1,
+            isolation: spec.isolation,
         };
         run_helper(&id, helper, &config, &cgroup).inspect_err(|_| {
             let _ = cgroup.kill_all();
@@ -217,6 +218,9 @@ fn execd_argv(spec: &SandboxSpec) -> Vec<String> {
         EXECD_PORT.to_string(),
     ];
     argv.extend(spec.execd_args.iter().cloned());
+    if spec.isolation {
+        argv.push("--isolation".to_string());
+    }
     if !spec.entrypoint.is_empty() {
         argv.push("--".to_string());
         argv.extend(spec.entrypoint.iter().cloned());

@@ -33,6 +33,9 @@ pub struct SandboxSpec {
     pub resolv_conf: Option<String>,
     /// The content-addressed execd binary on the host.
     pub execd: crate::execd_binary::ExecdBinary,
+    /// Offer isolated sessions ([`crate::init::InitConfig::isolation`]; execd gets
+    /// `--isolation`).
+    pub isolation: bool,
     /// Extra arguments given to execd (before `--`).
     pub execd_args: Vec<String>,
     /// The entrypoint execd supervises; empty for none.

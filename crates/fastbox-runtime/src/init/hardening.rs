@@ -21,8 +21,12 @@ pub const SANDBOX_CAPABILITIES: &[Capability] = &[
 ];
 
 /// Compile the seccomp filter (before the fork: compiling allocates).
-pub(super) fn seccomp_program() -> Result<seccompiler::BpfProgram, String> {
-    crate::seccomp::compile_default().map_err(|e| format!("seccomp policy: {e}"))
+pub(super) fn seccomp_program(isolation: bool) -> Result<seccompiler::BpfProgram, String> {
+    match isolation {
+        true => crate::seccomp::compile_isolation(),
+        false => crate::seccomp::compile_default(),
+    }
+    .map_err(|e| format!("seccomp policy: {e}"))
 }
 
 /// execd is the last process the OOM killer picks (its children reset this to 0). Set in the

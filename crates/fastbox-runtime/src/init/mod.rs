@@ -44,7 +44,20 @@ pub struct InitConfig {
     /// Keep `CAP_MKNOD`: only where a devices cgroup confines which nodes can be opened
     /// (cgroup v1); on v2 a sandbox with `CAP_MKNOD` could make and open a host disk's node.
     pub keep_mknod: bool,
+    /// A sandbox offering isolated sessions: the seccomp variant that lets execd build them
+    /// ([`crate::seccomp::isolation_policy`]) and the hidden read-only `/proc` their own
+    /// `/proc` mounts need ([`ISOLATION_PROC`]).
+    #[serde(default)]
+    pub isolation: bool,
 }
+
+/// Where an isolation sandbox keeps a read-only `/proc` without masks, covered by an empty
+/// read-only tmpfs at [`ISOLATION_DIR`]: the kernel lets a process in a user namespace mount
+/// a new `/proc` only where one is already fully visible, and the sandbox's own has masks.
+/// Nothing in the sandbox can reach it by path (it is covered, and no workload can unmount);
+/// sessions' own mount namespaces cover the cover with their staging tmpfs.
+pub const ISOLATION_DIR: &str = "/.fastbox/iso";
+pub const ISOLATION_PROC: &str = "/.fastbox/iso/proc";
 
 /// The helper's one-line answer on stdout.
 #[derive(Debug, Serialize, Deserialize)]
@@ -152,7 +165,7 @@ impl Prepared {
         Ok(Self {
             argv: cstrings(&config.argv)?,
             env: cstrings(&config.env)?,
-            seccomp: hardening::seccomp_program()?,
+            seccomp: hardening::seccomp_program(config.isolation)?,
         })
     }
 }

@@ -89,6 +89,9 @@ pub(super) fn setup_root(config: &InitConfig) -> Result<(), String> {
     own_dir(&tree, EMPTY_DIR, 0o555)?
         .set_mode(0o555)
         .map_err(|e| e.to_string())?;
+    if config.isolation {
+        own_dir(&tree, super::ISOLATION_PROC, 0o555)?;
+    }
 
     nix::unistd::fchdir(tree.as_fd().as_raw_fd()).map_err(|e| format!("chdir to the root: {e}"))?;
     nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
@@ -98,7 +101,30 @@ pub(super) fn setup_root(config: &InitConfig) -> Result<(), String> {
 
     finish_dev()?;
     read_only(Path::new(EXECD_SANDBOX_PATH))?;
-    mask_and_protect()
+    mask_and_protect()?;
+    if config.isolation {
+        hidden_proc()?;
+    }
+    Ok(())
+}
+
+/// The isolation variant's fully visible `/proc` ([`super::ISOLATION_PROC`]), read-only and
+/// covered by an empty read-only tmpfs.
+fn hidden_proc() -> Result<(), String> {
+    mount_at(
+        Some("proc"),
+        Path::new(super::ISOLATION_PROC),
+        Some("proc"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_NODEV | MsFlags::MS_RDONLY,
+        None,
+    )?;
+    mount_at(
+        Some("tmpfs"),
+        Path::new(super::ISOLATION_DIR),
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_NODEV | MsFlags::MS_RDONLY,
+        Some("size=4k,mode=000"),
+    )
 }
 
 /// The directory of the sandbox root that is bound at `/dev`: `/dev` lives on the writable

@@ -207,6 +207,8 @@ impl Lifecycle {
             env,
             volumes: plan.volumes.clone(),
             volume_keys: plan.volume_keys.clone(),
+            // Validated when the create was planned.
+            isolation: super::plan::isolation_of(plan.extensions.as_ref()).unwrap_or(false),
             common: SandboxSettings {
                 limits: plan.limits,
                 disk_bytes: plan.disk_bytes,

@@ -125,6 +125,7 @@ pub fn plan(req: CreateSandboxRequest, rules: &Rules) -> Result<CreatePlan, ApiE
     }
     let credential_proxy =
         credential_proxy_of(req.credential_proxy.as_ref(), req.network_policy.is_some())?;
+    isolation_of(req.extensions.as_ref())?;
     let metadata = metadata_of(req.metadata)?;
     let policy = policy_of(req.network_policy.as_ref())?;
     let super::volumes::Planned {
@@ -196,6 +197,7 @@ pub fn plan_from_template(
         ("secureAccess", req.secure_access == Some(true)),
     ];
     refuse_given(&refused, "templateId: the template decides it")?;
+    isolation_of(req.extensions.as_ref())?;
     let timeout_secs = timeout_of(req.timeout, max_timeout_secs)?
         .ok_or_else(|| invalid("timeout is required with templateId"))?;
     let resource_limits = template.resource_limits.clone().unwrap_or_default();
@@ -252,6 +254,11 @@ pub fn plan_from_snapshot(
         &refused,
         "snapshotId: the snapshot's processes run on as they were",
     )?;
+    if isolation_of(req.extensions.as_ref())? {
+        return Err(invalid(format!(
+            "extension {ISOLATION_EXTENSION} cannot be given with snapshotId: a clone offers isolated sessions when its snapshot's sandbox did"
+        )));
+    }
     if credential_proxy_asked(req.credential_proxy.as_ref())? && !snapshot.credential_proxy {
         return Err(invalid(
             "credentialProxy cannot be given with snapshotId: a clone keeps its snapshot's (this snapshot's sandbox had none)",
@@ -312,6 +319,24 @@ pub fn plan_from_snapshot(
 
 /// A 400 naming the first field of `fields` the request gave, which it may not give with
 /// `with` (`"templateId: why"`).
+/// `extensions` key of a create that offers isolated sessions (`/v1/isolated` of execd),
+/// named as upstream names it.
+pub const ISOLATION_EXTENSION: &str = "bootstrap.execd.isolation";
+
+/// Whether `extensions` ask for isolated sessions: `"enable"`; `"disable"` or absent: not.
+pub fn isolation_of(extensions: Option<&StringMap>) -> Result<bool, ApiError> {
+    match extensions
+        .and_then(|e| e.get(ISOLATION_EXTENSION))
+        .map(String::as_str)
+    {
+        None | Some("disable") => Ok(false),
+        Some("enable") => Ok(true),
+        Some(other) => Err(invalid(format!(
+            "extension {ISOLATION_EXTENSION} must be \"enable\" or \"disable\", not {other:?}"
+        ))),
+    }
+}
+
 fn refuse_given(fields: &[(&str, bool)], with: &str) -> Result<(), ApiError> {
     match fields.iter().find(|(_, given)| *given) {
         Some((field, _)) => Err(invalid(format!("{field} cannot be given with {with}"))),

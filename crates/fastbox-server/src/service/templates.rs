@@ -27,6 +27,7 @@ fn golden_recipe(template: &Template) -> Result<GoldenRecipe, ApiError> {
         .transpose()
         .map_err(|e| ApiError::InvalidParameter(e.to_string()))?;
     Ok(GoldenRecipe {
+        isolation: false,
         env: template
             .env
             .iter()

@@ -81,6 +81,37 @@ pub fn default_policy() -> Policy {
     parse_policy(DEFAULT_POLICY_JSON).expect("the embedded seccomp/default.json is valid")
 }
 
+/// Calls the isolation variant ([`isolation_policy`]) allows that the default denies: what
+/// execd needs to build an isolated session (a user namespace owning fresh mount, pid, ipc,
+/// uts and network namespaces, its mounts and its root). Everything else stays denied,
+/// including the new mount API (`fsopen`, `open_tree`, `move_mount`...).
+pub const ISOLATION_ALLOWS: &[&str] = &[
+    "mount",
+    "umount2",
+    "pivot_root",
+    "unshare",
+    "setns",
+    "clone",
+];
+
+/// The policy of a sandbox created with isolated sessions: the default less the rules for
+/// [`ISOLATION_ALLOWS`]. Only execd holds it: it stacks the default filter on every process
+/// it starts, so a workload in such a sandbox is filtered exactly as anywhere else.
+pub fn isolation_policy() -> Policy {
+    let mut policy = default_policy();
+    policy.description = format!(
+        "{} Isolation variant: also allows {}.",
+        policy.description,
+        ISOLATION_ALLOWS.join(", ")
+    );
+    for rule in &mut policy.rules {
+        rule.syscalls
+            .retain(|name| !ISOLATION_ALLOWS.contains(&name.as_str()));
+    }
+    policy.rules.retain(|rule| !rule.syscalls.is_empty());
+    policy
+}
+
 /// Compiles `policy` to a BPF program for `arch`, which must be [`NATIVE_ARCH`].
 pub fn compile(policy: &Policy, arch: TargetArch) -> Result<BpfProgram, SeccompError> {
     if arch != NATIVE_ARCH {
@@ -95,6 +126,11 @@ pub fn compile(policy: &Policy, arch: TargetArch) -> Result<BpfProgram, SeccompE
 /// [`compile`] of [`default_policy`] for [`NATIVE_ARCH`].
 pub fn compile_default() -> Result<BpfProgram, SeccompError> {
     compile(&default_policy(), NATIVE_ARCH)
+}
+
+/// [`compile`] of [`isolation_policy`] for [`NATIVE_ARCH`].
+pub fn compile_isolation() -> Result<BpfProgram, SeccompError> {
+    compile(&isolation_policy(), NATIVE_ARCH)
 }
 
 /// Installs `program` as a seccomp filter of the calling thread (and of everything it execs
@@ -258,6 +294,72 @@ mod tests {
                 "docs/seccomp.md does not mention `{name}`"
             );
         }
+    }
+
+    /// The isolation variant differs from the default in exactly [`ISOLATION_ALLOWS`]: those
+    /// are allowed (namespace flags on `clone` too), every other verdict is the default's.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn isolation_variant_allows_only_what_sessions_need() {
+        let (default, variant) = (compile_default().unwrap(), compile_isolation().unwrap());
+        let verdict = |program: &BpfProgram, nr: libc::c_long, args: [u64; 6]| {
+            run(
+                program,
+                &SeccompData {
+                    nr: nr as i32,
+                    arch: AUDIT_ARCH_X86_64,
+                    instruction_pointer: 0,
+                    args,
+                },
+            )
+        };
+        let z = [0u64; 6];
+        let allow = libc::SECCOMP_RET_ALLOW;
+        let newuser_ns = (libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID) as u64;
+        for (nr, args) in [
+            (libc::SYS_mount, z),
+            (libc::SYS_umount2, z),
+            (libc::SYS_pivot_root, z),
+            (libc::SYS_unshare, [newuser_ns, 0, 0, 0, 0, 0]),
+            (libc::SYS_setns, z),
+            (libc::SYS_clone, [newuser_ns, 0, 0, 0, 0, 0]),
+        ] {
+            assert_ne!(verdict(&default, nr, args), allow, "default allows {nr}");
+            assert_eq!(verdict(&variant, nr, args), allow, "variant denies {nr}");
+        }
+        let allowed: Vec<i64> = ISOLATION_ALLOWS
+            .iter()
+            .map(|name| match resolve(name) {
+                Some(Resolved::Number(nr)) => nr,
+                other => panic!("{name}: {other:?}"),
+            })
+            .collect();
+        // Every other call keeps the default's verdict, with and without arguments that
+        // match the conditional rules.
+        let probes = [
+            z,
+            [u64::MAX; 6],
+            [libc::AF_VSOCK as u64, 0, 0, 0, 0, 0],
+            [libc::AF_NETLINK as u64, libc::SOCK_RAW as u64, 9, 0, 0, 0],
+            [0x0040000, 0, 0, 0, 0, 0],
+        ];
+        for nr in 0..460i64 {
+            if allowed.contains(&nr) {
+                continue;
+            }
+            for args in probes {
+                assert_eq!(
+                    verdict(&variant, nr, args),
+                    verdict(&default, nr, args),
+                    "syscall {nr} {args:?}"
+                );
+            }
+        }
+        assert_eq!(
+            verdict(&variant, libc::SYS_clone3, z),
+            ret_errno(libc::ENOSYS),
+            "clone3 stays ENOSYS"
+        );
     }
 
     /// Verdicts of the compiled default filter, computed by interpreting the BPF.
@@ -647,7 +749,7 @@ mod tests {
         let mut cmd = Command::new(std::env::current_exe().unwrap());
         cmd.args([
             "--exact",
-            "seccomp::tests::probe_child",
+            "tests::probe_child",
             "--nocapture",
             "--test-threads=1",
         ])
