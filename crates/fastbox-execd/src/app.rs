@@ -8,10 +8,19 @@ use axum::routing::{any, get};
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{auth, claim, code, command, entrypoint, files, metrics, proxy, pty, session};
+use crate::{
+    auth, claim, code, command, entrypoint, files, isolated, metrics, proxy, pty, session,
+};
 
 /// The complete execd HTTP API.
 pub fn app(state: AppState) -> Router {
+    let isolated = match state.config.isolation {
+        true => isolated::routes(),
+        false => Router::new()
+            .route("/v1/isolated/capabilities", get(isolation_capabilities))
+            .route("/v1/isolated", any(isolation_unavailable))
+            .route("/v1/isolated/{*rest}", any(isolation_unavailable)),
+    };
     Router::new()
         .route("/ping", get(ping))
         .merge(command::routes())
@@ -24,9 +33,7 @@ pub fn app(state: AppState) -> Router {
         .merge(proxy::routes())
         .merge(pty::routes())
         .nest("/v1/filesystem/{uid}/{gid}", files::routes())
-        .route("/v1/isolated/capabilities", get(isolation_capabilities))
-        .route("/v1/isolated", any(isolation_unavailable))
-        .route("/v1/isolated/{*rest}", any(isolation_unavailable))
+        .merge(isolated)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -38,7 +45,7 @@ pub fn app(state: AppState) -> Router {
 async fn ping() {}
 
 /// Why this sandbox runs no isolated sessions (`GET /v1/isolated/capabilities`).
-const ISOLATION_UNAVAILABLE: &str = "isolated sessions are not available in fastbox sandboxes yet";
+const ISOLATION_UNAVAILABLE: &str = "isolated sessions are offered only to sandboxes created with the extension bootstrap.execd.isolation=enable";
 
 /// `GET /v1/isolated/capabilities`: what the spec answers when isolation is unavailable
 /// (every other `/v1/isolated` route is then a 503 `NOT_SUPPORTED`).

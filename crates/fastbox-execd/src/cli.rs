@@ -1,6 +1,6 @@
 //! Command-line flags: `fastbox-execd [--port 44772] [--code-port 44771] [--log-dir DIR]
-//! [-- ENTRYPOINT ARGV...]`. Hand-parsed: four flags do not justify an argument-parser crate
-//! in a binary copied into every sandbox.
+//! [--isolation] [--listen-fd N] [-- ENTRYPOINT ARGV...]`. Hand-parsed: a few flags do not
+//! justify an argument-parser crate in a binary copied into every sandbox.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -14,6 +14,12 @@ pub struct Cli {
     /// 0 disables the code-interpreter readiness listener.
     pub code_port: u16,
     pub log_dir: Option<PathBuf>,
+    /// Offer isolated sessions (`/v1/isolated`): the sandbox was started with the seccomp
+    /// variant that allows building them.
+    pub isolation: bool,
+    /// Serve on this inherited, listening Unix socket instead of a TCP port: an isolated
+    /// session's own execd.
+    pub listen_fd: Option<i32>,
     pub entrypoint: Vec<String>,
 }
 
@@ -23,6 +29,8 @@ pub enum CliError {
     MissingValue(String),
     #[error("invalid port {0:?}")]
     BadPort(String),
+    #[error("invalid descriptor {0:?}")]
+    BadFd(String),
     #[error("unknown argument {0:?}")]
     Unknown(String),
     #[error("arguments must be UTF-8")]
@@ -31,7 +39,7 @@ pub enum CliError {
     Help,
 }
 
-pub const USAGE: &str = "usage: fastbox-execd [--port 44772] [--code-port 44771] [--log-dir DIR] [-- ENTRYPOINT ARGV...]\n\
+pub const USAGE: &str = "usage: fastbox-execd [--port 44772] [--code-port 44771] [--log-dir DIR] [--isolation] [--listen-fd N] [-- ENTRYPOINT ARGV...]\n\
 environment: EXECD_ACCESS_TOKEN (required header X-EXECD-ACCESS-TOKEN), EXECD_ENVS (env file for children), EXECD_LOG (log filter)";
 
 pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, CliError> {
@@ -39,6 +47,8 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, CliError> 
         port: DEFAULT_PORT,
         code_port: DEFAULT_CODE_PORT,
         log_dir: None,
+        isolation: false,
+        listen_fd: None,
         entrypoint: Vec::new(),
     };
     let mut args = args
@@ -66,6 +76,11 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, CliError> 
             "--port" => cli.port = port(&value("--port")?)?,
             "--code-port" => cli.code_port = port(&value("--code-port")?)?,
             "--log-dir" => cli.log_dir = Some(PathBuf::from(value("--log-dir")?)),
+            "--isolation" => cli.isolation = true,
+            "--listen-fd" => {
+                let v = value("--listen-fd")?;
+                cli.listen_fd = Some(v.parse().map_err(|_| CliError::BadFd(v))?);
+            }
             "-h" | "--help" => return Err(CliError::Help),
             _ => return Err(CliError::Unknown(arg)),
         }
@@ -112,6 +127,10 @@ mod tests {
         assert_eq!(c.code_port, 0);
         assert_eq!(c.log_dir, Some(PathBuf::from("/l")));
         assert_eq!(c.entrypoint, vec!["tail", "-f", "--port"]);
+        let c = p(&["--isolation", "--listen-fd=3"]).unwrap();
+        assert!(c.isolation);
+        assert_eq!(c.listen_fd, Some(3));
+        assert_eq!(p(&["--listen-fd", "x"]), Err(CliError::BadFd("x".into())));
     }
 
     #[test]

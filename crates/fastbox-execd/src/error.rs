@@ -13,6 +13,7 @@ use crate::code::CodeError;
 use crate::command::CommandError;
 use crate::extract::RequestError;
 use crate::files::FilesError;
+use crate::isolated::IsolatedError;
 use crate::proxy::ProxyError;
 use crate::pty::PtyError;
 use crate::session::SessionError;
@@ -41,6 +42,8 @@ pub enum ApiError {
     Pty(#[from] PtyError),
     #[error(transparent)]
     Claim(#[from] ClaimError),
+    #[error(transparent)]
+    Isolated(#[from] IsolatedError),
 }
 
 #[derive(Serialize)]
@@ -103,6 +106,15 @@ impl ApiError {
                 ClaimError::AlreadyClaimed => (S::CONFLICT, "ALREADY_CLAIMED"),
                 ClaimError::EntrypointStarted => (S::CONFLICT, "ENTRYPOINT_ALREADY_STARTED"),
                 ClaimError::Trust(_) => (S::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
+            },
+            ApiError::Isolated(e) => match e {
+                IsolatedError::Invalid(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),
+                IsolatedError::Unsupported(_) => (S::SERVICE_UNAVAILABLE, "NOT_SUPPORTED"),
+                IsolatedError::NotFound(_) => (S::NOT_FOUND, "SESSION_NOT_FOUND"),
+                IsolatedError::RunNotFound(_) => (S::NOT_FOUND, "NOT_FOUND"),
+                IsolatedError::TooMany => (S::TOO_MANY_REQUESTS, "TOO_MANY_SESSIONS"),
+                IsolatedError::Setup(_) => (S::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
+                IsolatedError::Upstream(_) => (S::BAD_GATEWAY, "RUNTIME_ERROR"),
             },
             ApiError::Proxy(e) => match e {
                 ProxyError::InvalidPort(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),

@@ -23,6 +23,7 @@ pub mod extract;
 pub mod files;
 pub mod identity;
 pub mod ids;
+pub mod isolated;
 pub mod lines;
 pub mod logbuf;
 pub mod metrics;

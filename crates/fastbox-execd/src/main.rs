@@ -25,6 +25,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if cli.isolation {
+        // This process holds the seccomp variant that can build namespaces: nothing in the
+        // sandbox may trace it or read its memory (ptrace of a non-dumpable process needs
+        // CAP_SYS_PTRACE, which sandboxes lack), and everything it starts gets the default
+        // filter stacked.
+        // SAFETY: prctl with integer arguments only.
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+        if let Err(e) = fastbox_execd::process::stack_default_filter() {
+            eprintln!("fastbox-execd: --isolation: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let access_token = std::env::var("EXECD_ACCESS_TOKEN")
         .ok()
         .filter(|t| !t.is_empty());
@@ -61,6 +73,7 @@ fn main() -> ExitCode {
     config.access_token = access_token.map(fastbox_execd::auth::AccessToken::from_secret);
     config.log_dir = cli.log_dir.clone();
     config.reap_scope = ReapScope::AnyChild;
+    config.isolation = cli.isolation;
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -86,20 +99,42 @@ async fn serve(cli: cli::Cli, config: Config) -> std::io::Result<()> {
     let state = AppState::new(config)?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
-    let listener =
-        tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, cli.port))).await?;
-    tracing::info!(port = cli.port, pid = std::process::id(), "execd listening");
-    if cli.code_port != 0 {
-        code_port::spawn(cli.code_port).await;
-    }
-    if !cli.entrypoint.is_empty() {
-        entrypoint::start(&state, cli.entrypoint.clone());
-    }
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, app(state.clone())).with_graceful_shutdown(async {
+    let stopped = async {
         let _ = stop_rx.await;
-    });
-    let server = tokio::spawn(async move { server.await });
+    };
+    let server = match cli.listen_fd {
+        Some(fd) => {
+            // SAFETY: the session's builder passed this listening socket as descriptor `fd`
+            // and nothing else in this process owns it.
+            let std_listener = unsafe {
+                <std::os::unix::net::UnixListener as std::os::fd::FromRawFd>::from_raw_fd(fd)
+            };
+            std_listener.set_nonblocking(true)?;
+            let listener = tokio::net::UnixListener::from_std(std_listener)?;
+            tracing::info!(
+                fd,
+                pid = std::process::id(),
+                "execd listening (isolated session)"
+            );
+            let server = axum::serve(listener, app(state.clone())).with_graceful_shutdown(stopped);
+            tokio::spawn(async move { server.await })
+        }
+        None => {
+            let listener =
+                tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, cli.port)))
+                    .await?;
+            tracing::info!(port = cli.port, pid = std::process::id(), "execd listening");
+            if cli.code_port != 0 {
+                code_port::spawn(cli.code_port).await;
+            }
+            if !cli.entrypoint.is_empty() {
+                entrypoint::start(&state, cli.entrypoint.clone());
+            }
+            let server = axum::serve(listener, app(state.clone())).with_graceful_shutdown(stopped);
+            tokio::spawn(async move { server.await })
+        }
+    };
     tokio::select! {
         _ = sigterm.recv() => tracing::info!("SIGTERM, shutting down"),
         _ = sigint.recv() => tracing::info!("SIGINT, shutting down"),

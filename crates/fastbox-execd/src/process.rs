@@ -11,6 +11,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -60,6 +61,34 @@ pub enum LaunchError {
     Nul(#[from] std::ffi::NulError),
 }
 
+/// The filter every child gets on top of execd's own, once [`stack_default_filter`] ran.
+static STACKED_FILTER: OnceLock<fastbox_seccomp::BpfProgram> = OnceLock::new();
+
+/// In a sandbox offering isolated sessions execd holds the seccomp variant that lets it build
+/// them; from here on every process it starts gets the default policy stacked on top (the
+/// kernel applies the stricter answer of both), so workloads are filtered as in any sandbox.
+pub fn stack_default_filter() -> Result<(), fastbox_seccomp::SeccompError> {
+    let program = fastbox_seccomp::compile_default()?;
+    let _ = STACKED_FILTER.set(program);
+    Ok(())
+}
+
+/// The stacked filter, when there is one (see [`stack_default_filter`]).
+pub fn stacked_filter() -> Option<&'static fastbox_seccomp::BpfProgram> {
+    STACKED_FILTER.get()
+}
+
+/// Adds the stacked filter to `cmd` (for commands spawned without [`launch`]).
+pub fn with_stacked_filter(cmd: &mut Command) -> &mut Command {
+    if let Some(program) = stacked_filter() {
+        // SAFETY: installing a prepared filter is one system call, async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || fastbox_seccomp::install(program).map_err(std::io::Error::other));
+        }
+    }
+    cmd
+}
+
 /// Spawns `launch` through the reaper.
 pub fn launch(reaper: &Reaper, launch: Launch) -> Result<Spawned, LaunchError> {
     let mut cmd = Command::new(&launch.program);
@@ -100,6 +129,7 @@ pub fn launch(reaper: &Reaper, launch: Launch) -> Result<Spawned, LaunchError> {
         }
     };
     let creds = launch.user.clone();
+    let filter = stacked_filter();
     let oom_path = CString::new("/proc/self/oom_score_adj")?;
     // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe
     // syscalls on data allocated before the fork (`creds`, `oom_path`).
@@ -123,6 +153,9 @@ pub fn launch(reaper: &Reaper, launch: Launch) -> Result<Spawned, LaunchError> {
                     || libc::setuid(c.uid) < 0)
             {
                 return Err(std::io::Error::last_os_error());
+            }
+            if let Some(program) = filter {
+                fastbox_seccomp::install(program).map_err(std::io::Error::other)?;
             }
             Ok(())
         });

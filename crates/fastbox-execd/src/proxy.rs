@@ -78,7 +78,7 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
 
 /// Removes hop-by-hop headers (and those named by `Connection`), keeping the upgrade pair
 /// when the request is an upgrade.
-fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()

@@ -135,6 +135,23 @@ impl Reaper {
         Ok((child, ExitWaiter(rx)))
     }
 
+    /// Registers the child `fork` makes (it returns the child's pid) before any status for
+    /// it can be dispatched: for children made without `Command` (isolated sessions).
+    pub fn fork_registered(
+        &self,
+        fork: impl FnOnce() -> std::io::Result<i32>,
+    ) -> std::io::Result<(i32, ExitWaiter)> {
+        let (tx, rx) = oneshot::channel();
+        let pid = {
+            let mut waiters = self.inner.waiters.lock().unwrap_or_else(|e| e.into_inner());
+            let pid = fork()?;
+            waiters.insert(pid, tx);
+            pid
+        };
+        self.inner.kick.notify_one();
+        Ok((pid, ExitWaiter(rx)))
+    }
+
     /// Number of children currently awaited (for diagnostics and tests).
     pub fn pending(&self) -> usize {
         self.inner.waiters.lock().map(|w| w.len()).unwrap_or(0)

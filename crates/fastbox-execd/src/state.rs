@@ -11,6 +11,7 @@ use crate::command::store::CommandStore;
 use crate::entrypoint::Entrypoint;
 use crate::env::{self, EnvError, EnvList};
 use crate::identity::{Accounts, Credentials};
+use crate::isolated::IsolatedStore;
 use crate::metrics::MetricsSource;
 use crate::pty::PtyStore;
 use crate::reaper::{ReapScope, Reaper};
@@ -31,6 +32,8 @@ pub struct Config {
     /// `--log-dir`: where the entrypoint's output is also written.
     pub log_dir: Option<PathBuf>,
     pub reap_scope: ReapScope,
+    /// `--isolation`: `/v1/isolated` builds sessions ([`crate::isolated`]).
+    pub isolation: bool,
     /// The sandbox's root as execd writes system files under it (a claim's trusted CA): `/`;
     /// tests point it elsewhere.
     pub system_root: PathBuf,
@@ -46,6 +49,7 @@ impl Config {
             envs_file,
             log_dir: None,
             reap_scope: ReapScope::Registered,
+            isolation: false,
             system_root: PathBuf::from("/"),
         }
     }
@@ -81,6 +85,7 @@ pub struct Shared {
     pub metrics: MetricsSource,
     pub code: CodeStore,
     pub ptys: PtyStore,
+    pub isolated: IsolatedStore,
 }
 
 impl Deref for AppState {
@@ -104,6 +109,7 @@ impl AppState {
             metrics: MetricsSource::default(),
             code: CodeStore::default(),
             ptys: PtyStore::default(),
+            isolated: IsolatedStore::default(),
         })))
     }
 

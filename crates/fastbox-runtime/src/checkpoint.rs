@@ -48,6 +48,40 @@ pub enum CheckpointError {
     },
     #[error("checkpoint of {id}: {source}")]
     PostDump { id: String, source: PostDumpError },
+    #[error(
+        "checkpoint of {id}: process {pid} runs in a user namespace of its own (an isolated session), which CRIU cannot checkpoint; end the sandbox's isolated sessions first"
+    )]
+    NestedUserNamespace { id: String, pid: i32 },
+}
+
+/// A process of the tree under `init` in another user namespace than `init`'s (an isolated
+/// session's), if any: CRIU refuses such trees half-way, so a dump is refused before.
+pub fn nested_user_namespace(init: i32) -> Option<i32> {
+    let ns = |pid: i32| fs::read_link(format!("/proc/{pid}/ns/user")).ok();
+    let own = ns(init)?;
+    let mut pending = vec![init];
+    let mut seen = 0usize;
+    while let Some(pid) = pending.pop() {
+        seen += 1;
+        if seen > 1 << 16 {
+            return None;
+        }
+        if pid != init && ns(pid).is_some_and(|n| n != own) {
+            return Some(pid);
+        }
+        let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let children = fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            pending.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            );
+        }
+    }
+    None
 }
 
 /// What `checkpoint.json` records.
@@ -189,6 +223,9 @@ pub fn dump_into(
             source,
         }
     };
+    if let Some(pid) = nested_user_namespace(handle.init_pid) {
+        return Err(CheckpointError::NestedUserNamespace { id, pid });
+    }
     fs::create_dir_all(dir).map_err(io_err("create", dir))?;
     let images = images_dir(dir);
     let rootfs = handle.rootfs();
@@ -694,4 +731,42 @@ fn copy_tree(id: &str, from: &Path, to: &Path) -> Result<(), CheckpointError> {
         path: from.to_path_buf(),
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::{Command, Stdio};
+
+    use super::nested_user_namespace;
+
+    /// A tree with a process in a user namespace of its own (as an isolated session's) is
+    /// found; the same tree without one is not. Needs unprivileged user namespaces.
+    #[test]
+    fn a_nested_user_namespace_is_found() {
+        let me = std::process::id() as i32;
+        let mut plain = Command::new("sleep").arg("30").spawn().unwrap();
+        assert_eq!(nested_user_namespace(me), None);
+        let nested = Command::new("unshare")
+            .args(["--user", "sleep", "30"])
+            .stderr(Stdio::piped())
+            .spawn();
+        let Ok(mut nested) = nested else {
+            plain.kill().unwrap();
+            eprintln!("skipped: no unshare(1)");
+            return;
+        };
+        let found = (0..100).find_map(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            nested_user_namespace(me)
+        });
+        let _ = nested.kill();
+        let _ = plain.kill();
+        let status = nested.wait().unwrap();
+        let _ = plain.wait();
+        if found.is_none() && status.code() == Some(1) {
+            eprintln!("skipped: user namespaces are not available here");
+            return;
+        }
+        assert_eq!(found, Some(nested.id() as i32));
+    }
 }

@@ -88,6 +88,7 @@ pub fn default_policy() -> Policy {
 pub const ISOLATION_ALLOWS: &[&str] = &[
     "mount",
     "umount2",
+    "mount_setattr",
     "pivot_root",
     "unshare",
     "setns",
@@ -319,6 +320,7 @@ mod tests {
         for (nr, args) in [
             (libc::SYS_mount, z),
             (libc::SYS_umount2, z),
+            (libc::SYS_mount_setattr, z),
             (libc::SYS_pivot_root, z),
             (libc::SYS_unshare, [newuser_ns, 0, 0, 0, 0, 0]),
             (libc::SYS_setns, z),

@@ -34,6 +34,10 @@ pub async fn create(
         serde_json::from_slice(&body)
             .map_err(|e| ApiError::InvalidParameter(format!("invalid JSON body: {e}")))?
     };
+    state
+        .lifecycle
+        .refuse_live_sessions(&id, "snapshotted")
+        .await?;
     let snapshot = state.lifecycle.create_snapshot(&id, req.name)?;
     let location = format!("/v1/snapshots/{}", snapshot.id);
     Ok((
@@ -89,6 +93,7 @@ pub async fn pause(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
+    state.lifecycle.refuse_live_sessions(&id, "paused").await?;
     state.lifecycle.pause(&id)?;
     Ok(StatusCode::ACCEPTED)
 }
@@ -112,6 +117,7 @@ pub async fn fork(
     ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<ForkRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
+    state.lifecycle.refuse_live_sessions(&id, "forked").await?;
     let forked = state.lifecycle.fork(&id, req).await?;
     Ok((StatusCode::ACCEPTED, Json(forked)))
 }

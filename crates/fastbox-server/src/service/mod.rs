@@ -9,6 +9,7 @@ mod execd_logs;
 mod follow;
 mod history;
 pub mod idempotency;
+mod isolated_sessions;
 mod lifecycle;
 pub mod local_images;
 mod membership;
