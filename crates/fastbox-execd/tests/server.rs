@@ -62,7 +62,7 @@ async fn isolation_is_reported_unavailable_as_the_spec_has_it() {
         caps.json()["message"]
             .as_str()
             .unwrap()
-            .contains("not available")
+            .contains("bootstrap.execd.isolation=enable")
     );
     for uri in [
         "/v1/isolated/session",
@@ -75,6 +75,46 @@ async fn isolation_is_reported_unavailable_as_the_spec_has_it() {
     }
     let r = app
         .post_json("/v1/isolated/session", serde_json::json!({}))
+        .await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+/// With `--isolation` the routes are served; requests are validated before anything is
+/// built (sessions themselves are built in real sandboxes: `tests/sdk/test_isolated_sessions.py`).
+#[tokio::test]
+async fn isolation_routes_validate_before_building() {
+    let app = test_app_with(|c| c.isolation = true);
+    let caps = app.get("/v1/isolated/capabilities").await;
+    assert_eq!(caps.json()["available"], true, "{:?}", caps.json());
+    assert_eq!(
+        app.get("/v1/isolated/sessions").await.json()["sessions"],
+        serde_json::json!([])
+    );
+    let r = app
+        .post_json(
+            "/v1/isolated/session",
+            serde_json::json!({"workspace": {"path": "relative"}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{:?}", r.json());
+    assert!(r.json()["message"].as_str().unwrap().contains("absolute"));
+    let r = app
+        .post_json(
+            "/v1/isolated/session",
+            serde_json::json!({"overlays": [{"path": "/tmp/x", "persist": true}]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{:?}", r.json());
+    let missing = "/v1/isolated/session/00000000-0000-4000-8000-000000000000";
+    assert_eq!(app.get(missing).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        app.get(&format!("{missing}/files/info?path=/"))
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
+    let r = app
+        .post_json(&format!("{missing}/commit"), serde_json::json!({}))
         .await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
 }
