@@ -262,7 +262,7 @@ def test_background_runs_and_idle_collection(sandbox: SandboxSync) -> None:
         t.delete()
 
 
-def test_pause_is_refused_while_sessions_live(
+def test_pause_snapshot_and_fork_are_refused_while_sessions_live(
     fastbox: fb.FastboxServer, api: httpx.Client
 ) -> None:
     sb = fastbox.create_sandbox(extensions=ISOLATION)
@@ -271,6 +271,8 @@ def test_pause_is_refused_while_sessions_live(
         r = api.post(f"/v1/sandboxes/{sb.id}/pause")
         assert r.status_code == 409 and "isolated session" in r.text, r.text
         r = api.post(f"/v1/sandboxes/{sb.id}/snapshots", json={})
+        assert r.status_code == 409 and "isolated session" in r.text, r.text
+        r = api.post(f"/v1/sandboxes/{sb.id}/fork", json={"count": 1})
         assert r.status_code == 409 and "isolated session" in r.text, r.text
         s.delete()
         sb.pause()

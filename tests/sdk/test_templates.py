@@ -74,10 +74,30 @@ def test_templates_build_and_serve_creates(
         sandbox.kill()
         sandbox.close()
 
+    # The template's isolation variant: the same checkpointed environment, and sessions.
+    isolated = SandboxSync.create_from_template(
+        created.template_id,
+        timeout=timedelta(minutes=5),
+        ready_timeout=timedelta(seconds=60),
+        metadata={"fbt-run": fastbox.prefix},
+        extensions={"bootstrap.execd.isolation": "enable"},
+        connection_config=fastbox.connection_config(),
+    )
+    try:
+        assert fb.lines(isolated.commands.run("echo $FB_TEMPLATE").logs.stdout) == ["baked"]
+        assert isolated.isolation.capabilities().available
+    finally:
+        isolated.kill()
+        isolated.close()
+
     manager.delete_template(created.template_id)
     with pytest.raises(SandboxApiException) as e:
         manager.get_template(created.template_id)
     assert e.value.status_code == 404
+    # Its golden checkpoints are gone from the node, the isolation variant's included.
+    assert fastbox.data_dir is not None
+    left = [p.name for p in (fastbox.data_dir / "templates").iterdir() if created.template_id in p.name]
+    assert left == [], left
 
 
 def test_template_creates_refuse_what_the_template_decides(

@@ -959,13 +959,20 @@ impl Fastlet {
     /// Forgets the template named `key` on this node (its directory; pooled sandboxes of it
     /// are not refilled after a restart).
     pub fn remove_template(&self, key: &str) -> std::io::Result<()> {
-        self.pools.unregister(key);
-        let dir = template::template_dir(&self.cfg.data_dir, key);
-        crate::from_artifact::unmount_rootfs(&dir);
-        match std::fs::remove_dir_all(dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
+        // Its isolation variant ([`fastbox_node_api::recipe::isolation_key`]) goes with it.
+        for key in [
+            key.to_string(),
+            fastbox_node_api::recipe::isolation_key(key),
+        ] {
+            self.pools.unregister(&key);
+            let dir = template::template_dir(&self.cfg.data_dir, &key);
+            crate::from_artifact::unmount_rootfs(&dir);
+            match std::fs::remove_dir_all(dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
         }
+        Ok(())
     }
 
     /// Publishes `template` into this node's artifact store
