@@ -187,6 +187,8 @@ def test_a_session_workload_is_confined_like_the_sandbox(sandbox: SandboxSync) -
         # Its /proc is its own, read-only.
         code, _, err = srun(s, "echo 1 > /proc/sys/kernel/hostname")
         assert code != 0, err
+        # ... with the sandbox's masks.
+        assert srun(s, "wc -c < /proc/keys; wc -c < /proc/timer_list")[1].split() == ["0", "0"]
         # Its execd's token is not readable in its environment.
         assert srun(s, "tr '\\0' '\\n' < /proc/1/environ | grep -c 'TOKEN=[0-9a-f]' || true")[1] == "0"
         # The balanced profile shares the sandbox's network.
@@ -227,6 +229,13 @@ def test_uid_binds_and_the_file_api(sandbox: SandboxSync) -> None:
         with pytest.raises(SandboxException):
             s.files.write_file("/tmp/evil", "overwritten")
         assert "overwritten" not in run_ok(sandbox, "cat /etc/passwd")
+        # A bind source is never reached through a symlink (a session that could write the
+        # directory may have planted it): a link to the sandbox's /proc is refused.
+        run_ok(sandbox, "ln -sfn /proc /workspace/tools")
+        with pytest.raises(SandboxException) as refused:
+            session(sandbox, "ro", binds=[BindMount(source="/workspace/tools", dest="/tools")])
+        assert "symlink" in str(refused.value), refused.value
+        run_ok(sandbox, "rm /workspace/tools")
         # The state echoes the creation parameters.
         state = s.get()
         assert state.status == "active" and state.uid == 1000, state

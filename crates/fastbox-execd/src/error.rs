@@ -111,6 +111,7 @@ impl ApiError {
                 IsolatedError::Invalid(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),
                 IsolatedError::Unsupported(_) => (S::SERVICE_UNAVAILABLE, "NOT_SUPPORTED"),
                 IsolatedError::NotFound(_) => (S::NOT_FOUND, "SESSION_NOT_FOUND"),
+                IsolatedError::Ended(_) => (S::CONFLICT, "SESSION_ENDED"),
                 IsolatedError::RunNotFound(_) => (S::NOT_FOUND, "NOT_FOUND"),
                 IsolatedError::TooMany => (S::TOO_MANY_REQUESTS, "TOO_MANY_SESSIONS"),
                 IsolatedError::Setup(_) => (S::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),

@@ -207,6 +207,13 @@ fn start_term(
         crate::env::set(&mut ctx.env, "TERM", "xterm-256color");
     }
     let pty = nix::pty::openpty(None, None).map_err(|e| err(&e))?;
+    // openpty(3) makes both ends inheritable: the master would leak into every process execd
+    // starts later (and into an isolated session's keeper); the slave reaches the shell as
+    // its standard streams only.
+    for fd in [pty.master.as_raw_fd(), pty.slave.as_raw_fd()] {
+        // SAFETY: plain fcntl on descriptors we own.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
     let shell = process::shell(&ctx.env);
     let args = match command {
         Some(c) if !c.trim().is_empty() => vec![OsString::from("-c"), OsString::from(c)],

@@ -49,25 +49,32 @@ pub enum CheckpointError {
     #[error("checkpoint of {id}: {source}")]
     PostDump { id: String, source: PostDumpError },
     #[error(
-        "checkpoint of {id}: process {pid} runs in a user namespace of its own (an isolated session), which CRIU cannot checkpoint; end the sandbox's isolated sessions first"
+        "checkpoint of {id}: {why}, which CRIU cannot checkpoint; end the sandbox's isolated sessions first"
     )]
-    NestedUserNamespace { id: String, pid: i32 },
+    NestedUserNamespace { id: String, why: String },
 }
 
-/// A process of the tree under `init` in another user namespace than `init`'s (an isolated
-/// session's), if any: CRIU refuses such trees half-way, so a dump is refused before.
-pub fn nested_user_namespace(init: i32) -> Option<i32> {
+/// Why the tree under `init` cannot be dumped, if a process of it is in another user
+/// namespace than `init`'s (an isolated session's): CRIU refuses such trees half-way, so a
+/// dump is refused before. A tree this cannot walk is refused too.
+pub fn nested_user_namespace(init: i32) -> Option<String> {
     let ns = |pid: i32| fs::read_link(format!("/proc/{pid}/ns/user")).ok();
-    let own = ns(init)?;
+    let Some(own) = ns(init) else {
+        return Some(format!(
+            "the user namespace of its init {init} cannot be read"
+        ));
+    };
     let mut pending = vec![init];
     let mut seen = 0usize;
     while let Some(pid) = pending.pop() {
         seen += 1;
         if seen > 1 << 16 {
-            return None;
+            return Some("it has more than 65536 processes to check for user namespaces".into());
         }
         if pid != init && ns(pid).is_some_and(|n| n != own) {
-            return Some(pid);
+            return Some(format!(
+                "process {pid} runs in a user namespace of its own (an isolated session)"
+            ));
         }
         let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
             continue;
@@ -223,8 +230,8 @@ pub fn dump_into(
             source,
         }
     };
-    if let Some(pid) = nested_user_namespace(handle.init_pid) {
-        return Err(CheckpointError::NestedUserNamespace { id, pid });
+    if let Some(why) = nested_user_namespace(handle.init_pid) {
+        return Err(CheckpointError::NestedUserNamespace { id, why });
     }
     fs::create_dir_all(dir).map_err(io_err("create", dir))?;
     let images = images_dir(dir);
@@ -746,12 +753,17 @@ mod tests {
         let me = std::process::id() as i32;
         let mut plain = Command::new("sleep").arg("30").spawn().unwrap();
         assert_eq!(nested_user_namespace(me), None);
+        assert!(
+            nested_user_namespace(i32::MAX).is_some(),
+            "an unreadable tree is refused"
+        );
         let nested = Command::new("unshare")
             .args(["--user", "sleep", "30"])
             .stderr(Stdio::piped())
             .spawn();
         let Ok(mut nested) = nested else {
             plain.kill().unwrap();
+            let _ = plain.wait();
             eprintln!("skipped: no unshare(1)");
             return;
         };
@@ -767,6 +779,10 @@ mod tests {
             eprintln!("skipped: user namespaces are not available here");
             return;
         }
-        assert_eq!(found, Some(nested.id() as i32));
+        let found = found.unwrap();
+        assert!(
+            found.contains(&format!("process {} ", nested.id())),
+            "{found}"
+        );
     }
 }

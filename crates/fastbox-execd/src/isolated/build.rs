@@ -1,36 +1,44 @@
 //! Building a session's namespaces and root, and starting its own execd in them.
 //!
-//! execd (the parent, multi-threaded) forks a *keeper*. The keeper unshares a user namespace
-//! owning new mount, pid, ipc and uts namespaces (and a network namespace unless the session
-//! shares the sandbox's); the parent writes its identity uid and gid maps (a uid inside is the
-//! same uid in the sandbox, so files keep their owners). The keeper then builds the session's
-//! root in a staging tmpfs, which only its mount namespace sees:
+//! execd (the parent, multi-threaded) forks a *keeper*. The keeper closes every descriptor it
+//! does not need, unshares a user namespace owning new mount, pid, ipc and uts namespaces (and
+//! a network namespace unless the session shares the sandbox's); the parent writes its
+//! identity uid and gid maps (a uid inside is the same uid in the sandbox, so files keep their
+//! owners). The keeper then builds the session's root in a staging tmpfs, which only its
+//! mount namespace sees:
 //!
-//! - the sandbox's `/` with everything mounted in it (`/dev`, `/sys`, volumes), read-only;
-//! - a new devpts instance at `/dev/pts`, a new `/proc` (below);
-//! - fresh tmpfs at `/tmp`, `/var/tmp`, `/run`, `/dev/shm`, and an empty read-only one over
-//!   `/.fastbox`;
+//! - the sandbox's `/` with everything mounted in it (`/dev`, `/sys`, volumes), read-only and
+//!   `nosuid,nodev`;
+//! - fresh tmpfs at `/tmp`, `/var/tmp`, `/run`, `/dev/shm`, a new devpts instance at
+//!   `/dev/pts`, and an empty read-only tmpfs over `/.fastbox`;
 //! - each workspace and bind, shallow first: `rw` and `ro` are bind mounts of the sandbox's
-//!   directory, `overlay` an overlayfs whose upper layer is in the staging tmpfs;
+//!   directory, `overlay` an overlayfs whose upper layer is in the staging tmpfs.
 //!
-//! and forks the session's init (PID 1 of the new pid namespace). The init mounts a read-only
-//! `/proc` of its pid namespace (the kernel allows it because the sandbox keeps a fully
-//! visible one, hidden, at `/.fastbox/iso/proc`), pivots into the root (which detaches the
-//! sandbox's tree, the hidden `/proc` with it), drops the capability bounding
-//! set and the effective set to the sandbox's, switches to the session's uid and gid, stacks
-//! the default seccomp filter and executes execd (from a descriptor: the binary is not in the
-//! session's root) serving on an inherited Unix socket. The keeper waits for the init and exits
-//! with its status; killing the init ends the session (its pid namespace goes with it).
+//! Every source and mount point is opened without following symlinks (`openat2` with
+//! `RESOLVE_NO_SYMLINKS`; a session may have planted links in a directory it could write) and
+//! mounted through its descriptor; a source on `/proc`, `/sys` or a devpts is refused.
+//!
+//! The keeper forks the session's init (PID 1 of the new pid namespace). The init mounts a
+//! read-only `/proc` of its pid namespace with the sandbox's masks (the kernel allows the mount
+//! because the sandbox keeps a fully visible one, hidden, at `/.fastbox/iso/proc`), pivots into
+//! the root (which detaches the sandbox's tree, the hidden `/proc` with it), drops the
+//! capability bounding set and the effective set to the sandbox's, switches to the session's
+//! uid and gid, asks for SIGKILL when the keeper dies, stacks the default seccomp filter and
+//! executes execd (from a descriptor: the binary is not in the session's root) serving on an
+//! inherited Unix socket. The keeper waits for the init; killing the keeper (through its
+//! pidfd, so a reused pid is never hit) ends the session.
 //!
 //! Between `fork` and `exec` only system calls on memory prepared before the fork are made
-//! (no allocation, no locks): the parent is multi-threaded. Errors travel back as text on a
-//! socket pair.
+//! (no allocation, no locks): the parent is multi-threaded. Errors travel back as text with
+//! an errno number on a socket pair.
 
 use std::ffi::{CStr, CString};
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
+
+use fastbox_seccomp::masks::{EMPTY_DIR, MASKED_DIRS, MASKED_FILES};
 
 use super::IsolatedError;
 use super::request::{Layout, Mode, PRIVATE_DIRS};
@@ -39,28 +47,49 @@ use crate::reaper::{ExitWaiter, Reaper};
 /// Where the keeper mounts its staging tmpfs (over the sandbox's cover of the hidden
 /// `/proc`; only the session's mount namespace sees it).
 const STAGE: &str = "/.fastbox/iso";
-const MOUNT_ATTR_RDONLY: u64 = 0x1;
-const MOUNT_ATTR_NOSUID: u64 = 0x2;
-const MOUNT_ATTR_NODEV: u64 = 0x4;
 /// How long the parent waits for the keeper at each step.
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A mount operation of the keeper, all strings prepared.
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+const SYSFS_MAGIC: i64 = 0x6265_6572;
+const DEVPTS_SUPER_MAGIC: i64 = 0x1cd1;
+const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+const RESOLVE_BENEATH: u64 = 0x08;
+
+/// A mount operation of the keeper, all strings prepared. `Target`s are relative to the
+/// session's root (`STAGE/root`).
 enum Op {
-    /// `mkdir -p` of the path's missing parents and itself (failures ignored: the mount
-    /// that follows reports a missing mount point).
-    MkdirAll(CString),
-    Mount {
-        source: Option<CString>,
+    Tmpfs {
         target: CString,
-        fstype: Option<CString>,
         flags: libc::c_ulong,
-        data: Option<CString>,
+        data: CString,
     },
-    /// Make the mount at the path and every mount below it read-only.
-    ReadOnly(CString),
-    /// Make the mount at the path and every mount below it `nosuid,nodev`.
-    NoSuidNoDev(CString),
+    Devpts {
+        target: CString,
+    },
+    /// A recursive bind of the sandbox's `source` at `target` (made when missing), then
+    /// `nosuid,nodev`.
+    Bind {
+        source: CString,
+        target: CString,
+    },
+    /// An overlay of the sandbox's `source` at `target`, its upper layer in `upper`.
+    Overlay {
+        source: CString,
+        target: CString,
+        /// `,upperdir=...,workdir=...,userxattr` (the lower directory goes before it).
+        rest: CString,
+        upper: CString,
+        work: CString,
+    },
+    /// Make the mount at `target` and every mount below it read-only.
+    ReadOnly {
+        target: CString,
+    },
 }
 
 /// What the session's init becomes.
@@ -76,8 +105,10 @@ pub struct Exec {
 /// Everything the keeper and the init need, prepared before the fork.
 struct Plan {
     flags: libc::c_int,
+    stage: CString,
+    stage_data: CString,
+    root: CString,
     ops: Vec<Op>,
-    new_root: CString,
     share_net: bool,
     uid: libc::uid_t,
     gid: libc::gid_t,
@@ -87,19 +118,26 @@ struct Plan {
     seccomp: &'static fastbox_seccomp::BpfProgram,
     exe: OwnedFd,
     listener: OwnedFd,
-    argv: Vec<CString>,
     argv_ptrs: Vec<*const libc::c_char>,
-    env: Vec<CString>,
     env_ptrs: Vec<*const libc::c_char>,
     cwd: CString,
     proc_dir: CString,
+    /// The masks of the session's `/proc` (targets under `STAGE/root`).
+    masked_files: Vec<CString>,
+    masked_dirs: Vec<CString>,
+    dev_null: CString,
+    empty_dir: CString,
+    // The strings `argv_ptrs` and `env_ptrs` point into.
+    _argv: Vec<CString>,
+    _env: Vec<CString>,
 }
 
-/// A session that is running: its init's pid (in execd's pid namespace) and the keeper's
-/// exit, which comes when the init is gone.
+/// A session that is running.
 pub struct Built {
-    pub init_pid: i32,
-    pub keeper: ExitWaiter,
+    /// The keeper: killing it kills the session (its init has the keeper's death signal).
+    pub keeper: OwnedFd,
+    /// The keeper's exit, which comes when the session's init is gone.
+    pub ended: ExitWaiter,
 }
 
 fn c(s: &str) -> Result<CString, IsolatedError> {
@@ -110,50 +148,26 @@ fn setup_err(what: impl std::fmt::Display) -> IsolatedError {
     IsolatedError::Setup(what.to_string())
 }
 
+/// `path` (absolute) as a path relative to the session's root.
+fn rel(path: &str) -> Result<CString, IsolatedError> {
+    c(path.trim_start_matches('/'))
+}
+
 /// The mount operations for `layout`, in order.
 fn ops_for(layout: &Layout) -> Result<Vec<Op>, IsolatedError> {
-    let root = format!("{STAGE}/root");
-    let at = |p: &str| c(&format!("{root}{p}"));
-    let mount =
-        |source: Option<&str>, target: CString, fstype: Option<&str>, flags, data: Option<&str>| {
-            Ok::<_, IsolatedError>(Op::Mount {
-                source: source.map(c).transpose()?,
-                target,
-                fstype: fstype.map(c).transpose()?,
-                flags,
-                data: data.map(c).transpose()?,
-            })
-        };
     let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
     let mut ops = vec![
-        mount(None, c("/")?, None, libc::MS_REC | libc::MS_PRIVATE, None)?,
-        mount(
-            Some("tmpfs"),
-            c(STAGE)?,
-            Some("tmpfs"),
-            nosuid_nodev,
-            Some("mode=0700"),
-        )?,
-        Op::MkdirAll(c(&root)?),
-        Op::MkdirAll(c(&format!("{STAGE}/upper"))?),
         // Recursive: the kernel refuses to bind a mount alone when mounts it cannot unmount
-        // (the sandbox's masks) are on it. Its sandbox-made mounts (/proc, /dev, /sys,
-        // volumes) come along read-only; the session's own go on top.
-        mount(
-            Some("/"),
-            c(&root)?,
-            None,
-            libc::MS_BIND | libc::MS_REC,
-            None,
-        )?,
-        Op::ReadOnly(c(&root)?),
-        mount(
-            Some("devpts"),
-            at("/dev/pts")?,
-            Some("devpts"),
-            libc::MS_NOSUID | libc::MS_NOEXEC,
-            Some("newinstance,ptmxmode=0666,mode=0620"),
-        )?,
+        // (the sandbox's masks) are on it. The sandbox's own mounts come along read-only; the
+        // session's go on top.
+        Op::Bind {
+            source: c("/")?,
+            target: c("")?,
+        },
+        Op::ReadOnly { target: c("")? },
+        Op::Devpts {
+            target: rel("/dev/pts")?,
+        },
     ];
     for dir in PRIVATE_DIRS {
         if std::path::Path::new(dir).is_dir() {
@@ -162,55 +176,43 @@ fn ops_for(layout: &Layout) -> Result<Vec<Op>, IsolatedError> {
             } else {
                 "mode=1777"
             };
-            ops.push(mount(
-                Some("tmpfs"),
-                at(dir)?,
-                Some("tmpfs"),
-                nosuid_nodev,
-                Some(mode),
-            )?);
+            ops.push(Op::Tmpfs {
+                target: rel(dir)?,
+                flags: nosuid_nodev,
+                data: c(mode)?,
+            });
         }
     }
-    ops.push(mount(
-        Some("tmpfs"),
-        at("/.fastbox")?,
-        Some("tmpfs"),
-        nosuid_nodev | libc::MS_NOEXEC | libc::MS_RDONLY,
-        Some("size=4k,mode=0555"),
-    )?);
+    ops.push(Op::Tmpfs {
+        target: rel("/.fastbox")?,
+        flags: nosuid_nodev | libc::MS_NOEXEC | libc::MS_RDONLY,
+        data: c("size=4k,mode=0555")?,
+    });
     let mut shown: Vec<(usize, &super::request::Shown)> = layout.shown.iter().enumerate().collect();
     shown.sort_by_key(|(_, s)| s.dest.matches('/').count());
     for (i, s) in shown {
-        let target = at(&s.dest)?;
-        ops.push(Op::MkdirAll(target.clone()));
+        let (source, target) = (c(&s.source)?, rel(&s.dest)?);
         match s.mode {
             Mode::Rw | Mode::Ro => {
-                ops.push(mount(
-                    Some(&s.source),
-                    target.clone(),
-                    None,
-                    libc::MS_BIND | libc::MS_REC,
-                    None,
-                )?);
-                ops.push(Op::NoSuidNoDev(target.clone()));
+                ops.push(Op::Bind {
+                    source,
+                    target: target.clone(),
+                });
                 if s.mode == Mode::Ro {
-                    ops.push(Op::ReadOnly(target));
+                    ops.push(Op::ReadOnly { target });
                 }
             }
             Mode::Overlay => {
                 let upper = format!("{STAGE}/upper/{i}");
-                ops.push(Op::MkdirAll(c(&format!("{upper}/data"))?));
-                ops.push(Op::MkdirAll(c(&format!("{upper}/work"))?));
-                ops.push(mount(
-                    Some("overlay"),
+                ops.push(Op::Overlay {
+                    source,
                     target,
-                    Some("overlay"),
-                    nosuid_nodev,
-                    Some(&format!(
-                        "lowerdir={},upperdir={upper}/data,workdir={upper}/work,userxattr",
-                        s.source
-                    )),
-                )?);
+                    rest: c(&format!(
+                        ",upperdir={upper}/data,workdir={upper}/work,userxattr"
+                    ))?,
+                    upper: c(&format!("{upper}/data"))?,
+                    work: c(&format!("{upper}/work"))?,
+                });
             }
         }
     }
@@ -249,10 +251,13 @@ pub fn build(reaper: &Reaper, layout: &Layout, exec: Exec) -> Result<Built, Isol
     if !layout.share_net {
         flags |= libc::CLONE_NEWNET;
     }
+    let root = format!("{STAGE}/root");
     let mut plan = Plan {
         flags,
+        stage: c(STAGE)?,
+        stage_data: c("mode=0700")?,
+        root: c(&root)?,
         ops: ops_for(layout)?,
-        new_root: c(&format!("{STAGE}/root"))?,
         share_net: layout.share_net,
         uid: layout.uid,
         gid: layout.gid,
@@ -261,62 +266,100 @@ pub fn build(reaper: &Reaper, layout: &Layout, exec: Exec) -> Result<Built, Isol
         seccomp,
         exe: OwnedFd::from(exe),
         listener: exec.listener,
-        argv: exec.argv,
         argv_ptrs: Vec::new(),
-        env: exec.env,
         env_ptrs: Vec::new(),
         cwd: exec.cwd,
-        proc_dir: c(&format!("{STAGE}/root/proc"))?,
+        proc_dir: c(&format!("{root}/proc"))?,
+        masked_files: MASKED_FILES
+            .iter()
+            .filter(|p| p.starts_with("/proc/"))
+            .map(|p| c(&format!("{root}{p}")))
+            .collect::<Result<_, _>>()?,
+        masked_dirs: MASKED_DIRS
+            .iter()
+            .filter(|p| p.starts_with("/proc/"))
+            .map(|p| c(&format!("{root}{p}")))
+            .collect::<Result<_, _>>()?,
+        dev_null: c("/dev/null")?,
+        empty_dir: c(EMPTY_DIR)?,
+        _argv: exec.argv,
+        _env: exec.env,
     };
-    plan.argv_ptrs = plan.argv.iter().map(|a| a.as_ptr()).collect();
+    plan.argv_ptrs = plan._argv.iter().map(|a| a.as_ptr()).collect();
     plan.argv_ptrs.push(std::ptr::null());
-    plan.env_ptrs = plan.env.iter().map(|a| a.as_ptr()).collect();
+    plan.env_ptrs = plan._env.iter().map(|a| a.as_ptr()).collect();
     plan.env_ptrs.push(std::ptr::null());
 
     let (mut ctl, child_ctl) = UnixStream::pair().map_err(setup_err)?;
-    let (keeper_pid, keeper) = reaper
+    let mut keeper = None;
+    let (keeper_pid, ended) = reaper
         .fork_registered(|| {
             // SAFETY: the child only runs `keeper_main`, which makes system calls on the
             // prepared plan and never returns.
             match unsafe { libc::fork() } {
                 -1 => Err(std::io::Error::last_os_error()),
                 0 => keeper_main(&plan, child_ctl.as_raw_fd()),
-                pid => Ok(pid),
+                pid => {
+                    // The keeper blocks on `ctl` until told to go on, so it is alive here and
+                    // the pidfd names it.
+                    // SAFETY: pidfd_open of our own child.
+                    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+                    if fd >= 0 {
+                        // SAFETY: a descriptor pidfd_open just gave us.
+                        keeper = Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
+                    }
+                    Ok(pid)
+                }
             }
         })
         .map_err(|e| setup_err(format!("fork: {e}")))?;
     drop(child_ctl);
-    let kill_keeper = || {
-        // SAFETY: plain kill of our own child.
+    let Some(keeper) = keeper else {
+        // SAFETY: our own child, not yet reaped (it waits on `ctl`, which is still open).
         unsafe { libc::kill(keeper_pid, libc::SIGKILL) };
+        return Err(setup_err("pidfd_open of the session's keeper failed"));
     };
-    let result = talk(&mut ctl, keeper_pid);
-    match result {
-        Ok(init_pid) => Ok(Built { init_pid, keeper }),
+    match talk(&mut ctl, keeper_pid) {
+        Ok(()) => Ok(Built { keeper, ended }),
         Err(e) => {
-            kill_keeper();
+            kill(&keeper);
             Err(e)
         }
     }
 }
 
-/// The parent's side: wait for the unshare, write the maps, then read the init's pid (or an
-/// error) until the keeper and the init have closed their ends (the init's at its exec).
-fn talk(ctl: &mut UnixStream, keeper: i32) -> Result<i32, IsolatedError> {
+/// SIGKILL to the process behind `pidfd` (nothing when it is gone).
+pub fn kill(pidfd: &OwnedFd) {
+    // SAFETY: pidfd_send_signal on a pidfd we own; no siginfo.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+}
+
+/// The parent's side: wait for the unshare, write the maps, then read until the keeper and
+/// the init have closed their ends (the init's at its exec): `ok` from the keeper, or errors.
+fn talk(ctl: &mut UnixStream, keeper: i32) -> Result<(), IsolatedError> {
     ctl.set_read_timeout(Some(STEP_TIMEOUT))
         .map_err(setup_err)?;
     let mut byte = [0u8; 1];
-    let mut text = String::new();
-    match ctl.read(&mut byte) {
-        Ok(1) if byte[0] == b'U' => {}
-        _ => {
-            let _ = ctl.read_to_string(&mut text);
-            return Err(setup_err(if text.is_empty() {
-                "the session's keeper ended before its namespaces were made".to_string()
-            } else {
-                text
-            }));
-        }
+    let first = ctl.read(&mut byte);
+    if !matches!(first, Ok(1) if byte[0] == b'U') {
+        let mut text = match first {
+            Ok(1) => String::from_utf8_lossy(&byte).into_owned(),
+            _ => String::new(),
+        };
+        let _ = ctl.read_to_string(&mut text);
+        return Err(setup_err(if text.trim().is_empty() {
+            "the session's keeper ended before its namespaces were made".to_string()
+        } else {
+            text.trim().to_string()
+        }));
     }
     for (file, line) in [
         ("uid_map", "0 0 4294967295\n"),
@@ -326,25 +369,59 @@ fn talk(ctl: &mut UnixStream, keeper: i32) -> Result<i32, IsolatedError> {
             .map_err(|e| setup_err(format!("write the session's {file}: {e}")))?;
     }
     ctl.write_all(b"M").map_err(setup_err)?;
-    let _ = ctl.read_to_string(&mut text);
-    let mut pid = None;
-    let mut errors = Vec::new();
-    for line in text.lines() {
-        match line.strip_prefix("pid ") {
-            Some(p) => pid = p.trim().parse::<i32>().ok(),
-            None => errors.push(line.to_string()),
-        }
-    }
-    match (pid, errors.is_empty()) {
-        (Some(pid), true) => Ok(pid),
-        _ if !errors.is_empty() => Err(setup_err(errors.join("; "))),
-        _ => Err(setup_err(
+    let mut text = String::new();
+    ctl.read_to_string(&mut text).map_err(|e| {
+        setup_err(format!(
+            "the session did not start within {STEP_TIMEOUT:?}: {e}"
+        ))
+    })?;
+    let errors: Vec<&str> = text
+        .lines()
+        .filter(|l| *l != "ok" && !l.trim().is_empty())
+        .collect();
+    match (errors.is_empty(), text.lines().any(|l| l == "ok")) {
+        (true, true) => Ok(()),
+        (false, _) => Err(setup_err(errors.join("; "))),
+        (true, false) => Err(setup_err(
             "the session's keeper ended without starting the session",
         )),
     }
 }
 
 // ---- after the fork: system calls on prepared memory only ----
+
+/// A few errno names for messages (strerror may take locks).
+fn errno_name(errno: i32) -> &'static [u8] {
+    match errno {
+        libc::EPERM => b"EPERM",
+        libc::ENOENT => b"ENOENT (no such file or directory)",
+        libc::EACCES => b"EACCES",
+        libc::EEXIST => b"EEXIST",
+        libc::ENOTDIR => b"ENOTDIR (not a directory)",
+        libc::EINVAL => b"EINVAL",
+        libc::EROFS => b"EROFS (read-only file system)",
+        libc::ELOOP => b"ELOOP (a symlink on the way, which is not followed)",
+        libc::EXDEV => b"EXDEV",
+        libc::ENOSPC => b"ENOSPC",
+        libc::ENOMEM => b"ENOMEM",
+        libc::EBUSY => b"EBUSY",
+        _ => b"",
+    }
+}
+
+/// Decimal digits of `v` into `buf`; returns them.
+fn decimal(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    &buf[i..]
+}
 
 /// Writes `parts` and `errno` (when non-zero) as one line to `fd`.
 fn report(fd: RawFd, parts: &[&[u8]], errno: i32) {
@@ -362,25 +439,11 @@ fn report(fd: RawFd, parts: &[&[u8]], errno: i32) {
         push(p);
     }
     if errno != 0 {
+        let mut digits = [0u8; 20];
         push(b": errno ");
-        let mut digits = [0u8; 12];
-        let (mut v, mut i) = (errno.unsigned_abs(), digits.len());
-        loop {
-            i -= 1;
-            digits[i] = b'0' + (v % 10) as u8;
-            v /= 10;
-            if v == 0 {
-                break;
-            }
-        }
-        push(&digits[i..]);
-        push(b" (");
-        let mut msg = [0u8; 128];
-        // SAFETY: strerror_r writes at most the given length into our stack buffer.
-        unsafe { libc::strerror_r(errno, msg.as_mut_ptr().cast(), msg.len()) };
-        let len = msg.iter().position(|&b| b == 0).unwrap_or(0);
-        push(&msg[..len]);
-        push(b")");
+        push(decimal(errno.unsigned_abs().into(), &mut digits));
+        push(b" ");
+        push(errno_name(errno));
     }
     push(b"\n");
     // SAFETY: writing our own buffer to a descriptor we hold.
@@ -393,39 +456,148 @@ fn errno() -> i32 {
 
 fn fail(fd: RawFd, what: &[u8], path: Option<&CStr>) -> ! {
     let e = errno();
-    match path {
-        Some(p) => report(fd, &[what, b" ", p.to_bytes()], e),
+    match path.map(CStr::to_bytes) {
+        Some(p) if p.starts_with(b"/") => report(fd, &[what, b" ", p], e),
+        Some(p) => report(fd, &[what, b" /", p], e),
         None => report(fd, &[what], e),
     }
     // SAFETY: _exit is always safe.
     unsafe { libc::_exit(1) }
 }
 
-fn opt_ptr(s: &Option<CString>) -> *const libc::c_char {
-    s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr())
+/// `/proc/self/fd/N` of `fd`, NUL-terminated in `buf`.
+fn fd_path(fd: RawFd, buf: &mut [u8; 40]) -> *const libc::c_char {
+    let prefix = b"/proc/self/fd/";
+    buf[..prefix.len()].copy_from_slice(prefix);
+    let mut digits = [0u8; 20];
+    let d = decimal(fd as u64, &mut digits);
+    buf[prefix.len()..prefix.len() + d.len()].copy_from_slice(d);
+    buf[prefix.len() + d.len()] = 0;
+    buf.as_ptr().cast()
 }
 
-/// `mkdir -p` on a prepared path, in place (a copy on the stack).
-fn mkdir_all(path: &CStr) {
-    let bytes = path.to_bytes();
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+fn openat2(dir: RawFd, path: *const libc::c_char, flags: libc::c_int, resolve: u64) -> RawFd {
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve,
+    };
+    // SAFETY: a NUL-terminated path and an open_how of the size passed.
+    unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir,
+            path,
+            &how,
+            std::mem::size_of::<OpenHow>(),
+        ) as RawFd
+    }
+}
+
+/// Opens the sandbox's `source` without following symlinks, refusing `/proc`, `/sys` and
+/// devpts file systems: a session must not get the sandbox's processes or kernel files.
+fn open_source(source: &CStr) -> Result<(RawFd, bool), &'static [u8]> {
+    let fd = openat2(
+        libc::AT_FDCWD,
+        source.as_ptr(),
+        libc::O_PATH,
+        RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+    );
+    if fd < 0 {
+        return Err(b"open the bind source");
+    }
+    // SAFETY: fstatfs and fstat write into zeroed structs we own.
+    let (fs, st) = unsafe {
+        let mut fs: libc::statfs = std::mem::zeroed();
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstatfs(fd, &mut fs) != 0 || libc::fstat(fd, &mut st) != 0 {
+            libc::close(fd);
+            return Err(b"inspect the bind source");
+        }
+        (fs, st)
+    };
+    // `f_type`'s C type differs between architectures.
+    #[allow(clippy::unnecessary_cast)]
+    let kind = fs.f_type as i64;
+    if kind == PROC_SUPER_MAGIC || kind == SYSFS_MAGIC || kind == DEVPTS_SUPER_MAGIC {
+        // SAFETY: closing our own descriptor.
+        unsafe { libc::close(fd) };
+        // SAFETY: setting errno for the report.
+        unsafe { *libc::__errno_location() = libc::EPERM };
+        return Err(b"refuse a bind source on /proc, /sys or devpts");
+    }
+    Ok((fd, st.st_mode & libc::S_IFMT == libc::S_IFDIR))
+}
+
+/// Opens `target` (relative, components separated by `/`) under `root`, making missing
+/// directories (or, for a file, the last component as an empty file); a symlink on the way
+/// fails (ELOOP), and nothing resolves outside `root`.
+fn open_target(root: RawFd, target: &CStr, dir: bool) -> RawFd {
+    let bytes = target.to_bytes();
     let mut buf = [0u8; 2048];
     if bytes.len() >= buf.len() {
-        return;
+        return -1;
     }
     buf[..bytes.len()].copy_from_slice(bytes);
-    for i in 1..=bytes.len() {
-        if i == bytes.len() || buf[i] == b'/' {
-            let saved = buf[i];
-            buf[i] = 0;
-            // SAFETY: `buf` is NUL-terminated at `i`.
-            unsafe { libc::mkdir(buf.as_ptr().cast(), 0o755) };
-            buf[i] = saved;
+    // SAFETY: dup of a descriptor we hold.
+    let mut cur = unsafe { libc::fcntl(root, libc::F_DUPFD_CLOEXEC, 0) };
+    let mut start = 0;
+    while start < bytes.len() && cur >= 0 {
+        let end = bytes[start..]
+            .iter()
+            .position(|&b| b == b'/')
+            .map_or(bytes.len(), |i| start + i);
+        let last = end == bytes.len();
+        buf[end] = 0;
+        let name: *const libc::c_char = buf[start..].as_ptr().cast();
+        // SAFETY: `name` is NUL-terminated at `end`; `cur` is a directory we hold.
+        unsafe {
+            if dir || !last {
+                libc::mkdirat(cur, name, 0o755);
+            } else {
+                let f = libc::openat(
+                    cur,
+                    name,
+                    libc::O_CREAT | libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                    0o644,
+                );
+                if f >= 0 {
+                    libc::close(f);
+                }
+            }
         }
+        let flags = if dir || !last {
+            libc::O_PATH | libc::O_DIRECTORY
+        } else {
+            libc::O_PATH
+        };
+        let next = openat2(
+            cur,
+            name,
+            flags | libc::O_NOFOLLOW,
+            RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_BENEATH,
+        );
+        let saved = errno();
+        // SAFETY: closing the directory we walked through.
+        unsafe { libc::close(cur) };
+        // SAFETY: keeping the errno of the open for the report.
+        unsafe { *libc::__errno_location() = saved };
+        cur = next;
+        buf[end] = b'/';
+        start = end + 1;
     }
+    cur
 }
 
-/// Sets `attr` (`MOUNT_ATTR_*`) on the mount at `target` and every mount below it.
-fn set_tree_attr(target: &CStr, attr_set: u64) -> libc::c_long {
+/// Sets `attr` (`MOUNT_ATTR_*`) on the mount at `path` and every mount below it.
+fn set_tree_attr(path: *const libc::c_char, attr_set: u64) -> libc::c_long {
     #[repr(C)]
     struct MountAttr {
         attr_set: u64,
@@ -444,7 +616,7 @@ fn set_tree_attr(target: &CStr, attr_set: u64) -> libc::c_long {
         libc::syscall(
             libc::SYS_mount_setattr,
             libc::AT_FDCWD,
-            target.as_ptr(),
+            path,
             libc::AT_RECURSIVE as libc::c_uint,
             &attr,
             std::mem::size_of::<MountAttr>(),
@@ -470,7 +642,203 @@ fn loopback_up() -> libc::c_int {
     }
 }
 
+/// Closes every descriptor but 0-2 and `keep` (the keeper holds nothing of execd's: client
+/// connections, PTY masters, other commands' pipes).
+fn close_all_but(keep: [RawFd; 3]) {
+    let mut keep = keep;
+    keep.sort_unstable();
+    let mut from: u32 = 3;
+    for fd in keep {
+        let fd = fd as u32;
+        if fd > from {
+            // SAFETY: close_range only closes descriptors.
+            unsafe { libc::syscall(libc::SYS_close_range, from, fd - 1, 0u32) };
+        }
+        from = from.max(fd + 1);
+    }
+    // SAFETY: close_range only closes descriptors.
+    unsafe { libc::syscall(libc::SYS_close_range, from, u32::MAX, 0u32) };
+}
+
+/// Runs one mount operation under the session's root (`root`, opened from `root_path`);
+/// `Err` names what failed (errno is set).
+fn run_op<'a>(
+    root: RawFd,
+    root_path: &CStr,
+    op: &'a Op,
+) -> Result<(), (&'static [u8], Option<&'a CStr>)> {
+    let mut tbuf = [0u8; 40];
+    let mut sbuf = [0u8; 40];
+    let null = std::ptr::null::<libc::c_char>();
+    // SAFETY: every pointer below is NUL-terminated prepared data, a path buffer on this
+    // stack, or NULL where mount(2) allows it.
+    unsafe {
+        match op {
+            Op::Tmpfs {
+                target,
+                flags,
+                data,
+            } => {
+                let t = open_target(root, target, true);
+                if t < 0 {
+                    return Err((b"make the mount point", Some(target)));
+                }
+                let rc = libc::mount(
+                    c"tmpfs".as_ptr(),
+                    fd_path(t, &mut tbuf),
+                    c"tmpfs".as_ptr(),
+                    *flags,
+                    data.as_ptr().cast(),
+                );
+                libc::close(t);
+                if rc != 0 {
+                    return Err((b"mount a tmpfs at", Some(target)));
+                }
+            }
+            Op::Devpts { target } => {
+                let t = open_target(root, target, true);
+                if t < 0
+                    || libc::mount(
+                        c"devpts".as_ptr(),
+                        fd_path(t, &mut tbuf),
+                        c"devpts".as_ptr(),
+                        libc::MS_NOSUID | libc::MS_NOEXEC,
+                        c"newinstance,ptmxmode=0666,mode=0620".as_ptr().cast(),
+                    ) != 0
+                {
+                    return Err((b"mount devpts at", Some(target)));
+                }
+                libc::close(t);
+            }
+            Op::Bind { source, target } => {
+                let (s, is_dir) = open_source(source).map_err(|w| (w, Some(source.as_c_str())))?;
+                let t = if target.is_empty() {
+                    libc::fcntl(root, libc::F_DUPFD_CLOEXEC, 0)
+                } else {
+                    open_target(root, target, is_dir)
+                };
+                if t < 0 {
+                    libc::close(s);
+                    return Err((b"make the mount point", Some(target)));
+                }
+                let rc = libc::mount(
+                    fd_path(s, &mut sbuf),
+                    fd_path(t, &mut tbuf),
+                    null,
+                    libc::MS_BIND | libc::MS_REC,
+                    null.cast(),
+                );
+                libc::close(s);
+                libc::close(t);
+                if rc != 0 {
+                    return Err((b"bind", Some(source)));
+                }
+                // Opened again: the descriptor from before the mount names what it covers.
+                let rc = if target.is_empty() {
+                    set_tree_attr(root_path.as_ptr(), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
+                } else {
+                    let t = open_target(root, target, is_dir);
+                    let rc = if t < 0 {
+                        -1
+                    } else {
+                        set_tree_attr(fd_path(t, &mut tbuf), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
+                    };
+                    libc::close(t);
+                    rc
+                };
+                if rc != 0 {
+                    return Err((b"make nosuid,nodev", Some(target)));
+                }
+            }
+            Op::Overlay {
+                source,
+                target,
+                rest,
+                upper,
+                work,
+            } => {
+                let (s, is_dir) = open_source(source).map_err(|w| (w, Some(source.as_c_str())))?;
+                if !is_dir {
+                    libc::close(s);
+                    *libc::__errno_location() = libc::ENOTDIR;
+                    return Err((b"overlay", Some(source)));
+                }
+                mkdir_all(upper);
+                mkdir_all(work);
+                let t = open_target(root, target, true);
+                if t < 0 {
+                    libc::close(s);
+                    return Err((b"make the mount point", Some(target)));
+                }
+                // "lowerdir=/proc/self/fd/N" + rest.
+                let mut data = [0u8; 4096];
+                let mut n = 0;
+                let lower = fd_path(s, &mut sbuf);
+                let lower = CStr::from_ptr(lower).to_bytes();
+                for part in [b"lowerdir=".as_slice(), lower, rest.to_bytes()] {
+                    if n + part.len() >= data.len() {
+                        break;
+                    }
+                    data[n..n + part.len()].copy_from_slice(part);
+                    n += part.len();
+                }
+                data[n] = 0;
+                let rc = libc::mount(
+                    c"overlay".as_ptr(),
+                    fd_path(t, &mut tbuf),
+                    c"overlay".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    data.as_ptr().cast(),
+                );
+                libc::close(s);
+                libc::close(t);
+                if rc != 0 {
+                    return Err((b"mount an overlay of", Some(source)));
+                }
+            }
+            Op::ReadOnly { target } => {
+                let rc = if target.is_empty() {
+                    set_tree_attr(root_path.as_ptr(), MOUNT_ATTR_RDONLY)
+                } else {
+                    let t = open_target(root, target, true);
+                    let rc = if t < 0 {
+                        -1
+                    } else {
+                        set_tree_attr(fd_path(t, &mut tbuf), MOUNT_ATTR_RDONLY)
+                    };
+                    libc::close(t);
+                    rc
+                };
+                if rc != 0 {
+                    return Err((b"make read-only", Some(target)));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `mkdir -p` of a prepared absolute path in the staging tmpfs (fastbox's own names).
+fn mkdir_all(path: &CStr) {
+    let bytes = path.to_bytes();
+    let mut buf = [0u8; 512];
+    if bytes.len() >= buf.len() {
+        return;
+    }
+    buf[..bytes.len()].copy_from_slice(bytes);
+    for i in 1..=bytes.len() {
+        if i == bytes.len() || buf[i] == b'/' {
+            let saved = buf[i];
+            buf[i] = 0;
+            // SAFETY: `buf` is NUL-terminated at `i`.
+            unsafe { libc::mkdir(buf.as_ptr().cast(), 0o755) };
+            buf[i] = saved;
+        }
+    }
+}
+
 fn keeper_main(plan: &Plan, ctl: RawFd) -> ! {
+    close_all_but([ctl, plan.exe.as_raw_fd(), plan.listener.as_raw_fd()]);
     // SAFETY: the whole function makes system calls on memory prepared before the fork.
     unsafe {
         if libc::unshare(plan.flags) != 0 {
@@ -483,54 +851,64 @@ fn keeper_main(plan: &Plan, ctl: RawFd) -> ! {
         if libc::read(ctl, (&mut byte as *mut u8).cast(), 1) != 1 || byte != b'M' {
             libc::_exit(1);
         }
+        if libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ) != 0
+        {
+            fail(ctl, b"make the mounts private", None);
+        }
+        if libc::mount(
+            c"tmpfs".as_ptr(),
+            plan.stage.as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            plan.stage_data.as_ptr().cast(),
+        ) != 0
+        {
+            fail(ctl, b"mount the staging tmpfs", None);
+        }
+        mkdir_all(&plan.root);
+        let root = openat2(
+            libc::AT_FDCWD,
+            plan.root.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY,
+            RESOLVE_NO_SYMLINKS,
+        );
+        if root < 0 {
+            fail(ctl, b"open the session's root", None);
+        }
+        // The root bind comes first; what follows is opened in it.
+        let mut root = root;
         for op in &plan.ops {
-            match op {
-                Op::MkdirAll(path) => mkdir_all(path),
-                Op::Mount {
-                    source,
-                    target,
-                    fstype,
-                    flags,
-                    data,
-                } => {
-                    let rc = libc::mount(
-                        opt_ptr(source),
-                        target.as_ptr(),
-                        opt_ptr(fstype),
-                        *flags,
-                        opt_ptr(data).cast(),
-                    );
-                    if rc != 0 {
-                        fail(ctl, b"mount", Some(target));
-                    }
-                }
-                Op::ReadOnly(target) => {
-                    if set_tree_attr(target, MOUNT_ATTR_RDONLY) != 0 {
-                        fail(ctl, b"remount read-only", Some(target));
-                    }
-                }
-                Op::NoSuidNoDev(target) => {
-                    if set_tree_attr(target, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV) != 0 {
-                        fail(ctl, b"remount nosuid,nodev", Some(target));
-                    }
+            if let Err((what, path)) = run_op(root, &plan.root, op) {
+                fail(ctl, what, path);
+            }
+            if let Op::Bind { target, .. } = op
+                && target.is_empty()
+            {
+                // Reopen the root: the bind is now mounted on it.
+                libc::close(root);
+                root = openat2(
+                    libc::AT_FDCWD,
+                    plan.root.as_ptr(),
+                    libc::O_PATH | libc::O_DIRECTORY,
+                    RESOLVE_NO_SYMLINKS,
+                );
+                if root < 0 {
+                    fail(ctl, b"open the session's root", None);
                 }
             }
         }
+        libc::close(root);
         match libc::fork() {
             -1 => fail(ctl, b"fork the session's init", None),
             0 => init_main(plan, ctl),
             pid => {
-                let mut digits = [0u8; 12];
-                let (mut v, mut i) = (pid as u32, digits.len());
-                loop {
-                    i -= 1;
-                    digits[i] = b'0' + (v % 10) as u8;
-                    v /= 10;
-                    if v == 0 {
-                        break;
-                    }
-                }
-                report(ctl, &[b"pid ", &digits[i..]], 0);
+                report(ctl, &[b"ok"], 0);
                 libc::close(ctl);
                 let mut status = 0;
                 while libc::waitpid(pid, &mut status, 0) < 0 && errno() == libc::EINTR {}
@@ -560,8 +938,36 @@ fn init_main(plan: &Plan, ctl: RawFd) -> ! {
         {
             fail(ctl, b"mount the session's /proc", None);
         }
+        // The sandbox's masks, on the session's /proc too.
+        for file in &plan.masked_files {
+            if libc::access(file.as_ptr(), libc::F_OK) == 0
+                && libc::mount(
+                    plan.dev_null.as_ptr(),
+                    file.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                ) != 0
+            {
+                fail(ctl, b"mask", Some(file));
+            }
+        }
+        for dir in &plan.masked_dirs {
+            if libc::access(dir.as_ptr(), libc::F_OK) == 0
+                && (libc::mount(
+                    plan.empty_dir.as_ptr(),
+                    dir.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                ) != 0
+                    || set_tree_attr(dir.as_ptr(), MOUNT_ATTR_RDONLY) != 0)
+            {
+                fail(ctl, b"mask", Some(dir));
+            }
+        }
         let dot = c".".as_ptr();
-        if libc::chdir(plan.new_root.as_ptr()) != 0
+        if libc::chdir(plan.root.as_ptr()) != 0
             || libc::syscall(libc::SYS_pivot_root, dot, dot) != 0
             || libc::umount2(dot, libc::MNT_DETACH) != 0
             || libc::chdir(c"/".as_ptr()) != 0
@@ -630,6 +1036,17 @@ fn init_main(plan: &Plan, ctl: RawFd) -> ! {
         if libc::chdir(plan.cwd.as_ptr()) != 0 {
             libc::chdir(c"/".as_ptr());
         }
+        // After the uid switch, which clears it: the session dies with its keeper.
+        if libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ) != 0
+        {
+            fail(ctl, b"set the parent-death signal", None);
+        }
         // The listener becomes descriptor 3; everything else closes at exec.
         let exe = libc::fcntl(plan.exe.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10);
         let report_fd = libc::fcntl(ctl, libc::F_DUPFD_CLOEXEC, 10);
@@ -642,12 +1059,15 @@ fn init_main(plan: &Plan, ctl: RawFd) -> ! {
         if exe < 0 || report_fd < 0 || placed < 0 {
             fail(ctl, b"arrange the session's descriptors", None);
         }
-        libc::syscall(
+        if libc::syscall(
             libc::SYS_close_range,
             4u32,
             u32::MAX,
             libc::CLOSE_RANGE_CLOEXEC,
-        );
+        ) != 0
+        {
+            fail(report_fd, b"mark descriptors close-on-exec", None);
+        }
         if fastbox_seccomp::install(plan.seccomp).is_err() {
             fail(report_fd, b"stack the default seccomp filter", None);
         }
@@ -661,14 +1081,4 @@ fn init_main(plan: &Plan, ctl: RawFd) -> ! {
         );
         fail(report_fd, b"exec the session's execd", None)
     }
-}
-
-/// Descriptor helper for the caller: a listening Unix socket bound to an abstract name in
-/// execd's network namespace (sessions with their own network namespace cannot reach it).
-pub fn listen_abstract(name: &str) -> Result<OwnedFd, IsolatedError> {
-    use std::os::linux::net::SocketAddrExt;
-    let addr =
-        std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).map_err(setup_err)?;
-    let listener = std::os::unix::net::UnixListener::bind_addr(&addr).map_err(setup_err)?;
-    Ok(OwnedFd::from(listener))
 }

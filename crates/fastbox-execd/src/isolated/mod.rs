@@ -8,12 +8,16 @@
 //! and `/directories`, reached through [`upstream`]. So a session's processes and file
 //! operations run with the session's view, uid and capabilities, under the default seccomp
 //! filter, and a path in a file request is resolved inside the session's root by the kernel.
+//!
+//! The sessions' sockets are in [`SOCKET_DIR`] (root only, and covered in every session by
+//! its own `/run`), so no session can reach another's execd, nor take a dead one's name.
 
 pub mod build;
 pub mod request;
 pub mod upstream;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -37,6 +41,8 @@ use upstream::Upstream;
 
 /// Sessions one sandbox may hold at once.
 const MAX_SESSIONS: usize = 64;
+/// Where the sessions' execd sockets are (a directory only root may enter).
+pub const SOCKET_DIR: &str = "/run/fastbox-isolated";
 /// How long a new session's execd has to answer.
 const START_PATIENCE: Duration = Duration::from_secs(10);
 /// How often idle sessions are looked for.
@@ -54,6 +60,8 @@ pub enum IsolatedError {
     Unsupported(String),
     #[error("isolated session {0} not found")]
     NotFound(String),
+    #[error("isolated session {0} has ended (its processes are gone); delete it")]
+    Ended(String),
     #[error("run {0} not found in this session")]
     RunNotFound(String),
     #[error("this sandbox already holds {MAX_SESSIONS} isolated sessions")]
@@ -71,8 +79,8 @@ pub struct IsolatedSession {
     echo: CreateRequest,
     idle_timeout: Option<Duration>,
     upstream: Upstream,
-    /// PID 1 of the session's pid namespace, as execd sees it.
-    init_pid: i32,
+    /// The session's keeper: its death kills the session's init.
+    keeper: std::os::fd::OwnedFd,
     activity: Mutex<Activity>,
 }
 
@@ -142,16 +150,17 @@ impl IsolatedSession {
         v
     }
 
-    /// Ends the session: its init, and with it everything in its pid namespace.
+    /// Ends the session: its keeper, whose death kills the init and with it everything in
+    /// its pid namespace. Through a pidfd: never another process that reused a pid.
     fn kill(&self) {
-        // SAFETY: signalling a pid; the keeper (our child, not yet reaped while the init
-        // lives) keeps the init's pid from being reused.
-        unsafe { libc::kill(self.init_pid, libc::SIGKILL) };
+        build::kill(&self.keeper);
     }
 }
 
 pub struct IsolatedStore {
     map: Mutex<HashMap<String, Arc<IsolatedSession>>>,
+    /// Sessions being built (counted against [`MAX_SESSIONS`]).
+    starting: AtomicUsize,
     sweeper: Once,
 }
 
@@ -159,8 +168,18 @@ impl Default for IsolatedStore {
     fn default() -> Self {
         Self {
             map: Mutex::default(),
+            starting: AtomicUsize::new(0),
             sweeper: Once::new(),
         }
+    }
+}
+
+/// A place among [`MAX_SESSIONS`] held while a session is built.
+struct Reservation(AppState);
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.0.isolated.starting.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -176,9 +195,24 @@ impl IsolatedStore {
             .ok_or_else(|| IsolatedError::NotFound(id.to_string()))
     }
 
-    /// How many sessions are alive (pause and snapshot refuse while any is).
-    pub fn live(&self) -> usize {
-        self.map().values().filter(|s| !s.lock().dead).count()
+    /// A session whose processes still run (runs and files go to it).
+    fn live_session(&self, id: &str) -> Result<Arc<IsolatedSession>, IsolatedError> {
+        let session = self.get(id)?;
+        if session.lock().dead {
+            return Err(IsolatedError::Ended(id.to_string()));
+        }
+        Ok(session)
+    }
+
+    /// Holds a place for a new session, or says there is none.
+    fn reserve(&self, state: &AppState) -> Result<Reservation, IsolatedError> {
+        let map = self.map();
+        let live = map.values().filter(|s| !s.lock().dead).count();
+        if live + self.starting.load(Ordering::SeqCst) >= MAX_SESSIONS {
+            return Err(IsolatedError::TooMany);
+        }
+        self.starting.fetch_add(1, Ordering::SeqCst);
+        Ok(Reservation(state.clone()))
     }
 }
 
@@ -238,55 +272,12 @@ async fn create(
 ) -> Result<Response, ApiError> {
     let accounts = crate::identity::Accounts::system();
     let layout = req.into_layout(|uid| accounts.user_by_uid(uid).map(|u| u.gid))?;
-    if state.isolated.live() >= MAX_SESSIONS {
-        return Err(IsolatedError::TooMany.into());
-    }
-    let id = ids::uuid_v4();
-    let upstream = Upstream {
-        socket: format!("fastbox-isolated-{id}"),
-        token: ids::random_hex(32),
-    };
-    let exec = session_exec(&state, &layout, &upstream)?;
-    let built = {
-        let (state, layout) = (state.clone(), layout.clone());
-        tokio::task::spawn_blocking(move || build::build(&state.reaper, &layout, exec))
-            .await
-            .map_err(|e| IsolatedError::Setup(e.to_string()))??
-    };
-    let now = SystemTime::now();
-    let session = Arc::new(IsolatedSession {
-        id: id.clone(),
-        created_at: now,
-        echo: layout.echo.clone(),
-        idle_timeout: layout.idle_timeout,
-        upstream,
-        init_pid: built.init_pid,
-        activity: Mutex::new(Activity {
-            last_run_at: now,
-            last_touch: Instant::now(),
-            in_flight: 0,
-            background: Vec::new(),
-            dead: false,
-        }),
-    });
-    if let Err(e) = session.upstream.wait_serving(START_PATIENCE).await {
-        session.kill();
-        return Err(e.into());
-    }
-    {
-        let session = session.clone();
-        let keeper = built.keeper;
-        tokio::spawn(async move {
-            let status = keeper.await;
-            tracing::info!(session = %session.id, ?status, "isolated session ended");
-            session.lock().dead = true;
-        });
-    }
-    state.isolated.map().insert(id.clone(), session.clone());
-    state.isolated.sweeper.call_once(|| {
-        tokio::spawn(sweep_idle(state.clone()));
-    });
-    tracing::info!(session = %id, pid = built.init_pid, "isolated session created");
+    let reservation = state.isolated.reserve(&state)?;
+    // Built in a task of its own: a client that goes away mid-create leaves a session that
+    // is listed (and can be deleted), never one nothing knows of.
+    let session = tokio::spawn(start(state.clone(), layout, reservation))
+        .await
+        .map_err(|e| IsolatedError::Setup(e.to_string()))??;
     let mut body = session.state();
     if let Some(map) = body.as_object_mut() {
         map.retain(|k, _| {
@@ -299,12 +290,102 @@ async fn create(
     Ok((StatusCode::CREATED, axum::Json(body)).into_response())
 }
 
+/// Builds a session, waits for its execd and lists it.
+async fn start(
+    state: AppState,
+    layout: Layout,
+    _reservation: Reservation,
+) -> Result<Arc<IsolatedSession>, IsolatedError> {
+    let id = ids::uuid_v4();
+    let upstream = Upstream {
+        socket: socket_path(&id)?,
+        token: ids::random_hex(32),
+    };
+    let listener = std::os::unix::net::UnixListener::bind(&upstream.socket)
+        .map_err(|e| IsolatedError::Setup(format!("{}: {e}", upstream.socket.display())))?;
+    let exec = session_exec(&state, &layout, &upstream, listener.into())?;
+    let built = {
+        let (state, layout) = (state.clone(), layout.clone());
+        tokio::task::spawn_blocking(move || build::build(&state.reaper, &layout, exec))
+            .await
+            .map_err(|e| IsolatedError::Setup(e.to_string()))
+            .and_then(|built| built)
+    };
+    let built = match built {
+        Ok(built) => built,
+        Err(e) => {
+            let _ = std::fs::remove_file(&upstream.socket);
+            return Err(e);
+        }
+    };
+    let now = SystemTime::now();
+    let session = Arc::new(IsolatedSession {
+        id: id.clone(),
+        created_at: now,
+        echo: layout.echo.clone(),
+        idle_timeout: layout.idle_timeout,
+        upstream,
+        keeper: built.keeper,
+        activity: Mutex::new(Activity {
+            last_run_at: now,
+            last_touch: Instant::now(),
+            in_flight: 0,
+            background: Vec::new(),
+            dead: false,
+        }),
+    });
+    {
+        let session = session.clone();
+        let ended = built.ended;
+        tokio::spawn(async move {
+            let status = ended.await;
+            tracing::info!(session = %session.id, ?status, "isolated session ended");
+            session.lock().dead = true;
+            let _ = std::fs::remove_file(&session.upstream.socket);
+        });
+    }
+    if let Err(e) = session.upstream.wait_serving(START_PATIENCE).await {
+        session.kill();
+        return Err(e);
+    }
+    state.isolated.map().insert(id.clone(), session.clone());
+    state.isolated.sweeper.call_once(|| {
+        tokio::spawn(sweep_idle(state.clone()));
+    });
+    tracing::info!(session = %id, "isolated session created");
+    Ok(session)
+}
+
+/// The socket of session `id`, in [`SOCKET_DIR`] (made, root only, when missing).
+fn socket_path(id: &str) -> Result<std::path::PathBuf, IsolatedError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let dir = std::path::Path::new(SOCKET_DIR);
+    let setup = |e: std::io::Error| IsolatedError::Setup(format!("{SOCKET_DIR}: {e}"));
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() => {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(setup)?
+        }
+        Ok(_) => {
+            return Err(IsolatedError::Setup(format!(
+                "{SOCKET_DIR} is not a directory"
+            )));
+        }
+        Err(_) => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(setup)?,
+    }
+    Ok(dir.join(format!("{id}.sock")))
+}
+
 /// The session's execd: argv, environment (the sandbox's, filtered as asked, and the
 /// session's token), working directory and listening socket.
 fn session_exec(
     state: &AppState,
     layout: &Layout,
     upstream: &Upstream,
+    listener: std::os::fd::OwnedFd,
 ) -> Result<build::Exec, IsolatedError> {
     let c = |s: &str| {
         std::ffi::CString::new(s).map_err(|_| IsolatedError::Invalid(format!("NUL byte in {s:?}")))
@@ -333,7 +414,7 @@ fn session_exec(
             .collect::<Result<_, _>>()?,
         env,
         cwd: c(&layout.shown[0].dest)?,
-        listener: build::listen_abstract(&upstream.socket)?,
+        listener,
     })
 }
 
@@ -396,7 +477,7 @@ async fn run(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<RunRequest>,
 ) -> Result<Response, ApiError> {
-    let session = state.isolated.get(&id)?;
+    let session = state.isolated.live_session(&id)?;
     if req.code.trim().is_empty() {
         return Err(IsolatedError::Invalid("code must not be empty".into()).into());
     }
@@ -447,11 +528,7 @@ async fn run(
 
 /// The command id in the `init` event of a background run's stream.
 async fn background_id(body: hyper::body::Incoming) -> Result<String, IsolatedError> {
-    let bytes = body
-        .collect()
-        .await
-        .map_err(|e| IsolatedError::Upstream(e.to_string()))?
-        .to_bytes();
+    let bytes = Upstream::bytes(body).await?;
     String::from_utf8_lossy(&bytes)
         .split("\n\n")
         .filter_map(|frame| serde_json::from_str::<serde_json::Value>(frame.trim()).ok())
@@ -464,7 +541,7 @@ async fn run_status(
     State(state): State<AppState>,
     Path((id, run)): Path<(String, String)>,
 ) -> Result<axum::Json<serde_json::Value>, ApiError> {
-    let session = state.isolated.get(&id)?;
+    let session = state.isolated.live_session(&id)?;
     let _busy = session.busy();
     let (status, v) = session
         .upstream
@@ -492,7 +569,7 @@ async fn run_logs(
     Path((id, run)): Path<(String, String)>,
     uri: Uri,
 ) -> Result<Response, ApiError> {
-    let session = state.isolated.get(&id)?;
+    let session = state.isolated.live_session(&id)?;
     let _busy = session.busy();
     let path = match uri.query() {
         Some(q) => format!("/command/{run}/logs?{q}"),
@@ -509,11 +586,7 @@ async fn run_logs(
     if let Some(cursor) = parts.headers.remove(COMMAND_CURSOR) {
         parts.headers.insert(ISOLATED_CURSOR, cursor);
     }
-    let bytes = body
-        .collect()
-        .await
-        .map_err(|e| IsolatedError::Upstream(e.to_string()))?
-        .to_bytes();
+    let bytes = Upstream::bytes(body).await?;
     Ok(Response::from_parts(parts, Body::from(bytes)))
 }
 
@@ -525,7 +598,7 @@ async fn forward_files(
     req: Request,
 ) -> Result<Response, ApiError> {
     let id = params.get("id").cloned().unwrap_or_default();
-    let session = state.isolated.get(&id)?;
+    let session = state.isolated.live_session(&id)?;
     let busy = session.busy();
     let prefix = format!("/v1/isolated/session/{id}");
     let path = req

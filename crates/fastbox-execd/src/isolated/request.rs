@@ -17,7 +17,7 @@ pub const PRIVATE_DIRS: &[&str] = &["/tmp", "/var/tmp", "/run", "/dev/shm"];
 
 /// What no session may mount over or bind from: the session's own kernel interfaces and
 /// fastbox's files.
-const RESERVED: &[&str] = &["/proc", "/sys", "/dev", "/.fastbox"];
+const RESERVED: &[&str] = &["/proc", "/sys", "/dev", "/.fastbox", super::SOCKET_DIR];
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct CreateRequest {
@@ -168,6 +168,9 @@ impl CreateRequest {
         }
         if self.gid.is_some() && self.uid.is_none() {
             return Err(invalid("gid requires uid"));
+        }
+        if self.uid == Some(u32::MAX) || self.gid == Some(u32::MAX) {
+            return Err(invalid("uid and gid must be below 4294967295"));
         }
         let uid = self.uid.unwrap_or(0);
         let gid = self.gid.or_else(|| primary_gid(uid)).unwrap_or(uid);

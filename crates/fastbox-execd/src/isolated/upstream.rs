@@ -1,18 +1,28 @@
-//! Requests to a session's own execd, over its Unix socket (an abstract name in execd's
-//! network namespace), with the session's token.
+//! Requests to a session's own execd, over its Unix socket, with the session's token. Every
+//! step has a deadline and whole answers a size cap: the session's execd runs in the session,
+//! whose code may stall or bloat it, and must not stall or bloat this execd.
+
+use std::path::PathBuf;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Method, Request, header};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use super::IsolatedError;
 use crate::auth::TOKEN_HEADER;
 
+/// How long connecting and the answer's head may take.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most of a whole answer read ([`Upstream::json`], [`Upstream::bytes`]).
+pub const MAX_ANSWER: usize = 17 << 20;
+
 /// Where a session's execd listens, and its token.
 #[derive(Clone)]
 pub struct Upstream {
-    pub socket: String,
+    pub socket: PathBuf,
     pub token: String,
 }
 
@@ -21,25 +31,33 @@ fn upstream_err(e: impl std::fmt::Display) -> IsolatedError {
 }
 
 impl Upstream {
-    async fn connect(&self) -> Result<tokio::net::UnixStream, IsolatedError> {
-        use std::os::linux::net::SocketAddrExt;
-        let addr = std::os::unix::net::SocketAddr::from_abstract_name(self.socket.as_bytes())
-            .map_err(upstream_err)?;
-        let stream = std::os::unix::net::UnixStream::connect_addr(&addr).map_err(upstream_err)?;
-        stream.set_nonblocking(true).map_err(upstream_err)?;
-        tokio::net::UnixStream::from_std(stream).map_err(upstream_err)
+    /// Sends `method path_and_query` with `headers` (hop-by-hop and token headers are the
+    /// caller's to strip) and `body`; the response's body streams.
+    pub async fn send(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        headers: HeaderMap,
+        body: Body,
+    ) -> Result<hyper::Response<Incoming>, IsolatedError> {
+        tokio::time::timeout(
+            HEAD_TIMEOUT,
+            self.send_now(method, path_and_query, headers, body),
+        )
+        .await
+        .map_err(|_| upstream_err(format!("no answer within {HEAD_TIMEOUT:?}")))?
     }
 
-    /// Sends `method path_and_query` with `headers` (hop-by-hop and token headers are the
-    /// caller's to strip) and `body`; the response streams.
-    pub async fn send(
+    async fn send_now(
         &self,
         method: Method,
         path_and_query: &str,
         mut headers: HeaderMap,
         body: Body,
     ) -> Result<hyper::Response<Incoming>, IsolatedError> {
-        let stream = self.connect().await?;
+        let stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(upstream_err)?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(upstream_err)?;
@@ -69,7 +87,6 @@ impl Upstream {
         path: &str,
         body: Option<serde_json::Value>,
     ) -> Result<(axum::http::StatusCode, serde_json::Value), IsolatedError> {
-        use http_body_util::BodyExt;
         let mut headers = HeaderMap::new();
         let body = match body {
             Some(v) => {
@@ -83,14 +100,21 @@ impl Upstream {
         };
         let resp = self.send(method, path, headers, body).await?;
         let status = resp.status();
-        let bytes = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(upstream_err)?
-            .to_bytes();
+        let bytes = Self::bytes(resp.into_body()).await?;
         let value = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
         Ok((status, value))
+    }
+
+    /// A whole answer body, up to [`MAX_ANSWER`] bytes and within [`HEAD_TIMEOUT`].
+    pub async fn bytes(body: Incoming) -> Result<bytes::Bytes, IsolatedError> {
+        let limited = http_body_util::Limited::new(body, MAX_ANSWER);
+        match tokio::time::timeout(HEAD_TIMEOUT, limited.collect()).await {
+            Ok(Ok(collected)) => Ok(collected.to_bytes()),
+            Ok(Err(e)) => Err(upstream_err(e)),
+            Err(_) => Err(upstream_err(format!(
+                "answer not read within {HEAD_TIMEOUT:?}"
+            ))),
+        }
     }
 
     /// Waits until the session's execd answers `/ping` (or `patience` ran out).

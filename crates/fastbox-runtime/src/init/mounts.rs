@@ -12,26 +12,7 @@ use super::InitConfig;
 use crate::confine::{Dir, fd_proc_path};
 use crate::spec::EXECD_SANDBOX_PATH;
 
-/// Files hidden behind `/dev/null` (runc's default `maskedPaths`, files).
-const MASKED_FILES: &[&str] = &[
-    "/proc/kcore",
-    "/proc/keys",
-    "/proc/timer_list",
-    "/proc/sched_debug",
-    "/proc/latency_stats",
-    "/proc/interrupts",
-];
-/// Directories hidden behind an empty read-only directory (runc's `maskedPaths`,
-/// directories; runc mounts an empty tmpfs, but every tmpfs costs a restore a `tar` process,
-/// so fastbox binds [`EMPTY_DIR`] read-only instead).
-const MASKED_DIRS: &[&str] = &[
-    "/proc/acpi",
-    "/proc/scsi",
-    "/sys/firmware",
-    "/sys/devices/virtual/powercap",
-];
-/// An empty, read-only directory of the sandbox root, bound over the masked directories.
-const EMPTY_DIR: &str = "/.fastbox/empty";
+use fastbox_seccomp::masks::{EMPTY_DIR, MASKED_DIRS, MASKED_FILES};
 /// runc's default `readonlyPaths`.
 const READONLY_PATHS: &[&str] = &[
     "/proc/bus",

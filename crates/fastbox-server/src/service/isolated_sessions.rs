@@ -12,7 +12,6 @@ use fastbox_api::limits::EXECD_PORT;
 use fastbox_node_api::wire::Unsigned;
 
 use super::lifecycle::{EXECD_TOKEN_HEADER, Lifecycle};
-use super::plan::isolation_of;
 use crate::error::ApiError;
 
 /// How long execd has to list its sessions.
@@ -21,16 +20,17 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_ANSWER: usize = 1 << 20;
 
 impl Lifecycle {
-    /// `Conflict` when sandbox `id` offers isolated sessions and its execd reports live ones;
-    /// `Ok` otherwise, and when execd does not answer (the node's check then decides).
+    /// `Conflict` when the execd of sandbox `id` reports live isolated sessions; `Ok`
+    /// otherwise, and when execd does not answer (the node's check then decides). Every
+    /// sandbox is asked, not only those created with the extension: a clone of an isolation
+    /// sandbox offers sessions without naming it.
     pub async fn refuse_live_sessions(
         self: &Arc<Self>,
         id: &str,
         what: &str,
     ) -> Result<(), ApiError> {
         let record = self.record(id)?;
-        if !isolation_of(record.extensions.as_ref()).unwrap_or(false) || record.placement.is_none()
-        {
+        if record.placement.is_none() {
             return Ok(());
         }
         let node = self.node(record.node.as_deref())?;
