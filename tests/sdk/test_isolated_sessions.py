@@ -309,3 +309,16 @@ def session_root(sb: SandboxSync):  # noqa: ANN201
     return sb.isolation.create(
         CreateIsolatedSessionRequest(workspace=IsolatedWorkspaceSpec(path="/root", mode="overlay"))
     )
+
+
+def test_a_session_whose_processes_died_is_dead(sandbox: SandboxSync, api: httpx.Client) -> None:
+    s = session(sandbox, "overlay")
+    assert srun(s, "echo up")[1] == "up"
+    # The sandbox's root may kill a session's processes (it owns them): here its execd.
+    run_ok(sandbox, "pkill -KILL -f '[f]astbox-execd --listen-fd'")
+    fb.wait_until(lambda: s.get().status == "dead", timeout=10, what="the session to be dead")
+    with pytest.raises(SandboxException) as ended:
+        s.run("echo hi")
+    assert "SESSION_ENDED" in str(ended.value) or "409" in str(ended.value), ended.value
+    s.delete()
+    assert all(x.session_id != s.session_id for x in sandbox.isolation.list())
