@@ -218,3 +218,49 @@ def test_sql_runs_against_the_sandboxs_database(interpreter: CodeInterpreterSync
 def test_an_unsupported_language_is_refused(interpreter: CodeInterpreterSync) -> None:
     with pytest.raises(SandboxException):
         interpreter.codes.create_context("cobol")
+
+
+PROCESS_AGE = {
+    "python": (
+        "import os\n"
+        "hz = os.sysconf('SC_CLK_TCK')\n"
+        "start = int(open('/proc/self/stat').read().rsplit(')', 1)[1].split()[19]) / hz\n"
+        "print(round(float(open('/proc/uptime').read().split()[0]) - start, 2), os.environ.get('FB_WARM'))"
+    ),
+    "javascript": (
+        "const fs = require('fs');\n"
+        "const start = Number(fs.readFileSync('/proc/self/stat', 'utf8').split(')').pop().trim().split(' ')[19]) / 100;\n"
+        "console.log((Number(fs.readFileSync('/proc/uptime', 'utf8').split(' ')[0]) - start).toFixed(2), process.env.FB_WARM)"
+    ),
+}
+
+
+def test_python_and_javascript_contexts_start_warm(fastbox: fb.FastboxServer) -> None:
+    """The code interpreter's golden checkpoint holds a running python and javascript
+    interpreter: a new context of either is one that was running before the sandbox existed,
+    and it takes the sandbox's environment."""
+    sb = fastbox.create_sandbox(
+        image=CODE_INTERPRETER_IMAGE,
+        metadata={"fbt-suite": "code-languages"},
+        env={"FB_WARM": "yes"},
+        ready_timeout=timedelta(minutes=15),
+    )
+    ci = CodeInterpreterSync.create(sb, ready_timeout=timedelta(seconds=60))
+    try:
+        time.sleep(1.5)
+        for language, code in PROCESS_AGE.items():
+            t0 = time.monotonic()
+            ctx = ci.codes.create_context(language)
+            r = ci.codes.run(code, context=ctx)
+            took = time.monotonic() - t0
+            assert r.error is None, r.error
+            age, env = lines(r.logs.stdout)[-1].split()
+            print(f"[fastbox] {language}: context and first run {took * 1000:.1f} ms, its interpreter {age} s old")
+            # Started before the sandbox was created (at least the 1.5 s slept), not for the context.
+            assert float(age) > 1.4, (language, age, took)
+            assert env == "yes", (language, env)
+    finally:
+        ci.close()
+        with contextlib.suppress(SandboxException):
+            sb.kill()
+        sb.close()

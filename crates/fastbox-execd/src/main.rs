@@ -121,6 +121,9 @@ async fn serve(cli: cli::Cli, config: Config) -> std::io::Result<()> {
             tokio::spawn(async move { server.await })
         }
         None => {
+            // Warm interpreters first: execd answers once they are up, so a template's
+            // golden checkpoint, taken when it answers, holds them warm.
+            state.code.spares.start(&state).await;
             let listener =
                 tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, cli.port)))
                     .await?;

@@ -470,7 +470,7 @@ impl Fastlet {
     /// The golden checkpoint of `image` on this node, built now if there is none: a cold
     /// start with execd only, readiness, then a CRIU dump.
     pub fn template(&self, image: &ResolvedImage) -> Result<Template, FastletError> {
-        self.template_for(&image.digest, image, &GoldenRecipe::default())
+        self.template_for(&image.digest, image, &image_recipe(image))
     }
 
     /// The golden checkpoint named `key` of `image` built by `recipe` (a template of the
@@ -1760,4 +1760,16 @@ fn random_hex() -> String {
 /// The directory of sandbox `id` under an instance's data directory.
 pub fn sandbox_dir(data_dir: &Path, id: &str) -> PathBuf {
     data_dir.join("sandboxes").join(id)
+}
+
+/// How the image's own template is built: execd only, with what the image's recipe asks of
+/// its golden checkpoint (the code interpreter's warm interpreters).
+pub fn image_recipe(image: &ResolvedImage) -> GoldenRecipe {
+    let env = fastbox_image::Recipe::of_reference(&image.canonical_reference)
+        .map(|r| r.golden_env().iter().map(|e| e.to_string()).collect())
+        .unwrap_or_default();
+    GoldenRecipe {
+        env,
+        ..GoldenRecipe::default()
+    }
 }

@@ -360,7 +360,7 @@ impl NodeAgent for LocalNode {
                     (choice, true) => {
                         let (key, mut recipe) = match choice {
                             Some(c) => (c.key.clone(), c.recipe.clone()),
-                            None => (image.digest.clone(), GoldenRecipe::default()),
+                            None => (image.digest.clone(), crate::agent::image_recipe(&image)),
                         };
                         recipe.isolation = true;
                         fastlet.template_for(&isolation_key(&key), &image, &recipe)?

@@ -93,6 +93,22 @@ impl Recipe {
     pub fn from_name(name: &str) -> Option<Recipe> {
         Recipe::ALL.iter().copied().find(|r| r.name() == name)
     }
+
+    /// The recipe an image's canonical reference (`recipe:NAME`) names, if any.
+    pub fn of_reference(canonical_reference: &str) -> Option<Recipe> {
+        canonical_reference
+            .strip_prefix("recipe:")
+            .and_then(Recipe::from_name)
+    }
+
+    /// `KEY=VALUE` pairs the image's own template is built with: the code interpreter's
+    /// holds warm Python and Node.js interpreters (execd's `FASTBOX_WARM_CODE`).
+    pub fn golden_env(self) -> &'static [&'static str] {
+        match self {
+            Recipe::DebianBookwormCodeInterpreter => &["FASTBOX_WARM_CODE=python,javascript"],
+            _ => &[],
+        }
+    }
 }
 
 /// What a build produced besides the files.

@@ -21,7 +21,7 @@ use crate::sse::{EventTx, StreamEvent};
 use crate::state::AppState;
 
 /// An interpreter with an embedded driver.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Driver {
     Python,
     JavaScript,
@@ -74,7 +74,7 @@ impl Driver {
             .collect())
     }
 
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Driver::Python | Driver::Sql | Driver::Go => "python",
             Driver::JavaScript | Driver::TypeScript => "node",
@@ -113,6 +113,28 @@ pub fn spawn(state: &AppState, driver: Driver, cwd: Option<&str>) -> Result<Repl
     )
     .map_err(|e| CodeError::Spawn(e.to_string()))?;
     Repl::new(child, true).map_err(|e| CodeError::Spawn(e.to_string()))
+}
+
+/// Hands a running driver to a context: its environment and directory become `env` and
+/// `cwd` (the drivers' `adopt` request; nothing runs and no execution is counted).
+pub async fn adopt(repl: &Repl, env: &crate::env::EnvList, cwd: Option<&str>) -> bool {
+    let sentinel = Repl::sentinel();
+    let env: serde_json::Map<String, serde_json::Value> = env
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .collect();
+    let mut request = serde_json::to_vec(&serde_json::json!({
+        "adopt": {"env": env, "cwd": cwd},
+        "sentinel": sentinel,
+    }))
+    .unwrap_or_default();
+    request.push(b'\n');
+    let (tx, _events) = crate::sse::channel();
+    let patience = Some(std::time::Duration::from_secs(30));
+    matches!(
+        repl.run(&request, &sentinel, &tx, patience).await,
+        RunEnd::Done(_)
+    )
 }
 
 /// Writes the java driver's source as `FastboxJavaDriver.java` (the name its class needs) in

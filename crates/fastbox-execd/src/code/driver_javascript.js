@@ -123,6 +123,20 @@ function write(fd, text) {
   }
 }
 
+function adopt(given) {
+  if (given.env && typeof given.env === 'object') {
+    for (const key of Object.keys(process.env)) delete process.env[key];
+    for (const [key, value] of Object.entries(given.env)) process.env[key] = String(value);
+  }
+  if (given.cwd) {
+    try {
+      process.chdir(String(given.cwd));
+    } catch (e) {
+      // The context keeps the interpreter's directory.
+    }
+  }
+}
+
 async function main() {
   // SIGINT between executions is ignored; during one, `breakOnSigint` ends the script.
   process.on('SIGINT', () => {});
@@ -134,6 +148,14 @@ async function main() {
     try {
       msg = JSON.parse(line);
     } catch (e) {
+      continue;
+    }
+    if (msg && typeof msg.adopt === 'object' && msg.adopt !== null) {
+      // A warm interpreter handed to a new context: its environment and directory.
+      adopt(msg.adopt);
+      const sentinel = String(msg.sentinel || '');
+      write(1, `${sentinel} {}\n`);
+      write(2, `${sentinel}\n`);
       continue;
     }
     count += 1;

@@ -1,6 +1,9 @@
 # fastbox-execd: the request loop of its Python-run drivers (python, sql, go), put in front
 # of each driver's own code (`driver.rs`). Reads one JSON request per line from the original
-# stdin: {"code": str, "sentinel": str}; the code itself gets no stdin. Each request is
+# stdin: {"code": str, "sentinel": str}; the code itself gets no stdin. {"adopt": {"env",
+# "cwd"}, "sentinel"} hands a warm interpreter (started before the sandbox was claimed) to
+# a new context: its environment and directory become the context's, nothing runs and
+# nothing is counted. Each request is
 # `run_cell(code, out)`, `out` holding the execution count, and the result or error the
 # cell adds. After each execution it writes `<sentinel> <json>` to stdout and `<sentinel>`
 # to stderr so execd knows all output of that execution has been read.
@@ -8,6 +11,19 @@ import json
 import os
 import signal
 import sys
+
+
+def _adopt(adopt):
+    env = adopt.get("env")
+    if isinstance(env, dict):
+        os.environ.clear()
+        os.environ.update({str(k): str(v) for k, v in env.items()})
+    cwd = adopt.get("cwd")
+    if cwd:
+        try:
+            os.chdir(cwd)
+        except OSError:
+            pass
 
 
 def _serve(run_cell):
@@ -27,6 +43,13 @@ def _serve(run_cell):
         try:
             msg = json.loads(line)
         except ValueError:
+            continue
+        adopt = msg.get("adopt")
+        if isinstance(adopt, dict):
+            _adopt(adopt)
+            sentinel = msg.get("sentinel", "")
+            os.write(1, (sentinel + " {}\n").encode())
+            os.write(2, (sentinel + "\n").encode())
             continue
         count += 1
         out = {"execution_count": count}

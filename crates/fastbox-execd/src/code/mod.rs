@@ -8,6 +8,7 @@
 //! `error`.
 
 pub mod driver;
+pub mod warm;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -198,6 +199,8 @@ impl CodeContext {
 pub struct CodeStore {
     contexts: Mutex<HashMap<String, Arc<CodeContext>>>,
     defaults: Mutex<HashMap<Language, String>>,
+    /// Warm interpreters for new contexts ([`warm`]).
+    pub spares: warm::Spares,
 }
 
 impl CodeStore {
@@ -246,7 +249,18 @@ impl CodeStore {
         let id = ids::uuid_v4();
         let (engine, pid) = match language.driver() {
             Some(driver) => {
-                let repl = driver::spawn(state, driver, cwd.as_deref())?;
+                let ctx = state
+                    .child_context(&HashMap::new(), cwd.as_deref(), None, None)
+                    .map_err(|e| CodeError::Invalid(e.to_string()))?;
+                let warm = state
+                    .code
+                    .spares
+                    .take(state, driver, &ctx.env, ctx.cwd.as_deref())
+                    .await;
+                let repl = match warm {
+                    Some(repl) => repl,
+                    None => driver::spawn(state, driver, cwd.as_deref())?,
+                };
                 let pid = repl.pid;
                 (
                     Engine::Driver(driver, tokio::sync::Mutex::new(Some(repl))),
