@@ -235,32 +235,49 @@ PROCESS_AGE = {
 }
 
 
+RANDOM_STATE = {
+    "python": "import random; print(random.getrandbits(64))",
+    "javascript": "console.log(require('crypto').randomBytes(8).toString('hex'), Math.random())",
+}
+
+
 def test_python_and_javascript_contexts_start_warm(fastbox: fb.FastboxServer) -> None:
-    """The code interpreter's golden checkpoint holds a running python and javascript
-    interpreter: a new context of either is one that was running before the sandbox existed,
-    and it takes the sandbox's environment."""
-    sb = fastbox.create_sandbox(
-        image=CODE_INTERPRETER_IMAGE,
-        metadata={"fbt-suite": "code-languages"},
-        env={"FB_WARM": "yes"},
-        ready_timeout=timedelta(minutes=15),
-    )
-    ci = CodeInterpreterSync.create(sb, ready_timeout=timedelta(seconds=60))
-    try:
-        time.sleep(1.5)
-        for language, code in PROCESS_AGE.items():
-            t0 = time.monotonic()
-            ctx = ci.codes.create_context(language)
-            r = ci.codes.run(code, context=ctx)
-            took = time.monotonic() - t0
-            assert r.error is None, r.error
-            age, env = lines(r.logs.stdout)[-1].split()
-            print(f"[fastbox] {language}: context and first run {took * 1000:.1f} ms, its interpreter {age} s old")
-            # Started before the sandbox was created (at least the 1.5 s slept), not for the context.
-            assert float(age) > 1.4, (language, age, took)
-            assert env == "yes", (language, env)
-    finally:
-        ci.close()
-        with contextlib.suppress(SandboxException):
-            sb.kill()
-        sb.close()
+    """A new python or javascript context is an interpreter that was running before it (the
+    golden checkpoint's python, a javascript started at the claim), and it takes the
+    sandbox's environment. Two sandboxes of the template never draw the same random numbers
+    in them: python's state is drawn again, javascript's is its own."""
+    drawn: dict[str, list[str]] = {"python": [], "javascript": []}
+    for _ in range(2):
+        sb = fastbox.create_sandbox(
+            image=CODE_INTERPRETER_IMAGE,
+            metadata={"fbt-suite": "code-languages"},
+            env={"FB_WARM": "yes"},
+            ready_timeout=timedelta(minutes=15),
+        )
+        ci = CodeInterpreterSync.create(sb, ready_timeout=timedelta(seconds=60))
+        try:
+            time.sleep(1.5)
+            for language, code in PROCESS_AGE.items():
+                t0 = time.monotonic()
+                ctx = ci.codes.create_context(language)
+                r = ci.codes.run(code, context=ctx)
+                took = time.monotonic() - t0
+                assert r.error is None, r.error
+                age, env = lines(r.logs.stdout)[-1].split()
+                print(
+                    f"[fastbox] {language}: context and first run {took * 1000:.1f} ms, "
+                    f"its interpreter {age} s old"
+                )
+                # Started before the context (at least the 1.5 s slept), not for it.
+                assert float(age) > 1.4, (language, age, took)
+                assert env == "yes", (language, env)
+                r = ci.codes.run(RANDOM_STATE[language], context=ctx)
+                assert r.error is None, r.error
+                drawn[language].append(lines(r.logs.stdout)[-1])
+        finally:
+            ci.close()
+            with contextlib.suppress(SandboxException):
+                sb.kill()
+            sb.close()
+    for language, values in drawn.items():
+        assert values[0] != values[1], (language, values)

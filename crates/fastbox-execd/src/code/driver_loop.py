@@ -14,6 +14,18 @@ import sys
 
 
 def _adopt(adopt):
+    # This interpreter may have been checkpointed and cloned: draw its random state again
+    # (its hash() seed cannot be).
+    for name in ("random", "numpy.random"):
+        module = sys.modules.get(name)
+        if module is not None:
+            try:
+                module.seed()
+            except Exception:
+                pass
+    tempfile = sys.modules.get("tempfile")
+    if tempfile is not None:
+        tempfile._name_sequence = None
     env = adopt.get("env")
     if isinstance(env, dict):
         os.environ.clear()

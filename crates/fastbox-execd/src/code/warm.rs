@@ -1,13 +1,23 @@
-//! Warm interpreters: a spare python and javascript driver started with execd (so a
-//! template's golden checkpoint holds them running, their modules loaded) and handed to the
-//! next context of their language, which then starts in milliseconds instead of an
-//! interpreter's start-up.
+//! Warm interpreters: a spare python and javascript driver, handed to the next context of
+//! their language, which then starts in milliseconds instead of an interpreter's start-up.
 //!
 //! The languages kept warm are named by [`WARM_ENV`] in execd's environment (the
-//! code-interpreter template sets it). A spare adopts the context's environment and directory
-//! when it is taken; one started with other values of what its interpreter reads only at
-//! start-up (`NODE_EXTRA_CA_CERTS` after a claim that brought the credential proxy's CA, for
-//! instance) is not used, and the context starts cold. A new spare is started in its place.
+//! code-interpreter template sets it). What a clone may share decides when a spare starts:
+//!
+//! - **python** starts with execd, so a template's golden checkpoint holds it running. Its
+//!   random state is drawn again when a context takes it (`random`, `numpy.random`,
+//!   `tempfile`'s names); its `hash()` seed stays the checkpoint's (documented in
+//!   `docs/clones.md`).
+//! - **javascript** starts when the sandbox is claimed or rekeyed, never before a checkpoint
+//!   of execd's making: Node seeds OpenSSL's random generator and `Math.random` at start-up,
+//!   and neither can be re-seeded from inside, so a checkpointed one would hand every clone
+//!   the same keys and nonces. A context taken while it still starts waits for it (less than
+//!   a cold start).
+//!
+//! A spare adopts the context's environment and directory when it is taken; one started with
+//! other values of what its interpreter reads only at start-up (`NODE_EXTRA_CA_CERTS` after a
+//! claim that brought the credential proxy's CA, for instance) is not used, and the context
+//! starts cold. A new spare is started in its place.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -73,6 +83,12 @@ struct Spare {
     env: EnvList,
 }
 
+/// Whether `driver`'s random state can be drawn again in a running interpreter (so a spare of
+/// it may be in a checkpoint).
+fn reseedable(driver: Driver) -> bool {
+    driver == Driver::Python
+}
+
 #[derive(Default)]
 pub struct Spares {
     warm: OnceLock<Vec<Driver>>,
@@ -80,20 +96,35 @@ pub struct Spares {
 }
 
 impl Spares {
-    /// Starts a spare of each language [`WARM_ENV`] names and waits until each answers.
+    /// At execd's start: the spares a checkpoint may hold, each waited for until it answers.
     pub async fn start(&self, state: &AppState) {
         let named = env::get(&state.tenancy.current().env, WARM_ENV)
             .map(parse_warm)
             .unwrap_or_default();
         let warm = self.warm.get_or_init(|| named);
-        for &driver in warm {
-            self.refill(state, driver).await;
+        for &driver in warm.iter().filter(|d| reseedable(**d)) {
+            self.refill(state, driver, true).await;
         }
     }
 
-    /// Starts a spare of `driver` (with the current environment) and keeps it once it
-    /// answers.
-    async fn refill(&self, state: &AppState, driver: Driver) {
+    /// After a claim or a rekey (a new owner): fresh spares of the languages whose random
+    /// state cannot be drawn again, replacing any the checkpoint had.
+    pub fn renew(&self, state: &AppState) {
+        let Some(warm) = self.warm.get() else {
+            return;
+        };
+        for &driver in warm.iter().filter(|d| !reseedable(**d)) {
+            if let Some(old) = self.lock().remove(&driver) {
+                old.repl.kill();
+            }
+            let again = state.clone();
+            tokio::spawn(async move { again.code.spares.refill(&again, driver, false).await });
+        }
+    }
+
+    /// Starts a spare of `driver` with the current environment; `wait`: keeps it only once
+    /// it answers (otherwise whoever takes it waits).
+    async fn refill(&self, state: &AppState, driver: Driver, wait: bool) {
         let Ok(ctx) = state.child_context(&HashMap::new(), None, None, None) else {
             return;
         };
@@ -104,7 +135,7 @@ impl Spares {
                 return;
             }
         };
-        if !driver::adopt(&repl, &ctx.env, None).await {
+        if wait && !driver::adopt(&repl, &ctx.env, None).await {
             repl.kill();
             return;
         }
@@ -132,7 +163,8 @@ impl Spares {
         }
         let spare = self.lock().remove(&driver)?;
         let again = state.clone();
-        tokio::spawn(async move { again.code.spares.refill(&again, driver).await });
+        let wait = reseedable(driver);
+        tokio::spawn(async move { again.code.spares.refill(&again, driver, wait).await });
         if !spare.repl.is_alive() || !same_startup(driver, &spare.env, env) {
             spare.repl.kill();
             return None;
