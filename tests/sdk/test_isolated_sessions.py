@@ -199,6 +199,10 @@ def test_a_session_workload_is_confined_like_the_sandbox(sandbox: SandboxSync) -
             shared.delete()
     finally:
         s.delete()
+    # The sandbox's own commands have the default filter stacked too: the variant is execd's.
+    for command in ("unshare -U true", "mount -t tmpfs x /mnt"):
+        ex = sandbox.commands.run(command)
+        assert ex.exit_code != 0, (command, lines(ex.logs.stdout))
     # The sandbox's execd (which holds the filter that builds sessions) cannot be traced or
     # read, even after the restore the sandbox came from.
     ex = sandbox.commands.run("cat /proc/1/environ > /dev/null")
