@@ -872,17 +872,20 @@ fn keeper_main(plan: &Plan, ctl: RawFd) -> ! {
             fail(ctl, b"mount the staging tmpfs", None);
         }
         mkdir_all(&plan.root);
-        let root = openat2(
-            libc::AT_FDCWD,
-            plan.root.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY,
-            RESOLVE_NO_SYMLINKS,
-        );
-        if root < 0 {
-            fail(ctl, b"open the session's root", None);
-        }
+        let open_root = || {
+            let root = openat2(
+                libc::AT_FDCWD,
+                plan.root.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY,
+                RESOLVE_NO_SYMLINKS,
+            );
+            if root < 0 {
+                fail(ctl, b"open the session's root", None);
+            }
+            root
+        };
         // The root bind comes first; what follows is opened in it.
-        let mut root = root;
+        let mut root = open_root();
         for op in &plan.ops {
             if let Err((what, path)) = run_op(root, &plan.root, op) {
                 fail(ctl, what, path);
@@ -892,15 +895,7 @@ fn keeper_main(plan: &Plan, ctl: RawFd) -> ! {
             {
                 // Reopen the root: the bind is now mounted on it.
                 libc::close(root);
-                root = openat2(
-                    libc::AT_FDCWD,
-                    plan.root.as_ptr(),
-                    libc::O_PATH | libc::O_DIRECTORY,
-                    RESOLVE_NO_SYMLINKS,
-                );
-                if root < 0 {
-                    fail(ctl, b"open the session's root", None);
-                }
+                root = open_root();
             }
         }
         libc::close(root);
