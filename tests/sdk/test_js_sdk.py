@@ -1,7 +1,8 @@
 """The official OpenSandbox JavaScript SDK (`@alibaba-group/opensandbox`, pinned in
 tests/js/package.json) against `fastbox up`: tests/js/flow.mjs runs one user's flow with it
 (create, commands, files, list filters, pause and an immediate resume, renew, endpoint,
-kill) and prints what each step saw; the checks are here.
+kill), tests/js/isolation.mjs its isolated sessions, and each prints what each step saw;
+the checks are here.
 
 Needs Node.js >= 20 and `npm ci` in tests/js (scripts/setup.sh does both when Node.js is
 there); without them the test is skipped with the reason.
@@ -37,7 +38,7 @@ def node_missing() -> str | None:
     return None
 
 
-def run_flow(fastbox: fb.FastboxServer) -> dict[str, Any]:
+def run_flow(fastbox: fb.FastboxServer, script: str = "flow.mjs") -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPEN_SANDBOX_", "OPENSANDBOX_"))}
     env.update(
         OPEN_SANDBOX_DOMAIN=fastbox.domain,
@@ -46,10 +47,10 @@ def run_flow(fastbox: fb.FastboxServer) -> dict[str, Any]:
         FASTBOX_JS_RUN=fastbox.prefix,
     )
     r = subprocess.run(
-        ["node", "flow.mjs"], cwd=JS_DIR, env=env, capture_output=True, text=True, timeout=600
+        ["node", script], cwd=JS_DIR, env=env, capture_output=True, text=True, timeout=600
     )
     print(r.stdout, r.stderr, sep="\n", flush=True)
-    assert r.returncode == 0, f"the JavaScript flow failed ({r.returncode}):\n{r.stderr}"
+    assert r.returncode == 0, f"the JavaScript {script} failed ({r.returncode}):\n{r.stderr}"
     steps: dict[str, Any] = {}
     for line in r.stdout.splitlines():
         if line.startswith("STEP "):
@@ -90,3 +91,23 @@ def test_the_javascript_sdk_runs_a_user_flow(fastbox: fb.FastboxServer) -> None:
     assert steps["renew"]["expiresAt"], steps["renew"]
     assert steps["endpoint"]["endpoint"], steps["endpoint"]
     assert steps["killed"]["id"] == created["id"]
+
+
+def test_the_javascript_sdk_runs_isolated_sessions(fastbox: fb.FastboxServer) -> None:
+    missing = node_missing()
+    if missing:
+        pytest.skip(missing)
+    steps = run_flow(fastbox, "isolation.mjs")
+    assert steps["capabilities"] == {"available": True, "isolator": "fastbox"}, steps
+    session = steps["session"]
+    lines = session["stdout"].split("\n")
+    assert lines[:2] == ["from-sandbox", "from-session"], session
+    # Its own pid namespace: ps's header, the session's execd, the shell, ps and wc.
+    assert int(lines[2]) <= 6, session
+    assert session["exitCode"] == 0 and session["status"] == "active", session
+    assert session["listed"] == [session["id"]], session
+    # The overlay's change stayed in the session.
+    assert session["sandboxSees"] == "from-sandbox", session
+    once = steps["run-once"]
+    assert once["stdout"].split("\n")[:2] == ["0", "0"], once
+    assert once["left"] == 0, once
