@@ -11,7 +11,9 @@ use tokio::net::TcpListener;
 const RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok";
 
 /// Binds `0.0.0.0:port` and serves it in the background; a bind failure is only logged.
-pub async fn spawn(port: u16) -> Option<u16> {
+/// `on_probe` runs at each connection (the SDK's readiness probe: the code interpreter is
+/// wanted).
+pub async fn spawn(port: u16, on_probe: impl Fn() + Send + 'static) -> Option<u16> {
     let listener = match TcpListener::bind(("0.0.0.0", port)).await {
         Ok(l) => l,
         Err(e) => {
@@ -25,6 +27,7 @@ pub async fn spawn(port: u16) -> Option<u16> {
             let Ok((mut conn, _)) = listener.accept().await else {
                 continue;
             };
+            on_probe();
             tokio::spawn(async move {
                 let mut buf = [0u8; 1024];
                 // Answer once the request head arrived, or right away for bare connections

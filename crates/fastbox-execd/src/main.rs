@@ -129,7 +129,8 @@ async fn serve(cli: cli::Cli, config: Config) -> std::io::Result<()> {
                     .await?;
             tracing::info!(port = cli.port, pid = std::process::id(), "execd listening");
             if cli.code_port != 0 {
-                code_port::spawn(cli.code_port).await;
+                let probed = state.clone();
+                code_port::spawn(cli.code_port, move || probed.code.spares.wanted(&probed)).await;
             }
             if !cli.entrypoint.is_empty() {
                 entrypoint::start(&state, cli.entrypoint.clone());

@@ -159,9 +159,17 @@ async fn entrypoint_is_supervised_and_logged() {
 }
 
 #[tokio::test]
-async fn code_port_answers_http_200() {
+async fn code_port_answers_http_200_and_reports_the_probe() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let port = fastbox_execd::code_port::spawn(0).await.unwrap();
+    let probes = Arc::new(AtomicUsize::new(0));
+    let counted = probes.clone();
+    let port = fastbox_execd::code_port::spawn(0, move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+    })
+    .await
+    .unwrap();
     let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap();
@@ -171,4 +179,5 @@ async fn code_port_answers_http_200() {
     let mut buf = String::new();
     conn.read_to_string(&mut buf).await.unwrap();
     assert!(buf.starts_with("HTTP/1.1 200 OK"), "{buf}");
+    assert_eq!(probes.load(Ordering::SeqCst), 1);
 }

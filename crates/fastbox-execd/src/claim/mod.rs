@@ -77,7 +77,7 @@ async fn claim(
     JsonBody(req): JsonBody<ClaimRequest>,
 ) -> Result<Json<ClaimResponse>, ApiError> {
     let entrypoint = apply(&state, req.validate()?)?;
-    state.code.spares.renew(&state);
+    state.code.spares.renew();
     let (entrypoint_pid, entrypoint_error) = match entrypoint.map(|e| e.status()) {
         None => (None, None),
         Some(s) if s.pid.is_some() => (s.pid, None),

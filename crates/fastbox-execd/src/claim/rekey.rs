@@ -39,7 +39,7 @@ pub(super) async fn rekey(
 ) -> Result<Json<RekeyResponse>, ApiError> {
     let token = validate_token(req.access_token)?;
     apply(&state, token);
-    state.code.spares.renew(&state);
+    state.code.spares.renew();
     Ok(Json(RekeyResponse {
         rekeyed: true,
         claimed: state.tenancy.current().claimed,

@@ -247,6 +247,7 @@ impl CodeStore {
         cwd: Option<String>,
     ) -> Result<Arc<CodeContext>, CodeError> {
         let id = ids::uuid_v4();
+        state.code.spares.wanted(state);
         let (engine, pid) = match language.driver() {
             Some(driver) => {
                 let ctx = state

@@ -8,11 +8,12 @@
 //!   random state is drawn again when a context takes it (`random`, `numpy.random`,
 //!   `tempfile`'s names); its `hash()` seed stays the checkpoint's (documented in
 //!   `docs/clones.md`).
-//! - **javascript** starts when the sandbox is claimed or rekeyed, never before a checkpoint
-//!   of execd's making: Node seeds OpenSSL's random generator and `Math.random` at start-up,
-//!   and neither can be re-seeded from inside, so a checkpointed one would hand every clone
-//!   the same keys and nonces. A context taken while it still starts waits for it (less than
-//!   a cold start).
+//! - **javascript** starts on the first sign the code interpreter is wanted (the SDK's probe
+//!   of the code-interpreter port, or any new context), never before a checkpoint of execd's
+//!   making: Node seeds OpenSSL's random generator and `Math.random` at start-up, and neither
+//!   can be re-seeded from inside, so a checkpointed one would hand every clone the same keys
+//!   and nonces. A claim or a rekey kills one a snapshot carried. A context taken while it
+//!   still starts waits for it (less than a cold start).
 //!
 //! A spare adopts the context's environment and directory when it is taken; one started with
 //! other values of what its interpreter reads only at start-up (`NODE_EXTRA_CA_CERTS` after a
@@ -107,24 +108,38 @@ impl Spares {
         }
     }
 
-    /// After a claim or a rekey (a new owner): fresh spares of the languages whose random
-    /// state cannot be drawn again, replacing any the checkpoint had.
-    pub fn renew(&self, state: &AppState) {
+    /// After a claim or a rekey (a new owner): the spares a snapshot may have carried whose
+    /// random state cannot be drawn again are killed ([`Spares::wanted`] starts new ones).
+    pub fn renew(&self) {
+        let Some(warm) = self.warm.get() else {
+            return;
+        };
+        for driver in warm.iter().filter(|d| !reseedable(**d)) {
+            if let Some(old) = self.lock().remove(driver) {
+                old.repl.kill();
+            }
+        }
+    }
+
+    /// The code interpreter is wanted: starts the spares that start late and are not there.
+    pub fn wanted(&self, state: &AppState) {
         let Some(warm) = self.warm.get() else {
             return;
         };
         for &driver in warm.iter().filter(|d| !reseedable(**d)) {
-            if let Some(old) = self.lock().remove(&driver) {
-                old.repl.kill();
+            if !self.lock().contains_key(&driver) {
+                let again = state.clone();
+                tokio::spawn(async move { again.code.spares.refill(&again, driver, false).await });
             }
-            let again = state.clone();
-            tokio::spawn(async move { again.code.spares.refill(&again, driver, false).await });
         }
     }
 
     /// Starts a spare of `driver` with the current environment; `wait`: keeps it only once
     /// it answers (otherwise whoever takes it waits).
     async fn refill(&self, state: &AppState, driver: Driver, wait: bool) {
+        if !wait && self.lock().contains_key(&driver) {
+            return;
+        }
         let Ok(ctx) = state.child_context(&HashMap::new(), None, None, None) else {
             return;
         };
