@@ -28,6 +28,7 @@ import http.server
 import ipaddress
 import json
 import os
+import shutil
 import socket
 import ssl
 import struct
@@ -202,6 +203,8 @@ class LabInternet:
         subprocess.run(["ip", "route", "del", str(self.block)], capture_output=True)
         subprocess.run(["ip", "link", "del", self.uplink], capture_output=True)
         subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
+        # Its keys, certificates and logs (the directory was made for it).
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------- inside the namespace
