@@ -184,6 +184,8 @@ def test_a_session_workload_is_confined_like_the_sandbox(sandbox: SandboxSync) -
         caps = srun(s, "grep -E 'CapEff|CapBnd' /proc/self/status")[1]
         sandbox_caps = run_ok(sandbox, "grep -E 'CapEff|CapBnd' /proc/self/status")
         assert caps == sandbox_caps, (caps, sandbox_caps)
+        # Its devices work (the root is nosuid, not nodev: /dev is the sandbox's).
+        assert srun(s, "echo x > /dev/null && head -c 4 /dev/urandom | wc -c")[1] == "4"
         # Its /proc is its own, read-only.
         code, _, err = srun(s, "echo 1 > /proc/sys/kernel/hostname")
         assert code != 0, err
@@ -215,12 +217,18 @@ def test_uid_binds_and_the_file_api(sandbox: SandboxSync) -> None:
         sandbox,
         "overlay",
         uid=1000,
-        binds=[BindMount(source="/data", dest="/workspace/data", readonly=True)],
+        binds=[
+            BindMount(source="/data", dest="/workspace/data", readonly=True),
+            BindMount(source="/data/b.txt", dest="/tmp/b.txt", readonly=True),
+        ],
         env_passthrough={"mode": "allow", "keys": ["HOME"]},
     )
     try:
         assert srun(s, "id -u")[1] == "1000"
         assert srun(s, "cat /workspace/data/b.txt")[1] == "bound"
+        # A file bound read-only.
+        assert srun(s, "cat /tmp/b.txt")[1] == "bound"
+        assert srun(s, "echo x > /tmp/b.txt")[0] != 0
         code, _, err = srun(s, "echo x > /workspace/data/x")
         assert code != 0, err
         # Files through the session's file API are the session's view.

@@ -129,12 +129,14 @@ pub async fn adopt(repl: &Repl, env: &crate::env::EnvList, cwd: Option<&str>) ->
     }))
     .unwrap_or_default();
     request.push(b'\n');
-    let (tx, _events) = crate::sse::channel();
+    // Nothing is read from the events: sends fail at once instead of filling the channel.
+    let (tx, _) = crate::sse::channel();
     let patience = Some(std::time::Duration::from_secs(30));
-    matches!(
-        repl.run(&request, &sentinel, &tx, patience).await,
-        RunEnd::Done(_)
-    )
+    match repl.run(&request, &sentinel, &tx, patience).await {
+        RunEnd::Done(trailer) => serde_json::from_str::<serde_json::Value>(&trailer)
+            .is_ok_and(|t| t.get("error").is_none()),
+        _ => false,
+    }
 }
 
 /// Writes the java driver's source as `FastboxJavaDriver.java` (the name its class needs) in

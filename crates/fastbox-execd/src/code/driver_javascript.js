@@ -123,6 +123,7 @@ function write(fd, text) {
   }
 }
 
+// Takes the context's environment and directory; returns why not, or null.
 function adopt(given) {
   if (given.env && typeof given.env === 'object') {
     for (const key of Object.keys(process.env)) delete process.env[key];
@@ -132,9 +133,14 @@ function adopt(given) {
     try {
       process.chdir(String(given.cwd));
     } catch (e) {
-      // The context keeps the interpreter's directory.
+      return `cwd ${given.cwd}: ${e.message}`;
     }
   }
+  // `require` and `__dirname` resolve from the directory, as in an interpreter started there.
+  const here = process.cwd();
+  context.require = require('module').createRequire(require('path').join(here, '[eval]'));
+  context.__dirname = here;
+  return null;
 }
 
 async function main() {
@@ -152,9 +158,9 @@ async function main() {
     }
     if (msg && typeof msg.adopt === 'object' && msg.adopt !== null) {
       // A warm interpreter handed to a new context: its environment and directory.
-      adopt(msg.adopt);
+      const refused = adopt(msg.adopt);
       const sentinel = String(msg.sentinel || '');
-      write(1, `${sentinel} {}\n`);
+      write(1, `${sentinel} ${JSON.stringify(refused ? { error: refused } : {})}\n`);
       write(2, `${sentinel}\n`);
       continue;
     }

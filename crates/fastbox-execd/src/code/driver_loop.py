@@ -13,7 +13,13 @@ import signal
 import sys
 
 
+# Variables a driver sets for itself (python: MPLBACKEND), kept when a context's environment
+# replaces the interpreter's.
+_ENV_DEFAULTS = {}
+
+
 def _adopt(adopt):
+    """Takes the context's environment and directory; returns why not, or None."""
     # This interpreter may have been checkpointed and cloned: draw its random state again
     # (its hash() seed cannot be).
     for name in ("random", "numpy.random"):
@@ -30,12 +36,15 @@ def _adopt(adopt):
     if isinstance(env, dict):
         os.environ.clear()
         os.environ.update({str(k): str(v) for k, v in env.items()})
+        for key, value in _ENV_DEFAULTS.items():
+            os.environ.setdefault(key, value)
     cwd = adopt.get("cwd")
     if cwd:
         try:
             os.chdir(cwd)
-        except OSError:
-            pass
+        except OSError as e:
+            return f"cwd {cwd}: {e.strerror}"
+    return None
 
 
 def _serve(run_cell):
@@ -58,9 +67,10 @@ def _serve(run_cell):
             continue
         adopt = msg.get("adopt")
         if isinstance(adopt, dict):
-            _adopt(adopt)
+            refused = _adopt(adopt)
             sentinel = msg.get("sentinel", "")
-            os.write(1, (sentinel + " {}\n").encode())
+            reply = {"error": refused} if refused else {}
+            os.write(1, (sentinel + " " + json.dumps(reply) + "\n").encode())
             os.write(2, (sentinel + "\n").encode())
             continue
         count += 1

@@ -14,7 +14,8 @@ import signal
 import sys
 import traceback
 
-# Figures render off-screen (there is no display in a sandbox).
+# Figures render off-screen (there is no display in a sandbox), in adopted environments too.
+_ENV_DEFAULTS["MPLBACKEND"] = "Agg"
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 _REPRS = [

@@ -39,6 +39,8 @@ fn startup_vars(driver: Driver) -> &'static [&'static str] {
             "NODE_EXTRA_CA_CERTS",
             "NODE_OPTIONS",
             "NODE_PATH",
+            "NODE_USE_ENV_PROXY",
+            "NODE_DEBUG",
             LOCALE[0],
             LOCALE[1],
             LOCALE[2],
@@ -51,6 +53,12 @@ fn startup_vars(driver: Driver) -> &'static [&'static str] {
             "PYTHONIOENCODING",
             "PYTHONUTF8",
             "PYTHONSAFEPATH",
+            "PYTHONHASHSEED",
+            "PYTHONNOUSERSITE",
+            "PYTHONUSERBASE",
+            "PYTHONWARNINGS",
+            "PYTHONDONTWRITEBYTECODE",
+            "HOME",
             LOCALE[0],
             LOCALE[1],
             LOCALE[2],
@@ -104,7 +112,7 @@ impl Spares {
             .unwrap_or_default();
         let warm = self.warm.get_or_init(|| named);
         for &driver in warm.iter().filter(|d| reseedable(**d)) {
-            self.refill(state, driver, true).await;
+            self.refill(state, driver).await;
         }
     }
 
@@ -127,19 +135,30 @@ impl Spares {
             return;
         };
         for &driver in warm.iter().filter(|d| !reseedable(**d)) {
-            if !self.lock().contains_key(&driver) {
-                let again = state.clone();
-                tokio::spawn(async move { again.code.spares.refill(&again, driver, false).await });
-            }
+            self.start_late(state, driver);
         }
     }
 
-    /// Starts a spare of `driver` with the current environment; `wait`: keeps it only once
-    /// it answers (otherwise whoever takes it waits).
-    async fn refill(&self, state: &AppState, driver: Driver, wait: bool) {
-        if !wait && self.lock().contains_key(&driver) {
+    /// Starts a spare of late-starting `driver` unless one is there (checked and kept under
+    /// one lock: concurrent callers start one); whoever takes it waits for it to answer.
+    fn start_late(&self, state: &AppState, driver: Driver) {
+        let Ok(ctx) = state.child_context(&HashMap::new(), None, None, None) else {
+            return;
+        };
+        let mut slots = self.lock();
+        if slots.contains_key(&driver) {
             return;
         }
+        match driver::spawn(state, driver, None) {
+            Ok(repl) => {
+                slots.insert(driver, Spare { repl, env: ctx.env });
+            }
+            Err(e) => tracing::warn!(driver = driver.name(), error = %e, "no warm interpreter"),
+        }
+    }
+
+    /// Starts a spare of `driver` with the current environment, kept once it answers.
+    async fn refill(&self, state: &AppState, driver: Driver) {
         let Ok(ctx) = state.child_context(&HashMap::new(), None, None, None) else {
             return;
         };
@@ -150,7 +169,7 @@ impl Spares {
                 return;
             }
         };
-        if wait && !driver::adopt(&repl, &ctx.env, None).await {
+        if !driver::adopt(&repl, &ctx.env, None).await {
             repl.kill();
             return;
         }
@@ -177,10 +196,18 @@ impl Spares {
             return None;
         }
         let spare = self.lock().remove(&driver)?;
-        let again = state.clone();
-        let wait = reseedable(driver);
-        tokio::spawn(async move { again.code.spares.refill(&again, driver, wait).await });
-        if !spare.repl.is_alive() || !same_startup(driver, &spare.env, env) {
+        match reseedable(driver) {
+            true => {
+                let again = state.clone();
+                tokio::spawn(async move { again.code.spares.refill(&again, driver).await });
+            }
+            false => self.start_late(state, driver),
+        }
+        if !spare.repl.is_alive() {
+            // Already reaped: its process group may be someone else's now.
+            return None;
+        }
+        if !same_startup(driver, &spare.env, env) {
             spare.repl.kill();
             return None;
         }

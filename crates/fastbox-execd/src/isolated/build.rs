@@ -72,10 +72,11 @@ enum Op {
         target: CString,
     },
     /// A recursive bind of the sandbox's `source` at `target` (made when missing), then
-    /// `nosuid,nodev`.
+    /// `nosuid,nodev` (and read-only when asked).
     Bind {
         source: CString,
         target: CString,
+        read_only: bool,
     },
     /// An overlay of the sandbox's `source` at `target`, its upper layer in `upper`.
     Overlay {
@@ -86,10 +87,9 @@ enum Op {
         upper: CString,
         work: CString,
     },
-    /// Make the mount at `target` and every mount below it read-only.
-    ReadOnly {
-        target: CString,
-    },
+    /// The sandbox's `/`, recursively, at the session's root: read-only and `nosuid` (not
+    /// `nodev`: its `/dev` is where the devices are).
+    Root,
 }
 
 /// What the session's init becomes.
@@ -160,17 +160,14 @@ fn ops_for(layout: &Layout) -> Result<Vec<Op>, IsolatedError> {
         // Recursive: the kernel refuses to bind a mount alone when mounts it cannot unmount
         // (the sandbox's masks) are on it. The sandbox's own mounts come along read-only; the
         // session's go on top.
-        Op::Bind {
-            source: c("/")?,
-            target: c("")?,
-        },
-        Op::ReadOnly { target: c("")? },
+        Op::Root,
         Op::Devpts {
             target: rel("/dev/pts")?,
         },
     ];
     for dir in PRIVATE_DIRS {
-        if std::path::Path::new(dir).is_dir() {
+        // A symlinked one (`/var/tmp -> /tmp`) resolves into the session's own anyway.
+        if std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
             let mode = if *dir == "/run" {
                 "mode=0755"
             } else {
@@ -193,15 +190,11 @@ fn ops_for(layout: &Layout) -> Result<Vec<Op>, IsolatedError> {
     for (i, s) in shown {
         let (source, target) = (c(&s.source)?, rel(&s.dest)?);
         match s.mode {
-            Mode::Rw | Mode::Ro => {
-                ops.push(Op::Bind {
-                    source,
-                    target: target.clone(),
-                });
-                if s.mode == Mode::Ro {
-                    ops.push(Op::ReadOnly { target });
-                }
-            }
+            Mode::Rw | Mode::Ro => ops.push(Op::Bind {
+                source,
+                target,
+                read_only: s.mode == Mode::Ro,
+            }),
             Mode::Overlay => {
                 let upper = format!("{STAGE}/upper/{i}");
                 ops.push(Op::Overlay {
@@ -291,34 +284,34 @@ pub fn build(reaper: &Reaper, layout: &Layout, exec: Exec) -> Result<Built, Isol
     plan.env_ptrs.push(std::ptr::null());
 
     let (mut ctl, child_ctl) = UnixStream::pair().map_err(setup_err)?;
-    let mut keeper = None;
+    let mut pidfd: libc::c_int = -1;
     let (keeper_pid, ended) = reaper
         .fork_registered(|| {
-            // SAFETY: the child only runs `keeper_main`, which makes system calls on the
-            // prepared plan and never returns.
-            match unsafe { libc::fork() } {
+            // A fork that also gives the child's pidfd (clone(2) with CLONE_PIDFD; clone3 is
+            // ENOSYS under the sandbox's policy), so the keeper is never named by a pid that
+            // could be reused.
+            // SAFETY: as fork(2): the child only runs `keeper_main`, which makes system calls
+            // on the prepared plan and never returns; `pidfd` outlives the call.
+            let pid = unsafe {
+                libc::syscall(
+                    libc::SYS_clone,
+                    (libc::CLONE_PIDFD | libc::SIGCHLD) as libc::c_ulong,
+                    0usize,
+                    &mut pidfd as *mut libc::c_int,
+                    0usize,
+                    0usize,
+                )
+            };
+            match pid {
                 -1 => Err(std::io::Error::last_os_error()),
                 0 => keeper_main(&plan, child_ctl.as_raw_fd()),
-                pid => {
-                    // The keeper blocks on `ctl` until told to go on, so it is alive here and
-                    // the pidfd names it.
-                    // SAFETY: pidfd_open of our own child.
-                    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-                    if fd >= 0 {
-                        // SAFETY: a descriptor pidfd_open just gave us.
-                        keeper = Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
-                    }
-                    Ok(pid)
-                }
+                pid => Ok(pid as i32),
             }
         })
         .map_err(|e| setup_err(format!("fork: {e}")))?;
     drop(child_ctl);
-    let Some(keeper) = keeper else {
-        // SAFETY: our own child, not yet reaped (it waits on `ctl`, which is still open).
-        unsafe { libc::kill(keeper_pid, libc::SIGKILL) };
-        return Err(setup_err("pidfd_open of the session's keeper failed"));
-    };
+    // SAFETY: the descriptor CLONE_PIDFD just gave us, ours alone.
+    let keeper = unsafe { OwnedFd::from_raw_fd(pidfd) };
     match talk(&mut ctl, keeper_pid) {
         Ok(()) => Ok(Built { keeper, ended }),
         Err(e) => {
@@ -537,9 +530,9 @@ fn open_source(source: &CStr) -> Result<(RawFd, bool), &'static [u8]> {
 }
 
 /// Opens `target` (relative, components separated by `/`) under `root`, making missing
-/// directories (or, for a file, the last component as an empty file); a symlink on the way
-/// fails (ELOOP), and nothing resolves outside `root`.
-fn open_target(root: RawFd, target: &CStr, dir: bool) -> RawFd {
+/// directories (or, for a file, the last component as an empty file) when `create`; a
+/// symlink on the way fails (ELOOP), and nothing resolves outside `root`.
+fn open_target(root: RawFd, target: &CStr, dir: bool, create: bool) -> RawFd {
     let bytes = target.to_bytes();
     let mut buf = [0u8; 2048];
     if bytes.len() >= buf.len() {
@@ -557,20 +550,13 @@ fn open_target(root: RawFd, target: &CStr, dir: bool) -> RawFd {
         let last = end == bytes.len();
         buf[end] = 0;
         let name: *const libc::c_char = buf[start..].as_ptr().cast();
-        // SAFETY: `name` is NUL-terminated at `end`; `cur` is a directory we hold.
+        // SAFETY: `name` is NUL-terminated at `end`; `cur` is a directory we hold. Nothing
+        // that exists is opened for writing (a FIFO would block).
         unsafe {
-            if dir || !last {
+            if create && (dir || !last) {
                 libc::mkdirat(cur, name, 0o755);
-            } else {
-                let f = libc::openat(
-                    cur,
-                    name,
-                    libc::O_CREAT | libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                    0o644,
-                );
-                if f >= 0 {
-                    libc::close(f);
-                }
+            } else if create {
+                libc::mknodat(cur, name, libc::S_IFREG | 0o644, 0);
             }
         }
         let flags = if dir || !last {
@@ -679,7 +665,7 @@ fn run_op<'a>(
                 flags,
                 data,
             } => {
-                let t = open_target(root, target, true);
+                let t = open_target(root, target, true, true);
                 if t < 0 {
                     return Err((b"make the mount point", Some(target)));
                 }
@@ -696,7 +682,7 @@ fn run_op<'a>(
                 }
             }
             Op::Devpts { target } => {
-                let t = open_target(root, target, true);
+                let t = open_target(root, target, true, true);
                 if t < 0
                     || libc::mount(
                         c"devpts".as_ptr(),
@@ -710,15 +696,33 @@ fn run_op<'a>(
                 }
                 libc::close(t);
             }
-            Op::Bind { source, target } => {
+            Op::Root => {
+                let (src, _) = open_source(c"/").map_err(|w| (w, None))?;
+                let rc = libc::mount(
+                    fd_path(src, &mut sbuf),
+                    root_path.as_ptr(),
+                    null,
+                    libc::MS_BIND | libc::MS_REC,
+                    null.cast(),
+                );
+                libc::close(src);
+                if rc != 0
+                    || set_tree_attr(root_path.as_ptr(), MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID) != 0
+                {
+                    return Err((b"bind the sandbox's root read-only", None));
+                }
+            }
+            Op::Bind {
+                source,
+                target,
+                read_only,
+            } => {
                 let (s, is_dir) = open_source(source).map_err(|w| (w, Some(source.as_c_str())))?;
-                let t = if target.is_empty() {
-                    libc::fcntl(root, libc::F_DUPFD_CLOEXEC, 0)
-                } else {
-                    open_target(root, target, is_dir)
-                };
+                let t = open_target(root, target, is_dir, true);
                 if t < 0 {
+                    let e = errno();
                     libc::close(s);
+                    *libc::__errno_location() = e;
                     return Err((b"make the mount point", Some(target)));
                 }
                 let rc = libc::mount(
@@ -734,20 +738,17 @@ fn run_op<'a>(
                     return Err((b"bind", Some(source)));
                 }
                 // Opened again: the descriptor from before the mount names what it covers.
-                let rc = if target.is_empty() {
-                    set_tree_attr(root_path.as_ptr(), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
-                } else {
-                    let t = open_target(root, target, is_dir);
-                    let rc = if t < 0 {
-                        -1
-                    } else {
-                        set_tree_attr(fd_path(t, &mut tbuf), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
-                    };
-                    libc::close(t);
-                    rc
-                };
+                let t = open_target(root, target, is_dir, false);
+                if t < 0 {
+                    return Err((b"open the mount", Some(target)));
+                }
+                let attrs = MOUNT_ATTR_NOSUID
+                    | MOUNT_ATTR_NODEV
+                    | if *read_only { MOUNT_ATTR_RDONLY } else { 0 };
+                let rc = set_tree_attr(fd_path(t, &mut tbuf), attrs);
+                libc::close(t);
                 if rc != 0 {
-                    return Err((b"make nosuid,nodev", Some(target)));
+                    return Err((b"set nosuid,nodev (read-only) on", Some(target)));
                 }
             }
             Op::Overlay {
@@ -765,9 +766,11 @@ fn run_op<'a>(
                 }
                 mkdir_all(upper);
                 mkdir_all(work);
-                let t = open_target(root, target, true);
+                let t = open_target(root, target, true, true);
                 if t < 0 {
+                    let e = errno();
                     libc::close(s);
+                    *libc::__errno_location() = e;
                     return Err((b"make the mount point", Some(target)));
                 }
                 // "lowerdir=/proc/self/fd/N" + rest.
@@ -794,23 +797,6 @@ fn run_op<'a>(
                 libc::close(t);
                 if rc != 0 {
                     return Err((b"mount an overlay of", Some(source)));
-                }
-            }
-            Op::ReadOnly { target } => {
-                let rc = if target.is_empty() {
-                    set_tree_attr(root_path.as_ptr(), MOUNT_ATTR_RDONLY)
-                } else {
-                    let t = open_target(root, target, true);
-                    let rc = if t < 0 {
-                        -1
-                    } else {
-                        set_tree_attr(fd_path(t, &mut tbuf), MOUNT_ATTR_RDONLY)
-                    };
-                    libc::close(t);
-                    rc
-                };
-                if rc != 0 {
-                    return Err((b"make read-only", Some(target)));
                 }
             }
         }
@@ -890,18 +876,22 @@ fn keeper_main(plan: &Plan, ctl: RawFd) -> ! {
             if let Err((what, path)) = run_op(root, &plan.root, op) {
                 fail(ctl, what, path);
             }
-            if let Op::Bind { target, .. } = op
-                && target.is_empty()
-            {
+            if let Op::Root = op {
                 // Reopen the root: the bind is now mounted on it.
                 libc::close(root);
                 root = open_root();
             }
         }
         libc::close(root);
+        // The init watches it: a keeper that dies before the init's death signal is set
+        // still takes the init with it.
+        let keeper = libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) as RawFd;
+        if keeper < 0 {
+            fail(ctl, b"open the keeper's pidfd", None);
+        }
         match libc::fork() {
             -1 => fail(ctl, b"fork the session's init", None),
-            0 => init_main(plan, ctl),
+            0 => init_main(plan, ctl, keeper),
             pid => {
                 report(ctl, &[b"ok"], 0);
                 libc::close(ctl);
@@ -918,7 +908,7 @@ fn keeper_main(plan: &Plan, ctl: RawFd) -> ! {
     }
 }
 
-fn init_main(plan: &Plan, ctl: RawFd) -> ! {
+fn init_main(plan: &Plan, ctl: RawFd, keeper: RawFd) -> ! {
     // SAFETY: the whole function makes system calls on memory prepared before the fork.
     unsafe {
         // Before the pivot: the kernel lets this namespace mount a /proc only while a fully
@@ -1041,6 +1031,15 @@ fn init_main(plan: &Plan, ctl: RawFd) -> ! {
         ) != 0
         {
             fail(ctl, b"set the parent-death signal", None);
+        }
+        let mut watch = libc::pollfd {
+            fd: keeper,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        if libc::poll(&mut watch, 1, 0) != 0 {
+            // The keeper is gone (or cannot be watched): no session without it.
+            libc::_exit(1);
         }
         // The listener becomes descriptor 3; everything else closes at exec.
         let exe = libc::fcntl(plan.exe.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10);
