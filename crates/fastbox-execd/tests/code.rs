@@ -602,3 +602,56 @@ async fn python_rich_results_carry_their_mime_types() {
     assert_eq!(texts(&ev, "stdout"), ["between\n"]);
     assert_eq!(types(&ev).last().unwrap(), "execution_complete");
 }
+
+/// Seconds the context's interpreter has been running, by its own `/proc/self/stat`.
+async fn interpreter_age(app: &TestApp, language: &str) -> f64 {
+    let r = app
+        .post_json("/code/context", json!({"language": language}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let context = json!({"id": r.json()["id"], "language": language});
+    let code = match language {
+        "python" => {
+            "import os\nstart = int(open('/proc/self/stat').read().rsplit(')', 1)[1].split()[19]) / os.sysconf('SC_CLK_TCK')\nprint(float(open('/proc/uptime').read().split()[0]) - start)"
+        }
+        _ => {
+            "const fs = require('fs'); console.log(Number(fs.readFileSync('/proc/uptime', 'utf8').split(' ')[0]) - Number(fs.readFileSync('/proc/self/stat', 'utf8').split(')').pop().trim().split(' ')[19]) / 100)"
+        }
+    };
+    let ev = run(app, json!({"code": code, "context": context})).await;
+    let out: String = ev
+        .iter()
+        .filter(|e| e["type"] == "stdout")
+        .filter_map(|e| e["text"].as_str())
+        .collect();
+    out.trim().parse().unwrap_or_else(|_| panic!("{ev:?}"))
+}
+
+/// With `FASTBOX_WARM_CODE`, a new context gets the spare that was running before it: python's
+/// starts with execd (here: `Spares::start`), javascript's when the code interpreter is
+/// wanted. Without it, contexts start cold.
+#[tokio::test]
+async fn warm_spares_serve_the_next_context() {
+    if !have_python() || !have(&["node"]) {
+        return;
+    }
+    let warm = test_app_with(|c| {
+        c.daemon_env
+            .push(("FASTBOX_WARM_CODE".into(), "python,javascript".into()))
+    });
+    warm.state.code.spares.start(&warm.state).await;
+    warm.state.code.spares.wanted(&warm.state);
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    for language in ["python", "javascript"] {
+        let age = interpreter_age(&warm, language).await;
+        assert!(
+            age > 1.2,
+            "{language}: the context's interpreter is {age} s old"
+        );
+    }
+    let cold = test_app();
+    cold.state.code.spares.start(&cold.state).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let age = interpreter_age(&cold, "python").await;
+    assert!(age < 1.2, "a cold context's interpreter is {age} s old");
+}
