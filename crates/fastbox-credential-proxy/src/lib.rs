@@ -265,6 +265,17 @@ async fn first_bytes(
     }
 }
 
+/// Reads once into `buf` and appends what came to `prefix`; 0 at the end of the stream.
+async fn read_more<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    prefix: &mut Vec<u8>,
+    buf: &mut [u8],
+) -> Result<usize, ProxyError> {
+    let n = stream.read(buf).await.map_err(ProxyError::Hello)?;
+    prefix.extend_from_slice(&buf[..n]);
+    Ok(n)
+}
+
 /// Reads into `prefix` until the first request's head is whole: the host its `Host` names
 /// (None when it names none, or the stream is not HTTP).
 async fn read_head<S: AsyncRead + Unpin>(
@@ -273,11 +284,9 @@ async fn read_head<S: AsyncRead + Unpin>(
 ) -> Result<Option<String>, ProxyError> {
     let mut buf = [0u8; 4096];
     loop {
-        let n = stream.read(&mut buf).await.map_err(ProxyError::Hello)?;
-        if n == 0 {
+        if read_more(stream, prefix, &mut buf).await? == 0 {
             return Ok(None);
         }
-        prefix.extend_from_slice(&buf[..n]);
         if let Some(end) = prefix.windows(4).position(|w| w == b"\r\n\r\n") {
             let head = String::from_utf8_lossy(&prefix[..end]).into_owned();
             let host = head
@@ -303,11 +312,10 @@ async fn read_hello<S: AsyncRead + Unpin>(
     let mut acceptor = Acceptor::default();
     let mut buf = [0u8; 4096];
     loop {
-        let n = stream.read(&mut buf).await.map_err(ProxyError::Hello)?;
+        let n = read_more(stream, prefix, &mut buf).await?;
         if n == 0 {
             return Ok(None);
         }
-        prefix.extend_from_slice(&buf[..n]);
         if acceptor.read_tls(&mut &buf[..n]).is_err() {
             return Ok(None);
         }

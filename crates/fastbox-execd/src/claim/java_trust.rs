@@ -201,6 +201,24 @@ mod tests {
         assert!(pem_to_der("-----BEGIN CERTIFICATE-----\n*\n-----END CERTIFICATE-----").is_none());
     }
 
+    /// `keytool -list` of the store at `path` with `args`: whether it succeeded, and what it
+    /// printed (stdout, then stderr).
+    fn keytool_list(args: &[&str], path: &Path) -> (bool, String) {
+        let listed = std::process::Command::new("keytool")
+            .arg("-list")
+            .args(args)
+            .args(["-storepass", PASSWORD, "-keystore"])
+            .arg(path)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{} {}",
+            String::from_utf8_lossy(&listed.stdout),
+            String::from_utf8_lossy(&listed.stderr)
+        );
+        (listed.status.success(), text)
+    }
+
     /// The JDK's own tool reads the store back, when this machine has one.
     #[test]
     fn keytool_lists_the_added_entry() {
@@ -221,24 +239,8 @@ mod tests {
             with_entry(&empty_store(), ALIAS, &der, now_ms()).unwrap(),
         )
         .unwrap();
-        let listed = std::process::Command::new("keytool")
-            .args([
-                "-list",
-                "-storetype",
-                "JKS",
-                "-storepass",
-                PASSWORD,
-                "-keystore",
-            ])
-            .arg(&path)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&listed.stdout);
-        assert!(
-            listed.status.success(),
-            "{text} {}",
-            String::from_utf8_lossy(&listed.stderr)
-        );
+        let (listed, text) = keytool_list(&["-storetype", "JKS"], &path);
+        assert!(listed, "{text}");
         assert!(
             text.contains(ALIAS) && text.contains("trustedCertEntry"),
             "{text}"
@@ -249,23 +251,8 @@ mod tests {
         };
         let updated = with_entry(&debian, ALIAS, &der, now_ms()).expect("Debian's store is JKS");
         std::fs::write(&path, updated).unwrap();
-        let listed = std::process::Command::new("keytool")
-            .args([
-                "-list",
-                "-storepass",
-                PASSWORD,
-                "-alias",
-                ALIAS,
-                "-keystore",
-            ])
-            .arg(&path)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&listed.stdout);
-        assert!(
-            listed.status.success() && text.contains("trustedCertEntry"),
-            "{text}"
-        );
+        let (listed, text) = keytool_list(&["-alias", ALIAS], &path);
+        assert!(listed && text.contains("trustedCertEntry"), "{text}");
     }
 
     /// A self-signed test CA (`openssl req -x509 -newkey ec`).

@@ -18,7 +18,7 @@ use super::CodeError;
 use crate::process::{self, Launch, Stdio3};
 use crate::repl::{Repl, RunEnd};
 use crate::sse::{EventTx, StreamEvent};
-use crate::state::AppState;
+use crate::state::{AppState, ChildContext};
 
 /// An interpreter with an embedded driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -83,11 +83,15 @@ impl Driver {
     }
 }
 
-/// Starts `driver` in `cwd`.
-pub fn spawn(state: &AppState, driver: Driver, cwd: Option<&str>) -> Result<Repl, CodeError> {
-    let ctx = state
+/// The environment and directory a driver started now in `cwd` gets.
+pub fn context(state: &AppState, cwd: Option<&str>) -> Result<ChildContext, CodeError> {
+    state
         .child_context(&HashMap::new(), cwd, None, None)
-        .map_err(|e| CodeError::Invalid(e.to_string()))?;
+        .map_err(|e| CodeError::Invalid(e.to_string()))
+}
+
+/// Starts `driver` with `ctx` ([`context`]).
+pub fn spawn(state: &AppState, driver: Driver, ctx: ChildContext) -> Result<Repl, CodeError> {
     let program = driver
         .programs()
         .iter()

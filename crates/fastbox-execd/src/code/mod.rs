@@ -162,7 +162,9 @@ impl CodeContext {
             Engine::Driver(driver, slot) => {
                 let mut guard = slot.lock().await;
                 if !guard.as_ref().is_some_and(Repl::is_alive) {
-                    match driver::spawn(state, *driver, self.cwd.as_deref()) {
+                    match driver::context(state, self.cwd.as_deref())
+                        .and_then(|ctx| driver::spawn(state, *driver, ctx))
+                    {
                         Ok(r) => {
                             *self.driver_pid.lock().unwrap_or_else(|e| e.into_inner()) =
                                 Some(r.pid);
@@ -250,9 +252,7 @@ impl CodeStore {
         state.code.spares.wanted(state);
         let (engine, pid) = match language.driver() {
             Some(driver) => {
-                let ctx = state
-                    .child_context(&HashMap::new(), cwd.as_deref(), None, None)
-                    .map_err(|e| CodeError::Invalid(e.to_string()))?;
+                let ctx = driver::context(state, cwd.as_deref())?;
                 let warm = state
                     .code
                     .spares
@@ -260,7 +260,7 @@ impl CodeStore {
                     .await;
                 let repl = match warm {
                     Some(repl) => repl,
-                    None => driver::spawn(state, driver, cwd.as_deref())?,
+                    None => driver::spawn(state, driver, ctx)?,
                 };
                 let pid = repl.pid;
                 (

@@ -142,16 +142,17 @@ impl Spares {
     /// Starts a spare of late-starting `driver` unless one is there (checked and kept under
     /// one lock: concurrent callers start one); whoever takes it waits for it to answer.
     fn start_late(&self, state: &AppState, driver: Driver) {
-        let Ok(ctx) = state.child_context(&HashMap::new(), None, None, None) else {
+        let Ok(ctx) = driver::context(state, None) else {
             return;
         };
         let mut slots = self.lock();
         if slots.contains_key(&driver) {
             return;
         }
-        match driver::spawn(state, driver, None) {
+        let env = ctx.env.clone();
+        match driver::spawn(state, driver, ctx) {
             Ok(repl) => {
-                slots.insert(driver, Spare { repl, env: ctx.env });
+                slots.insert(driver, Spare { repl, env });
             }
             Err(e) => tracing::warn!(driver = driver.name(), error = %e, "no warm interpreter"),
         }
@@ -159,21 +160,22 @@ impl Spares {
 
     /// Starts a spare of `driver` with the current environment, kept once it answers.
     async fn refill(&self, state: &AppState, driver: Driver) {
-        let Ok(ctx) = state.child_context(&HashMap::new(), None, None, None) else {
+        let Ok(ctx) = driver::context(state, None) else {
             return;
         };
-        let repl = match driver::spawn(state, driver, None) {
+        let env = ctx.env.clone();
+        let repl = match driver::spawn(state, driver, ctx) {
             Ok(repl) => repl,
             Err(e) => {
                 tracing::warn!(driver = driver.name(), error = %e, "no warm interpreter");
                 return;
             }
         };
-        if !driver::adopt(&repl, &ctx.env, None).await {
+        if !driver::adopt(&repl, &env, None).await {
             repl.kill();
             return;
         }
-        let old = self.lock().insert(driver, Spare { repl, env: ctx.env });
+        let old = self.lock().insert(driver, Spare { repl, env });
         if let Some(old) = old {
             old.repl.kill();
         }
