@@ -340,6 +340,21 @@ fn pooled_sandboxes_have_no_route_out_until_claimed() {
         metrics.contains("fastbox_start_phase_seconds_count{source=\"pool\",phase=\"claim\"} 1"),
         "{metrics}"
     );
+    // So are the create requests' own phases, one sample each per create.
+    let create_count = |phase: &str| -> u64 {
+        let line = format!("fastbox_create_phase_seconds_count{{phase=\"{phase}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(line.as_str()))
+            .unwrap_or_else(|| panic!("no {line}in {metrics}"))
+            .parse()
+            .unwrap()
+    };
+    let creates = create_count("total");
+    assert!(creates >= 1, "{metrics}");
+    for phase in ["admit", "intent", "start"] {
+        assert_eq!(create_count(phase), creates, "{phase}: {metrics}");
+    }
     let claimed: Vec<u32> = (0..8)
         .filter(|s| routes(*s).contains("default via"))
         .collect();

@@ -1,6 +1,6 @@
-//! `GET /metrics`: the phases of every sandbox start (pool claims and restores) as Prometheus
-//! histograms, so the timings that logs and sandbox events show one by one can be watched in
-//! aggregate; and the node's artifact store ([`NodeMetrics`]): the node block cache, what
+//! `GET /metrics`: the phases of every sandbox start (pool claims and restores) and of every
+//! create request as Prometheus histograms, so the timings that logs and sandbox events show
+//! one by one can be watched in aggregate; and the node's artifact store ([`NodeMetrics`]): the node block cache, what
 //! was fetched from where (the DART counters with peers), and the artifact garbage
 //! collections. `fastbox up` appends the latter to the route's answer with
 //! [`append_node_metrics`], a middleware around the lifecycle router.
@@ -8,6 +8,7 @@
 //! | metric | kind | when |
 //! |---|---|---|
 //! | `fastbox_start_phase_seconds{source,phase}` | histogram | always |
+//! | `fastbox_create_phase_seconds{phase}` | histogram | always |
 //! | `fastbox_block_cache_{hits,misses,inserts,evictions,corrupt_dropped}_total` | counter | remote store |
 //! | `fastbox_block_cache_{bytes,blocks,probation_bytes,protected_bytes,pinned_bytes,budget_bytes,over_budget}` | gauge | remote store |
 //! | `fastbox_artifact_reads_{block_hits,block_fetches,fetched_bytes,manifest_hits,manifest_fetches,cache_errors}_total` | counter | remote store without peers |
@@ -58,34 +59,75 @@ impl Histogram {
 /// Start phases by (source, phase); `total` is the whole start.
 #[derive(Debug, Default)]
 pub struct StartMetrics {
-    phases: Mutex<BTreeMap<(String, String), Histogram>>,
+    phases: Histograms,
 }
 
 impl StartMetrics {
     pub fn record(&self, report: &StartReport) {
-        let mut phases = self.phases.lock().expect("metrics lock");
-        let mut observe = |phase: &str, took: Duration| {
-            phases
-                .entry((report.source.clone(), phase.to_string()))
-                .or_default()
-                .observe(took);
-        };
         let seconds = |ms: f64| Duration::from_secs_f64(ms.max(0.0) / 1000.0);
         for phase in &report.phases {
-            observe(&phase.name, seconds(phase.ms));
+            self.phases
+                .observe(&report.source, &phase.name, seconds(phase.ms));
         }
-        observe("total", seconds(report.total_ms));
+        self.phases
+            .observe(&report.source, "total", seconds(report.total_ms));
     }
 
     /// The Prometheus text exposition format (version 0.0.4).
     pub fn render(&self) -> String {
-        let phases = self.phases.lock().expect("metrics lock");
-        let name = "fastbox_start_phase_seconds";
+        self.phases.render(
+            "fastbox_start_phase_seconds",
+            "Phases of sandbox starts (source pool: a warm-pool claim; restore: a restore of a golden checkpoint; phase total: the whole start).",
+        )
+    }
+}
+
+/// What a create request waits for on the server, by phase: `admit` (a slot on a node),
+/// `intent` (the durable `Pending` record: one state-store write), `start` (the node call,
+/// until the request may answer) and `total`.
+#[derive(Debug, Default)]
+pub struct CreateMetrics {
+    phases: Histograms,
+}
+
+impl CreateMetrics {
+    pub fn observe(&self, phase: &str, took: Duration) {
+        self.phases.observe("", phase, took);
+    }
+
+    /// The Prometheus text exposition format (version 0.0.4).
+    pub fn render(&self) -> String {
+        self.phases.render(
+            "fastbox_create_phase_seconds",
+            "What create requests wait for on the server (admit: a slot on a node; intent: the durable Pending record; start: the node call; total: the whole request).",
+        )
+    }
+}
+
+/// Histograms by (source, phase); an empty source is left out of the labels.
+#[derive(Debug, Default)]
+struct Histograms(Mutex<BTreeMap<(String, String), Histogram>>);
+
+impl Histograms {
+    fn observe(&self, source: &str, phase: &str, took: Duration) {
+        self.0
+            .lock()
+            .expect("metrics lock")
+            .entry((source.to_string(), phase.to_string()))
+            .or_default()
+            .observe(took);
+    }
+
+    fn render(&self, name: &str, help: &str) -> String {
+        let phases = self.0.lock().expect("metrics lock");
         let mut out = String::new();
-        writeln!(out, "# HELP {name} Phases of sandbox starts (source pool: a warm-pool claim; restore: a restore of a golden checkpoint; phase total: the whole start).").unwrap();
+        writeln!(out, "# HELP {name} {help}").unwrap();
         writeln!(out, "# TYPE {name} histogram").unwrap();
         for ((source, phase), h) in phases.iter() {
-            let labels = format!("source=\"{source}\",phase=\"{phase}\"");
+            let labels = match source.is_empty() {
+                true => format!("phase=\"{phase}\""),
+                false => format!("source=\"{source}\",phase=\"{phase}\""),
+            };
             for (bound, n) in BUCKETS.iter().zip(h.buckets.iter()) {
                 writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {n}").unwrap();
             }

@@ -73,6 +73,7 @@ pub struct Lifecycle {
     pub(super) policy_changes: tokio::sync::Mutex<()>,
     /// Start phases for `GET /metrics`.
     pub(super) start_metrics: crate::metrics::StartMetrics,
+    pub(super) create_metrics: crate::metrics::CreateMetrics,
     /// Snapshots, written through to the store.
     pub(super) snapshots: Mutex<HashMap<String, crate::record::SnapshotRecord>>,
     /// Registered nodes (`service::membership`), written through to the store.
@@ -173,6 +174,7 @@ impl Lifecycle {
             deferred_recovery: Mutex::new(HashSet::new()),
             policy_changes: tokio::sync::Mutex::new(()),
             start_metrics: Default::default(),
+            create_metrics: Default::default(),
             nodes,
             members: Mutex::new(HashMap::new()),
             join_token: RwLock::new(None),
@@ -189,7 +191,7 @@ impl Lifecycle {
 
     /// `GET /metrics` in the Prometheus text format.
     pub fn metrics_text(&self) -> String {
-        self.start_metrics.render()
+        self.start_metrics.render() + &self.create_metrics.render()
     }
 
     pub fn config(&self) -> &ServerConfig {
@@ -506,8 +508,12 @@ impl Lifecycle {
             }
             (None, None) => plan(req, &rules)?,
         };
+        let began = std::time::Instant::now();
         let id = self.admit_and_record(&plan, keyed).await?;
+        let recorded = std::time::Instant::now();
         self.start_create(id.clone(), plan).await?;
+        self.create_metrics.observe("start", recorded.elapsed());
+        self.create_metrics.observe("total", began.elapsed());
         Ok(self.record(&id)?.to_wire())
     }
 
@@ -533,7 +539,9 @@ impl Lifecycle {
             })?),
             false => None,
         };
+        let admitting = std::time::Instant::now();
         let (node, slot) = self.admit(plan).await?;
+        self.create_metrics.observe("admit", admitting.elapsed());
         let id = keyed.map_or_else(|| uuid::Uuid::new_v4().to_string(), |k| k.id.clone());
         let now = Utc::now();
         let mut record = SandboxRecord {
@@ -579,7 +587,10 @@ impl Lifecycle {
             None => format!("image {}", plan.image.uri),
         };
         record.event("Created", &format!("sandbox created from {from}"));
-        match self.insert(record, keyed.map(|k| &k.guard)) {
+        let writing = std::time::Instant::now();
+        let inserted = self.insert(record, keyed.map(|k| &k.guard));
+        self.create_metrics.observe("intent", writing.elapsed());
+        match inserted {
             Ok(()) => Ok(id),
             // The store did not answer: the write may have landed all the same.
             Err(e @ ApiError::StoreUnavailable(_)) => match self.store.reload(&id) {
