@@ -1,8 +1,8 @@
 //! `GET /metrics`: the phases of every sandbox start (pool claims and restores) and of every
 //! create request as Prometheus histograms, so the timings that logs and sandbox events show
-//! one by one can be watched in aggregate; and the node's artifact store ([`NodeMetrics`]): the node block cache, what
-//! was fetched from where (the DART counters with peers), and the artifact garbage
-//! collections. `fastbox up` appends the latter to the route's answer with
+//! one by one can be watched in aggregate; and the node's artifact store ([`NodeMetrics`]):
+//! the node block cache, what was fetched from where (the DART counters with peers), and
+//! the artifact garbage collections. `fastbox up` appends the latter to the route's answer with
 //! [`append_node_metrics`], a middleware around the lifecycle router.
 //!
 //! | metric | kind | when |

@@ -509,7 +509,7 @@ impl Lifecycle {
             (None, None) => plan(req, &rules)?,
         };
         let began = std::time::Instant::now();
-        let id = self.admit_and_record(&plan, keyed).await?;
+        let id = self.admit_and_record(&plan, keyed, true).await?;
         let recorded = std::time::Instant::now();
         self.start_create(id.clone(), plan).await?;
         self.create_metrics.observe("start", recorded.elapsed());
@@ -519,12 +519,19 @@ impl Lifecycle {
 
     /// Admission and the durable intent of a create: a slot, then the `Pending` record that
     /// holds it (only while its idempotency key holds, for a `keyed` create). Returns the
-    /// new sandbox's id.
+    /// new sandbox's id. `timed`: its phases go to the create requests' metrics (a fork's
+    /// clones are not create requests).
     pub(super) async fn admit_and_record(
         self: &Arc<Self>,
         plan: &super::plan::CreatePlan,
         keyed: Option<&KeyedCreate>,
+        timed: bool,
     ) -> Result<String, ApiError> {
+        let observe = |phase: &str, since: std::time::Instant| {
+            if timed {
+                self.create_metrics.observe(phase, since.elapsed());
+            }
+        };
         self.nodes
             .first()
             .check_image(&plan.image.uri)
@@ -541,7 +548,7 @@ impl Lifecycle {
         };
         let admitting = std::time::Instant::now();
         let (node, slot) = self.admit(plan).await?;
-        self.create_metrics.observe("admit", admitting.elapsed());
+        observe("admit", admitting);
         let id = keyed.map_or_else(|| uuid::Uuid::new_v4().to_string(), |k| k.id.clone());
         let now = Utc::now();
         let mut record = SandboxRecord {
@@ -589,7 +596,7 @@ impl Lifecycle {
         record.event("Created", &format!("sandbox created from {from}"));
         let writing = std::time::Instant::now();
         let inserted = self.insert(record, keyed.map(|k| &k.guard));
-        self.create_metrics.observe("intent", writing.elapsed());
+        observe("intent", writing);
         match inserted {
             Ok(()) => Ok(id),
             // The store did not answer: the write may have landed all the same.

@@ -924,7 +924,7 @@ impl Lifecycle {
             Ok(plan) => {
                 let mut result = Ok(());
                 for _ in 0..req.count {
-                    match self.admit_and_record(&plan, None).await {
+                    match self.admit_and_record(&plan, None, false).await {
                         Ok(clone) => clones.push(clone),
                         Err(e) => {
                             result = Err(e);
