@@ -389,7 +389,15 @@ fn a_node_that_joins_two_servers_keeps_serving_when_the_leader_dies() {
             None
         })
         .unwrap_or_else(|| panic!("no create through b on n1: {:?}", b.nodes()));
-    assert_eq!(b.ping(&on_n1), 200);
+    let (status, answer) = b.ping_answer(&on_n1);
+    assert_eq!(
+        status,
+        200,
+        "{answer}\n--- a:\n{}\n--- b:\n{}\n--- n1:\n{}",
+        a.log_text(),
+        b.log_text(),
+        node.log_text()
+    );
 
     // The leader dies: n1 heartbeats to b from then on, and is never lost.
     a.kill9();

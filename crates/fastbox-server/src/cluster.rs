@@ -144,6 +144,27 @@ impl Cluster {
         id == self.id || self.alive.read().expect("alive lock").contains(id)
     }
 
+    /// Whether server `id` is gone, read from the store now: [`Cluster::is_alive`] is as of
+    /// the last round, which may be before `id` started. Not gone when the store does not
+    /// answer (nothing is taken from a server that may be alive).
+    pub fn is_gone(&self, id: &str) -> bool {
+        if self.is_alive(id) {
+            return false;
+        }
+        let Some(c) = self.backend.as_ref().and_then(|b| b.coordinator()) else {
+            return false;
+        };
+        match c.claims(SERVERS) {
+            Ok(claims) => !claims
+                .iter()
+                .any(|e| e.key.strip_prefix(SERVERS) == Some(id)),
+            Err(e) => {
+                tracing::debug!(server = %id, error = %e, "whether a server is gone was not read");
+                false
+            }
+        }
+    }
+
     /// One round: renew (or take) the lease, claim the presence and, when free, the
     /// leadership; read who else is present. Returns whether this server leads.
     pub fn round(&self) -> Result<bool, ClusterError> {

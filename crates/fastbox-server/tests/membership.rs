@@ -531,6 +531,30 @@ async fn a_node_that_registers_again_is_given_its_sandboxes_back() {
     assert_eq!(lost.status.state, SandboxState::Failed, "{:?}", lost.status);
 }
 
+/// A server sees a registration a second time (its own write coming back through the
+/// store's watch, or a reload of the store): the node did not register again, and nothing of
+/// what runs there is taken back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_seen_twice_is_not_a_new_one() {
+    let c = Cluster::start(10_000).await;
+    let (n1, control, _) = c.join("n1").await;
+    let id = running_on(&c.lc, &n1).await;
+    n1.clear_calls();
+    assert_eq!(c.lc.load_registered_nodes().unwrap(), 1);
+    c.lc.reconcile().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for verb in [Verb::Adopt, Verb::ClaimSlot, Verb::Remove] {
+        assert!(
+            n1.calls_of(verb).is_empty(),
+            "{verb:?}: taken back as if n1 had restarted: {:?}",
+            n1.calls()
+        );
+    }
+    assert_eq!(c.lc.get(&id).unwrap().status.state, SandboxState::Running);
+    // Its credentials still work (the client was not replaced by another).
+    control.heartbeat(&beat(n1.status().await)).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_in_flight_when_its_node_registers_again_is_not_run_twice() {
     let c = Cluster::start(10_000).await;

@@ -255,8 +255,8 @@ fn failover_figures() {
 
 #[test]
 fn a_node_registered_with_one_server_is_reached_and_kept_alive_by_every_server() {
-    use fastbox_node_api::membership::{Heartbeat, Registration};
-    use fastbox_node_api::remote::{ControlClient, Credential, control_router, node_router};
+    use fastbox_node_api::membership::Heartbeat;
+    use fastbox_node_api::remote::{ControlClient, Credential, control_router};
     fastbox_testkit::skip_unless!(etcd_unavailable());
     let etcd = EtcdCluster::start(1).expect("etcd");
     let local = fake();
@@ -289,30 +289,7 @@ fn a_node_registered_with_one_server_is_reached_and_kept_alive_by_every_server()
 
     // n1 registers with a, and serves its node API.
     let n1 = Arc::new(FakeNode::new(4).with_node_id("n1").with_image(IMAGE));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let registered = a
-        .runtime
-        .block_on(ControlClient::register(
-            &controls[0],
-            None,
-            &join,
-            &Registration {
-                node_id: "n1".into(),
-                url,
-                proxy_public: "n1.nodes.test:8091".into(),
-                tls_pin: None,
-            },
-        ))
-        .expect("registered with a");
-    let router = node_router(n1.clone(), registered.server_to_node.parse().unwrap());
-    listener.set_nonblocking(true).unwrap();
-    a.runtime.spawn(async move {
-        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-        axum::serve(listener, router.into_make_service())
-            .await
-            .unwrap();
-    });
+    let registered = register_and_serve(&a, &controls[0], &n1, &join);
 
     // b reaches it: a create through b lands there.
     until("b knows n1", || {
@@ -415,4 +392,117 @@ fn a_server_that_has_not_heard_of_a_new_sandbox_yet_answers_its_node_from_the_st
     assert!(!lagging.lc.holds(&node_id, "no-such-sandbox"));
     a.cluster.leave();
     lagging.cluster.leave();
+}
+
+/// Node `fake` registers through the control API at `control`, presenting `credential` (the
+/// join token, or its own to register again), and serves its node API on `server`'s runtime
+/// with the credential the answer brings.
+fn register_and_serve(
+    server: &Server,
+    control: &str,
+    fake: &Arc<FakeNode>,
+    credential: &fastbox_node_api::remote::Credential,
+) -> fastbox_node_api::membership::Registered {
+    use fastbox_node_api::membership::Registration;
+    use fastbox_node_api::remote::{ControlClient, node_router};
+    let id = fake.node_id().to_string();
+    // The node API listens before the registration names it (the credential comes with the
+    // answer): a listener first, the router once registered.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let registered = server
+        .runtime
+        .block_on(ControlClient::register(
+            control,
+            None,
+            credential,
+            &Registration {
+                node_id: id.clone(),
+                url,
+                proxy_public: format!("{id}.nodes.test:8091"),
+                tls_pin: None,
+            },
+        ))
+        .expect("registered");
+    let router = node_router(fake.clone(), registered.server_to_node.parse().unwrap());
+    listener.set_nonblocking(true).unwrap();
+    server.runtime.spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        axum::serve(listener, router.into_make_service())
+            .await
+            .unwrap();
+    });
+    registered
+}
+
+/// Node n1 registers again with the leader while a create through another server waits on
+/// it: the leader leaves that create to its server (it is neither placed twice nor undone),
+/// and the create ends running there. A node that registered a moment ago seen again through
+/// the store's watch was this case's usual cause: a ping right after the create got a 404.
+#[test]
+fn a_create_another_server_has_in_flight_on_a_node_that_registers_again_is_left_to_it() {
+    use fastbox_node_api::remote::{Credential, control_router};
+    fastbox_testkit::skip_unless!(etcd_unavailable());
+    let etcd = EtcdCluster::start(1).expect("etcd");
+    const PREFIX: &str = "fbt-servers-rejoin";
+    let local = fake();
+    let a = Server::start("a", &etcd, PREFIX, std::slice::from_ref(&local));
+    until("a leads", || a.cluster.is_leader());
+    // (b's create comes before a's next round has seen b: a asks the store whether b is gone.)
+    let b = Server::start("b", &etcd, PREFIX, std::slice::from_ref(&local));
+    let join = Credential::generate().unwrap();
+    a.lc.set_join_token(Some(join.clone()));
+    let lc = a.lc.clone();
+    let control = serve(&a.runtime, control_router(lc.clone(), lc.clone(), lc));
+    let n1 = Arc::new(FakeNode::new(4).with_node_id("n1").with_image(IMAGE));
+    let registered = register_and_serve(&a, &control, &n1, &join);
+    until("b knows n1", || {
+        b.lc.list_nodes().iter().any(|n| n.id == "n1")
+    });
+
+    // A create through b whose start waits on n1 (the others land on the local node).
+    n1.hold(Verb::Place);
+    let id = (0..16)
+        .find_map(|_| {
+            let id = b.create();
+            until("placed", || {
+                n1.held(Verb::Place) > 0 || b.state(&id) == Some(SandboxState::Running)
+            });
+            (n1.held(Verb::Place) > 0).then_some(id)
+        })
+        .expect("a create through b on n1");
+    until("pending on a", || {
+        a.state(&id) == Some(SandboxState::Pending)
+    });
+
+    // n1 registers again with a, with its own credential; a's reconciler (every 200 ms)
+    // takes its sandboxes back.
+    let own: Credential = registered.node_to_server.parse().unwrap();
+    register_and_serve(&a, &control, &n1, &own);
+    std::thread::sleep(Duration::from_millis(1500));
+    let about_it: Vec<_> = n1
+        .calls()
+        .into_iter()
+        .filter(|c| c.id.as_deref() == Some(id.as_str()))
+        .collect();
+    assert!(
+        about_it.iter().all(|c| c.verb == Verb::Place) && about_it.len() == 1,
+        "the create through b was acted on by a: {about_it:?}\n{:?}",
+        a.lc.diagnostics_events(&id, "all")
+    );
+
+    // b's start goes on, and the sandbox runs on n1, for both servers.
+    n1.release(Verb::Place);
+    until("running through b", || {
+        b.state(&id) == Some(SandboxState::Running)
+    });
+    until("running on a", || {
+        a.state(&id) == Some(SandboxState::Running)
+    });
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(a.state(&id), Some(SandboxState::Running));
+    assert!(n1.sandbox(&id).is_some(), "{:?}", n1.calls());
+    assert!(n1.violations().is_empty(), "{:?}", n1.violations());
+    a.cluster.leave();
+    b.cluster.leave();
 }

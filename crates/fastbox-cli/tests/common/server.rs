@@ -378,16 +378,24 @@ impl UpServer {
 
     /// execd `/ping` of `id` through the node proxy endpoint the API hands out: the status.
     pub fn ping(&self, id: &str) -> u16 {
+        self.ping_answer(id).0
+    }
+
+    /// [`Self::ping`], with the answer's body (what a refusal says).
+    pub fn ping_answer(&self, id: &str) -> (u16, String) {
         let (status, ep) = self.get(&format!("/v1/sandboxes/{id}/endpoints/44772"));
         if status != 200 {
-            return status;
+            return (status, ep.to_string());
         }
         let mut req =
             Client::new().get(format!("http://{}/ping", ep["endpoint"].as_str().unwrap()));
         for (k, v) in ep["headers"].as_object().into_iter().flatten() {
             req = req.header(k.as_str(), v.as_str().unwrap());
         }
-        req.send().map(|r| r.status().as_u16()).unwrap_or(0)
+        match req.send() {
+            Ok(answer) => (answer.status().as_u16(), answer.text().unwrap_or_default()),
+            Err(e) => (0, e.to_string()),
+        }
     }
 
     /// Ids of every listed sandbox.

@@ -429,7 +429,7 @@ impl Lifecycle {
             if let Some(actor) = record.acting.as_deref()
                 && actor != self.cluster.id()
             {
-                if !self.cluster.is_alive(actor) {
+                if self.cluster.is_gone(actor) {
                     self.take_over(&record).await;
                 }
                 continue;
@@ -612,7 +612,8 @@ impl Lifecycle {
         // happens to them (an adoption changes nothing of theirs).
         let in_flight = |r: &SandboxRecord| {
             r.state() != SandboxState::Running
-                && self.busy.lock().expect("busy lock").contains(&r.id)
+                && (self.busy.lock().expect("busy lock").contains(&r.id)
+                    || self.acted_on_elsewhere(r))
         };
         let on_node = |r: &SandboxRecord| self.node_name(r.node.as_deref()) == node_id;
         for record in self
@@ -631,19 +632,29 @@ impl Lifecycle {
         self.recover_records(|r| on_node(r) && !in_flight(r)).await
     }
 
+    /// Whether another server drives an operation on `r` (a create, pause, resume or
+    /// removal through it): it ends it, or the leader takes it over once that server is gone.
+    fn acted_on_elsewhere(&self, r: &SandboxRecord) -> bool {
+        r.acting.as_deref().is_some_and(|a| a != self.cluster.id())
+    }
+
     /// Recovers the sandboxes [`Lifecycle::recover_node`] deferred whose operation ended.
     async fn recover_deferred(self: &Arc<Self>) {
-        let ready: HashSet<String> = {
-            let busy = self.busy.lock().expect("busy lock");
-            let mut deferred = self.deferred_recovery.lock().expect("deferred lock");
-            let ready = deferred
-                .iter()
-                .filter(|id| !busy.contains(*id))
-                .cloned()
-                .collect::<HashSet<_>>();
-            deferred.retain(|id| !ready.contains(id));
-            ready
+        let deferred: Vec<String> = {
+            let deferred = self.deferred_recovery.lock().expect("deferred lock");
+            deferred.iter().cloned().collect()
         };
+        let ready: HashSet<String> = deferred
+            .into_iter()
+            .filter(|id| {
+                !self.busy.lock().expect("busy lock").contains(id)
+                    && !self.record(id).is_ok_and(|r| self.acted_on_elsewhere(&r))
+            })
+            .collect();
+        self.deferred_recovery
+            .lock()
+            .expect("deferred lock")
+            .retain(|id| !ready.contains(id));
         if !ready.is_empty() {
             self.recover_records(|r| ready.contains(&r.id)).await;
         }

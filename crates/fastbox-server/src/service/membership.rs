@@ -112,7 +112,19 @@ impl Lifecycle {
             // Revoked (here, or on another server sharing the store).
             self.nodes.remove(&record.node_id);
         }
-        if node {
+        // The registration this server has already (its own write, coming back through the
+        // store's watch, or a change of its loss count): the node did not register again.
+        let admitted = self
+            .members
+            .lock()
+            .expect("members lock")
+            .get(&record.node_id)
+            .is_some_and(|m| {
+                m.record.revoked_at.is_none()
+                    && m.record.node_to_server_sha256 == record.node_to_server_sha256
+            })
+            && self.nodes.get(Some(&record.node_id)).is_ok();
+        if node && !admitted {
             let client = self
                 .client_of(&record)
                 .map_err(|e| ApiError::Internal(format!("node {}: {e}", record.node_id)))?;
