@@ -43,7 +43,7 @@ mod watch;
 
 pub use cluster::{CLUSTER_TABLE, Coordinator, Fence, Holder, LeaseId};
 pub use delegate::Delegate;
-pub use etcd::{EtcdBackend, EtcdOptions, WriteCounts};
+pub use etcd::{EtcdBackend, EtcdOptions, WriteCounts, off_worker};
 pub use redb_backend::RedbBackend;
 pub use sealed::{SealKey, SealedBackend};
 pub use url::{DEFAULT_PREFIX, EtcdTarget, StateUrl, StateUrlError};

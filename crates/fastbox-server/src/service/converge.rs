@@ -50,10 +50,7 @@ impl Lifecycle {
         let (image_tx, mut image_rx) = oneshot::channel::<ImageOutcome>();
         let (done_tx, done_rx) = oneshot::channel::<()>();
         self.claim(&id);
-        self.create_answers
-            .lock()
-            .expect("create answers lock")
-            .insert(id.clone(), done_tx);
+        self.create_answers.insert(id.clone(), done_tx);
         let this = self.clone();
         let task_id = id.clone();
         tokio::spawn(async move {
@@ -94,11 +91,7 @@ impl Lifecycle {
     /// restart's, a takeover's), which stay busy until their task ends.
     /// True when it did (the sandbox is no longer this task's alone).
     fn answer_create(&self, id: &str) -> bool {
-        let waiter = self
-            .create_answers
-            .lock()
-            .expect("create answers lock")
-            .remove(id);
+        let waiter = self.create_answers.take(id);
         match waiter {
             Some(waiter) => {
                 self.release(id);

@@ -52,7 +52,7 @@ pub struct Lifecycle {
     /// Sandboxes with a create or removal task running; the reconciler leaves them alone.
     pub(super) busy: Mutex<HashSet<String>>,
     /// Creates whose request waits for its answer ([`Lifecycle::answer_create`]).
-    pub(super) create_answers: Mutex<HashMap<String, tokio::sync::oneshot::Sender<()>>>,
+    pub(super) create_answers: super::answers::CreateAnswers,
     /// Slots admitted on a node (node, slot) whose holder is not recorded yet: never given
     /// back as forgotten ([`Lifecycle::admitting`]).
     pub(super) admitting: Mutex<HashSet<(String, u32)>>,
@@ -169,7 +169,7 @@ impl Lifecycle {
             store,
             records: Mutex::new(records),
             busy: Mutex::new(HashSet::new()),
-            create_answers: Mutex::new(HashMap::new()),
+            create_answers: Default::default(),
             admitting: Mutex::new(HashSet::new()),
             deferred_recovery: Mutex::new(HashSet::new()),
             policy_changes: tokio::sync::Mutex::new(()),
@@ -272,7 +272,9 @@ impl Lifecycle {
     /// version is in this server's cache (under the revision it was made from) while it is
     /// written, and `shown` is called once, with the first. So an answer given meanwhile
     /// (the create's, [`Lifecycle::answer_create`]) waits for no write, and this server's
-    /// reads never go back to the version before. A write that fails for good puts that
+    /// reads never go back to the version before. The write waits until the creates
+    /// answering meanwhile have answered (a burst's `Running` writes go after it, together;
+    /// `service::answers`). A write that fails for good puts that
     /// version back. Other servers see the change once it is durable, as always.
     pub(super) fn update_shown_first(
         &self,
@@ -298,6 +300,11 @@ impl Lifecycle {
                 if !told {
                     told = true;
                     shown(&next);
+                    // Written after the creates answering meanwhile (`answers`).
+                    fastbox_state::off_worker(|| {
+                        self.create_answers
+                            .wait_all_answered(super::answers::RUNNING_WRITE_HOLD_OFF)
+                    });
                 }
             }
             // The write runs without the records lock: it is a compare-and-swap on the

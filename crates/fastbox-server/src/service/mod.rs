@@ -2,6 +2,7 @@
 //! them (create, delete, expiry, recovery after a restart), and live egress policy changes.
 
 mod access;
+mod answers;
 mod artifact_refs;
 mod converge;
 mod egress;

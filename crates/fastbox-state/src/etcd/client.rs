@@ -51,7 +51,7 @@ pub(super) struct Answer {
 
 /// Runs `wait`, a blocking wait; on a worker of a multi-threaded tokio runtime, after handing
 /// the worker's other tasks to another thread.
-pub(super) fn off_worker<T>(wait: impl FnOnce() -> T) -> T {
+pub fn off_worker<T>(wait: impl FnOnce() -> T) -> T {
     use tokio::runtime::{Handle, RuntimeFlavor};
     match Handle::try_current() {
         Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 pub use batch::WriteCounts;
 use batch::{Batcher, Write};
-pub use client::EtcdOptions;
+pub use client::{EtcdOptions, off_worker};
 use client::{GatewayClient, b64, int, unb64};
 
 use crate::url::EtcdTarget;
