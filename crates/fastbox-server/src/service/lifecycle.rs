@@ -406,7 +406,7 @@ impl Lifecycle {
             Some(other)
                 if state == SandboxState::Stopping
                     && other != self.cluster.id()
-                    && self.cluster.is_alive(other) =>
+                    && !self.cluster.is_gone(other) =>
             {
                 Some(other.clone())
             }
