@@ -158,8 +158,11 @@ impl Lifecycle {
             return;
         };
         if record.state() != SandboxState::Pending {
-            // Deleted or expired while the image was prepared.
-            self.remove_now(id).await;
+            // Deleted or expired while the image was prepared (unless another server took
+            // the create over meanwhile: the sandbox is its now).
+            if self.still_acting(&record).is_ok() {
+                self.remove_now(id).await;
+            }
             return;
         }
         let Some(slot) = record.slot else {
@@ -320,11 +323,18 @@ impl Lifecycle {
 
     /// Records a failure and removes whatever the sandbox had on the node. A sandbox being
     /// deleted (`Stopping`) keeps going to `Terminated`, and one that ended stays as it
-    /// ended: the failure is an event.
+    /// ended: the failure is an event. Nothing, when another server acts on it.
     pub(super) async fn fail(self: &Arc<Self>, id: &str, reason: &str, message: &str) {
         tracing::warn!(sandbox = %id, reason, message, "sandbox failed");
         if self
             .update(id, |r| {
+                // Another server's operation (it took this one over, or runs its own): the
+                // failure is not this server's to record, nor the removal its to make.
+                if self.acted_on_elsewhere(r) {
+                    return Err(ApiError::Conflict(format!(
+                        "{id} is another server's meanwhile"
+                    )));
+                }
                 match r.state() {
                     SandboxState::Stopping => {
                         r.event("FailedWhileStopping", &format!("{reason}: {message}"))
@@ -447,11 +457,21 @@ impl Lifecycle {
                 SandboxState::Running | SandboxState::Pending | SandboxState::Paused
                     if record.expires_at.is_some_and(|t| t <= now) =>
                 {
-                    let _ = self.update(id, |r| {
+                    // Decided again on the version the write replaces: renewed meanwhile, or
+                    // taken by another server's operation (a pause, a resume), it lives on.
+                    let expired = self.update(id, |r| {
+                        let still_expired = matches!(
+                            r.state(),
+                            SandboxState::Running | SandboxState::Pending | SandboxState::Paused
+                        ) && r.expires_at.is_some_and(|t| t <= now)
+                            && !self.acted_on_elsewhere(r);
+                        if !still_expired {
+                            return Err(ApiError::Conflict(format!("{} changed meanwhile", r.id)));
+                        }
                         r.transition(SandboxState::Stopping, Some(EXPIRED), "the sandbox expired");
                         Ok(())
                     });
-                    if !lost {
+                    if expired.is_ok() && !lost {
                         self.start_removal(id);
                     }
                 }
