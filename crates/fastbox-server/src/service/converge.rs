@@ -801,6 +801,15 @@ impl Lifecycle {
         if !node.has_snapshot(key).await || !self.claim(&record.id) {
             return false;
         }
+        // Read again from the store before the node is touched: another server may have
+        // begun an operation on it since this pass began (a pause kills the processes too).
+        let unchanged = self.refresh(&record.id).is_ok_and(|r| {
+            r.state() == record.state() && r.acting.is_none() && r.placement == record.placement
+        });
+        if !unchanged {
+            self.release(&record.id);
+            return false;
+        }
         let released = node
             .release_keeping_address(&record.id, Some(placement), placement.slot)
             .await;
