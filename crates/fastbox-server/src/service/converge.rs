@@ -647,7 +647,7 @@ impl Lifecycle {
 
     /// Whether another server drives an operation on `r` (a create, pause, resume or
     /// removal through it): it ends it, or the leader takes it over once that server is gone.
-    fn acted_on_elsewhere(&self, r: &SandboxRecord) -> bool {
+    pub(super) fn acted_on_elsewhere(&self, r: &SandboxRecord) -> bool {
         r.acting.as_deref().is_some_and(|a| a != self.cluster.id())
     }
 

@@ -380,14 +380,14 @@ impl Lifecycle {
 
     /// The sandboxes on node `id` that ran or were about to: `Failed` (`NODE_LOST`). Paused
     /// ones keep their checkpoint and stay `Paused`; one whose resume was in flight goes by
-    /// [`resume_cut_by_loss`] (settled by the resume's task when one still runs it). Nothing
-    /// is asked of the node.
+    /// [`resume_cut_by_loss`] (settled by the resume's task when one still runs it, here or
+    /// on another server). Nothing is asked of the node.
     fn fail_sandboxes_of(&self, id: &str, message: &str) {
         for record in self.records_on(id) {
             let busy = self.busy.lock().expect("busy lock").contains(&record.id);
             let _ = self.update(&record.id, |r| {
                 match r.state() {
-                    SandboxState::Resuming if busy => {}
+                    SandboxState::Resuming if busy || self.acted_on_elsewhere(r) => {}
                     SandboxState::Resuming => resume_cut_by_loss(r, message),
                     SandboxState::Pending | SandboxState::Running | SandboxState::Pausing => {
                         r.transition(SandboxState::Failed, Some(NODE_LOST), message)
