@@ -506,3 +506,69 @@ fn a_create_another_server_has_in_flight_on_a_node_that_registers_again_is_left_
     a.cluster.leave();
     b.cluster.leave();
 }
+
+/// Two egress policy changes of one sandbox, through two servers at once, both computed
+/// from the same recorded policy: the second to be recorded is computed again on the first,
+/// so both land, and the policy in force on the node is the one recorded.
+#[test]
+fn policy_changes_through_two_servers_at_once_both_land() {
+    use fastbox_api::lifecycle::NetworkRule;
+    use fastbox_node_api::control::PolicyChange;
+    fastbox_testkit::skip_unless!(etcd_unavailable());
+    let etcd = EtcdCluster::start(1).expect("etcd");
+    const PREFIX: &str = "fbt-servers-policy";
+    let node = fake();
+    let a = Server::start("a", &etcd, PREFIX, std::slice::from_ref(&node));
+    let b = Server::start("b", &etcd, PREFIX, std::slice::from_ref(&node));
+    let id = a.create();
+    until("running, seen by b", || {
+        b.state(&id) == Some(SandboxState::Running)
+    });
+
+    let deny = |target: &str| {
+        PolicyChange::Patch(vec![NetworkRule {
+            action: "deny".into(),
+            target: target.into(),
+        }])
+    };
+    node.hold(Verb::SetEgressPolicy);
+    let through = |server: &Server, target: &str| {
+        let (lc, id, change) = (server.lc.clone(), id.clone(), deny(target));
+        server
+            .runtime
+            .spawn(async move { lc.change_network_policy(id, change).await })
+    };
+    let on_a = through(&a, "a.example.test");
+    until("a's change at the node", || {
+        node.held(Verb::SetEgressPolicy) == 1
+    });
+    let on_b = through(&b, "b.example.test");
+    until("both at the node", || node.held(Verb::SetEgressPolicy) == 2);
+    node.release(Verb::SetEgressPolicy);
+    a.runtime.block_on(on_a).unwrap().expect("a's change");
+    b.runtime.block_on(on_b).unwrap().expect("b's change");
+
+    let targets = |server: &Server| -> Vec<String> {
+        let policy = server.lc.network_policy(&id).unwrap().policy.unwrap();
+        let mut targets: Vec<String> = policy
+            .egress
+            .into_iter()
+            .flatten()
+            .map(|r| r.target)
+            .collect();
+        targets.sort();
+        targets
+    };
+    until("both rules recorded, seen by both servers", || {
+        targets(&a) == ["a.example.test", "b.example.test"]
+            && targets(&b) == ["a.example.test", "b.example.test"]
+    });
+    let in_force = node.sandbox(&id).expect("on the node").policy.to_wire();
+    assert_eq!(
+        Some(in_force),
+        a.lc.network_policy(&id).unwrap().policy,
+        "the node runs what is recorded"
+    );
+    a.cluster.leave();
+    b.cluster.leave();
+}

@@ -11,6 +11,7 @@ use fastbox_node_api::control::{EgressApi, EgressApiError, PolicyChange};
 use fastbox_node_api::{NodeError, NodeErrorKind};
 
 use crate::error::ApiError;
+use crate::record::SandboxRecord;
 
 use super::lifecycle::{Lifecycle, not_running};
 
@@ -36,8 +37,11 @@ impl Lifecycle {
     }
 
     /// Computes the new policy from the recorded one, applies it live (connections it newly
-    /// denies are cut) and records it with an event. Changes are serialized, so concurrent
-    /// PATCHes merge instead of losing each other.
+    /// denies are cut) and records it with an event. Changes through this server are
+    /// serialized; one through another server meanwhile makes the record differ from the
+    /// policy the change was computed from: the change is computed again on the policy
+    /// recorded now and applied again, so concurrent PATCHes merge instead of losing each
+    /// other, and what runs is what is recorded.
     async fn change_policy(
         &self,
         id: &str,
@@ -45,21 +49,59 @@ impl Lifecycle {
         via: &str,
     ) -> Result<PolicyStatusResponse, ApiError> {
         let _serial = self.policy_changes.lock().await;
-        let record = self.record(id)?;
+        let mut record = self.record(id)?;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self.change_policy_once(&record, change.clone(), via).await {
+                Err(ChangeOutcome::ChangedMeanwhile) if attempts < MAX_POLICY_ATTEMPTS => {
+                    record = self.refresh(id)?;
+                }
+                Err(ChangeOutcome::ChangedMeanwhile) => {
+                    return Err(ApiError::Conflict(format!(
+                        "the egress policy of {id} kept changing through other servers: try again"
+                    )));
+                }
+                Err(ChangeOutcome::Failed(e)) => return Err(e),
+                Ok(next) => {
+                    tracing::info!(sandbox = %id, via, policy = %describe(&next), "egress policy changed");
+                    return Ok(status_of(&next));
+                }
+            }
+        }
+    }
+
+    /// One attempt of [`Lifecycle::change_policy`] from `record`'s policy.
+    async fn change_policy_once(
+        &self,
+        record: &SandboxRecord,
+        change: PolicyChange,
+        via: &str,
+    ) -> Result<EgressPolicy, ChangeOutcome> {
+        let id = record.id.as_str();
         if record.state() != SandboxState::Running {
-            return Err(not_running(
-                &record,
+            return Err(ChangeOutcome::Failed(not_running(
+                record,
                 ": its egress policy changes only while it runs",
-            ));
+            )));
         }
         let current = record.policy();
         let method = change.method();
-        let next = next_policy(&current, change)?;
-        let node = self.node(record.node.as_deref())?;
+        let next = next_policy(&current, change).map_err(ChangeOutcome::Failed)?;
+        let node = self
+            .node(record.node.as_deref())
+            .map_err(ChangeOutcome::Failed)?;
         node.set_egress_policy(id, &next)
             .await
-            .map_err(|e| apply_error(&record, e))?;
-        let recorded = self.update(id, |r| {
+            .map_err(|e| ChangeOutcome::Failed(apply_error(record, e)))?;
+        let mut changed_meanwhile = false;
+        let written = self.update(id, |r| {
+            if r.network_policy != record.network_policy {
+                changed_meanwhile = true;
+                return Err(ApiError::Conflict(format!(
+                    "{id}: policy changed meanwhile"
+                )));
+            }
             r.network_policy = recorded(&next);
             r.event(
                 "EgressPolicyChanged",
@@ -67,16 +109,33 @@ impl Lifecycle {
             );
             Ok(())
         });
-        if let Err(e) = recorded {
-            // What runs must be what a restart re-applies: put the recorded policy back.
-            if let Err(undo) = node.set_egress_policy(id, &current).await {
-                tracing::error!(sandbox = %id, error = %undo, "could not restore the recorded egress policy");
+        match written {
+            Ok(_) => Ok(next),
+            Err(e) => {
+                // What runs must be what is recorded (and what a restart re-applies): put the
+                // recorded policy back, as it is now.
+                let now = self.refresh(id).map(|r| r.policy()).unwrap_or(current);
+                if let Err(undo) = node.set_egress_policy(id, &now).await {
+                    tracing::error!(sandbox = %id, error = %undo, "could not restore the recorded egress policy");
+                }
+                Err(match changed_meanwhile {
+                    true => ChangeOutcome::ChangedMeanwhile,
+                    false => ChangeOutcome::Failed(e),
+                })
             }
-            return Err(e);
         }
-        tracing::info!(sandbox = %id, via, policy = %describe(&next), "egress policy changed");
-        Ok(status_of(&next))
     }
+}
+
+/// How many times a policy change is computed again when other servers change the same
+/// sandbox's policy meanwhile.
+const MAX_POLICY_ATTEMPTS: u32 = 5;
+
+/// Why an attempt of a policy change did not land.
+enum ChangeOutcome {
+    /// Another server recorded a change to the policy meanwhile: compute it again.
+    ChangedMeanwhile,
+    Failed(ApiError),
 }
 
 #[async_trait::async_trait]
