@@ -345,6 +345,10 @@ pub struct SnapshotRecord {
     /// CA already), each with a Credential Vault of its own, empty at first.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub credential_proxy: bool,
+    /// The server that takes it (with a shared store, another server that starts leaves a
+    /// snapshot being taken to it while it lives).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taken_by: Option<String>,
 }
 
 impl SnapshotRecord {

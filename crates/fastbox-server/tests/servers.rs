@@ -572,3 +572,49 @@ fn policy_changes_through_two_servers_at_once_both_land() {
     a.cluster.leave();
     b.cluster.leave();
 }
+
+/// A server starts while another takes a snapshot: its recovery of interrupted snapshots
+/// leaves that one to the server taking it (it neither discards the node's dump nor takes
+/// it again), and the snapshot ends `Ready`.
+#[test]
+fn a_server_that_starts_leaves_a_snapshot_another_server_takes_to_it() {
+    use fastbox_api::snapshots::SnapshotState;
+    fastbox_testkit::skip_unless!(etcd_unavailable());
+    let etcd = EtcdCluster::start(1).expect("etcd");
+    const PREFIX: &str = "fbt-servers-snapshot";
+    let node = fake();
+    let a = Server::start("a", &etcd, PREFIX, std::slice::from_ref(&node));
+    let id = a.create();
+    until("running", || a.state(&id) == Some(SandboxState::Running));
+    node.hold(Verb::StageSnapshot);
+    let snapshot = {
+        let _in_runtime = a.runtime.enter();
+        a.lc.create_snapshot(&id, None).expect("snapshot").id
+    };
+    until("the dump at the node", || {
+        node.held(Verb::StageSnapshot) == 1
+    });
+
+    // c starts meanwhile, and recovers what its start recovers.
+    let c = Server::start("c", &etcd, PREFIX, std::slice::from_ref(&node));
+    until("c sees the snapshot", || {
+        c.lc.get_snapshot(&snapshot).is_ok()
+    });
+    c.runtime.block_on(c.lc.recover_snapshots());
+    for verb in [Verb::DiscardInterruptedSnapshot, Verb::HasSnapshot] {
+        assert!(
+            node.calls_of(verb).is_empty(),
+            "{verb:?}: c recovered a's snapshot in flight: {:?}",
+            node.calls()
+        );
+    }
+    assert_eq!(node.calls_of(Verb::StageSnapshot).len(), 1, "taken once");
+
+    node.release(Verb::StageSnapshot);
+    until("ready, seen by c", || {
+        c.lc.get_snapshot(&snapshot)
+            .is_ok_and(|s| s.status.state == SnapshotState::Ready)
+    });
+    a.cluster.leave();
+    c.cluster.leave();
+}

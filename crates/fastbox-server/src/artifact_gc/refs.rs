@@ -116,6 +116,7 @@ mod tests {
             secure_access: false,
             volumes: Vec::new(),
             credential_proxy: false,
+            taken_by: None,
         }
     }
 

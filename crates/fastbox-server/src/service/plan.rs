@@ -683,6 +683,7 @@ mod tests {
             manifest: None,
             volumes: Vec::new(),
             credential_proxy: false,
+            taken_by: None,
         }
     }
 

@@ -218,6 +218,7 @@ impl Lifecycle {
             manifest: None,
             volumes: source.volumes.clone(),
             credential_proxy: source.credential_proxy,
+            taken_by: Some(self.cluster.id().to_string()),
         };
         let stored = self.store.put_snapshot(&snapshot);
         if let Err(e) = stored {
@@ -1023,13 +1024,20 @@ impl Lifecycle {
 
     /// After a restart: snapshots being taken are taken again when their source still
     /// runs (`Failed` otherwise, or `Ready` when the node finished it), and deletions
-    /// finish.
+    /// finish. A snapshot another server takes is left to it while it lives.
     pub async fn recover_snapshots(self: &Arc<Self>) {
+        let me = self.cluster.id();
         let all: Vec<SnapshotRecord> = self
             .snapshots
             .lock()
             .expect("snapshots lock")
             .values()
+            .filter(|s| {
+                s.state() != SnapshotState::Creating
+                    || s.taken_by
+                        .as_deref()
+                        .is_none_or(|by| by == me || self.cluster.is_gone(by))
+            })
             .cloned()
             .collect();
         for snapshot in all {
