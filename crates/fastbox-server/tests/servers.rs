@@ -618,3 +618,43 @@ fn a_server_that_starts_leaves_a_snapshot_another_server_takes_to_it() {
     a.cluster.leave();
     c.cluster.leave();
 }
+
+/// The server taking a snapshot dies: the leader takes the snapshot over once the store says
+/// that server is gone, and takes it again from the source, which still runs.
+#[test]
+fn the_leader_takes_over_a_snapshot_of_a_server_that_died() {
+    use fastbox_api::snapshots::SnapshotState;
+    fastbox_testkit::skip_unless!(etcd_unavailable());
+    let etcd = EtcdCluster::start(1).expect("etcd");
+    const PREFIX: &str = "fbt-servers-snapshot-gone";
+    let node = fake();
+    let b = Server::start("b", &etcd, PREFIX, std::slice::from_ref(&node));
+    until("b leads", || b.cluster.is_leader());
+    let a = Server::start("a", &etcd, PREFIX, std::slice::from_ref(&node));
+    let id = a.create();
+    until("running, seen by b", || {
+        b.state(&id) == Some(SandboxState::Running)
+    });
+    node.hold(Verb::StageSnapshot);
+    let snapshot = {
+        let _in_runtime = a.runtime.enter();
+        a.lc.create_snapshot(&id, None).expect("snapshot").id
+    };
+    until("the dump at the node", || {
+        node.held(Verb::StageSnapshot) == 1
+    });
+    until("b sees it", || b.lc.get_snapshot(&snapshot).is_ok());
+    a.crash();
+    node.release(Verb::StageSnapshot);
+
+    until("ready through b", || {
+        b.lc.get_snapshot(&snapshot)
+            .is_ok_and(|s| s.status.state == SnapshotState::Ready)
+    });
+    assert!(
+        !node.calls_of(Verb::DiscardInterruptedSnapshot).is_empty(),
+        "taken again from a clean start: {:?}",
+        node.calls()
+    );
+    b.cluster.leave();
+}

@@ -423,6 +423,7 @@ impl Lifecycle {
             tracing::info!(node = %node, adopted, lost, restarted, "took back the sandboxes of a node that registered again");
         }
         self.recover_deferred().await;
+        self.take_over_snapshots().await;
         for record in self.snapshot() {
             if self.busy.lock().expect("busy lock").contains(&record.id) {
                 continue;

@@ -1041,46 +1041,80 @@ impl Lifecycle {
             .cloned()
             .collect();
         for snapshot in all {
-            let node = match self.node(snapshot.node.as_deref()) {
-                Ok(node) => node,
-                Err(e) => {
-                    tracing::warn!(snapshot = %snapshot.id, error = %e, "not recovered: its node is not known to this server");
-                    continue;
-                }
-            };
-            match snapshot.state() {
-                SnapshotState::Creating => {
-                    if node.has_snapshot(&snapshot.id).await {
-                        let _ = self.update_snapshot(&snapshot.id, |s| {
-                            s.transition(SnapshotState::Ready, None, "finished before a restart")
-                        });
-                        continue;
-                    }
-                    let runs = match self.record(&snapshot.sandbox_id) {
-                        Ok(r) => r.state() == SandboxState::Running && self.runs(&r).await,
-                        Err(_) => false,
-                    };
-                    node.discard_interrupted_snapshot(&snapshot.id).await;
-                    if runs && self.claim(&snapshot.sandbox_id) {
-                        let this = self.clone();
-                        tokio::spawn(async move { this.take_snapshot(&snapshot.id).await });
-                    } else {
-                        let _ = self.update_snapshot(&snapshot.id, |s| {
-                            s.transition(
-                                SnapshotState::Failed,
-                                Some(INTERRUPTED),
-                                "interrupted by a restart, and its sandbox no longer runs",
-                            )
-                        });
-                    }
-                }
-                SnapshotState::Deleting => {
-                    if let Err(e) = self.finish_snapshot_delete(&snapshot.id).await {
-                        tracing::warn!(snapshot = %snapshot.id, error = %e, "could not finish a snapshot deletion");
-                    }
-                }
-                _ => {}
+            self.recover_snapshot(snapshot).await;
+        }
+    }
+
+    /// Snapshots a server that is gone was taking (the leader's): taken over, then
+    /// recovered as that server's restart would.
+    pub(super) async fn take_over_snapshots(self: &Arc<Self>) {
+        let me = self.cluster.id().to_string();
+        let orphaned: Vec<SnapshotRecord> = self
+            .snapshots
+            .lock()
+            .expect("snapshots lock")
+            .values()
+            .filter(|s| {
+                s.state() == SnapshotState::Creating
+                    && s.taken_by.as_deref().is_some_and(|by| by != me)
+            })
+            .cloned()
+            .collect();
+        for snapshot in orphaned {
+            let gone = snapshot.taken_by.clone().unwrap_or_default();
+            if !self.cluster.is_gone(&gone) {
+                continue;
             }
+            tracing::warn!(snapshot = %snapshot.id, server = %gone, "taking over a snapshot of a server that is gone");
+            let Ok(taken) = self.update_snapshot(&snapshot.id, |s| s.taken_by = Some(me.clone()))
+            else {
+                continue;
+            };
+            self.recover_snapshot(taken).await;
+        }
+    }
+
+    /// [`Lifecycle::recover_snapshots`] of one snapshot.
+    async fn recover_snapshot(self: &Arc<Self>, snapshot: SnapshotRecord) {
+        let node = match self.node(snapshot.node.as_deref()) {
+            Ok(node) => node,
+            Err(e) => {
+                tracing::warn!(snapshot = %snapshot.id, error = %e, "not recovered: its node is not known to this server");
+                return;
+            }
+        };
+        match snapshot.state() {
+            SnapshotState::Creating => {
+                if node.has_snapshot(&snapshot.id).await {
+                    let _ = self.update_snapshot(&snapshot.id, |s| {
+                        s.transition(SnapshotState::Ready, None, "finished before a restart")
+                    });
+                    return;
+                }
+                let runs = match self.record(&snapshot.sandbox_id) {
+                    Ok(r) => r.state() == SandboxState::Running && self.runs(&r).await,
+                    Err(_) => false,
+                };
+                node.discard_interrupted_snapshot(&snapshot.id).await;
+                if runs && self.claim(&snapshot.sandbox_id) {
+                    let this = self.clone();
+                    tokio::spawn(async move { this.take_snapshot(&snapshot.id).await });
+                } else {
+                    let _ = self.update_snapshot(&snapshot.id, |s| {
+                        s.transition(
+                            SnapshotState::Failed,
+                            Some(INTERRUPTED),
+                            "interrupted by a restart, and its sandbox no longer runs",
+                        )
+                    });
+                }
+            }
+            SnapshotState::Deleting => {
+                if let Err(e) = self.finish_snapshot_delete(&snapshot.id).await {
+                    tracing::warn!(snapshot = %snapshot.id, error = %e, "could not finish a snapshot deletion");
+                }
+            }
+            _ => {}
         }
     }
 
