@@ -658,3 +658,43 @@ fn the_leader_takes_over_a_snapshot_of_a_server_that_died() {
     );
     b.cluster.leave();
 }
+
+/// A pause through one server while another takes a snapshot of the sandbox is refused as
+/// busy (as it is through the server taking it), and goes once the snapshot is taken.
+#[test]
+fn a_pause_through_another_server_waits_for_a_snapshot_in_flight() {
+    use fastbox_api::snapshots::SnapshotState;
+    fastbox_testkit::skip_unless!(etcd_unavailable());
+    let etcd = EtcdCluster::start(1).expect("etcd");
+    const PREFIX: &str = "fbt-servers-snapshot-busy";
+    let node = fake();
+    let a = Server::start("a", &etcd, PREFIX, std::slice::from_ref(&node));
+    let b = Server::start("b", &etcd, PREFIX, std::slice::from_ref(&node));
+    let id = a.create();
+    until("running, seen by b", || {
+        b.state(&id) == Some(SandboxState::Running)
+    });
+    node.hold(Verb::StageSnapshot);
+    let snapshot = {
+        let _in_runtime = a.runtime.enter();
+        a.lc.create_snapshot(&id, None).expect("snapshot").id
+    };
+    until("b sees it", || b.lc.get_snapshot(&snapshot).is_ok());
+    let pause = || {
+        let _in_runtime = b.runtime.enter();
+        b.lc.pause(&id)
+    };
+    let refused = pause().expect_err("busy");
+    assert!(refused.to_string().contains("busy"), "{refused}");
+    assert!(node.calls_of(Verb::Pause).is_empty(), "{:?}", node.calls());
+
+    node.release(Verb::StageSnapshot);
+    until("ready, seen by b", || {
+        b.lc.get_snapshot(&snapshot)
+            .is_ok_and(|s| s.status.state == SnapshotState::Ready)
+    });
+    pause().expect("paused once the snapshot is taken");
+    until("paused", || b.state(&id) == Some(SandboxState::Paused));
+    a.cluster.leave();
+    b.cluster.leave();
+}

@@ -187,6 +187,10 @@ impl Lifecycle {
         if !self.claim(sandbox_id) {
             return Err(busy(sandbox_id));
         }
+        if self.snapshotted_elsewhere(sandbox_id) {
+            self.release(sandbox_id);
+            return Err(busy(sandbox_id));
+        }
         let now = Utc::now();
         let snapshot = SnapshotRecord {
             id: format!("snap_{}", uuid::Uuid::new_v4().simple()),
@@ -471,6 +475,25 @@ impl Lifecycle {
         }
     }
 
+    /// Whether another server takes a snapshot of sandbox `id` now (a snapshot or fork
+    /// through it): its own `busy` mark is that server's only, so a pause, a resume or
+    /// another snapshot here waits for it as one through that server would (until the
+    /// snapshot is `Ready`: the end of its dump is not recorded, so this waits out its
+    /// publication too).
+    fn snapshotted_elsewhere(&self, id: &str) -> bool {
+        let me = self.cluster.id();
+        let taking: Vec<String> = self
+            .snapshots
+            .lock()
+            .expect("snapshots lock")
+            .values()
+            .filter(|s| s.sandbox_id == id && s.state() == SnapshotState::Creating)
+            .filter_map(|s| s.taken_by.clone())
+            .filter(|by| by != me)
+            .collect();
+        taking.iter().any(|by| !self.cluster.is_gone(by))
+    }
+
     /// Marks `id` busy and moves it from `from` to `to` durably, or says why not (404, 409).
     fn begin(
         &self,
@@ -485,6 +508,10 @@ impl Lifecycle {
             return Err(not_running(&record, &format!(": it must be {from}")));
         }
         if !self.claim(id) {
+            return Err(busy(id));
+        }
+        if self.snapshotted_elsewhere(id) {
+            self.release(id);
             return Err(busy(id));
         }
         let moved = self.update(id, |r| {
