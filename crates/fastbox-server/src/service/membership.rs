@@ -206,6 +206,16 @@ impl Lifecycle {
     /// holds: admissions whose answer never arrived (a timeout, a crash before the record).
     /// Nothing is asked of a lost node.
     pub(super) async fn release_forgotten_admissions(&self) {
+        // A resume another server runs may hold a slot it admitted on another node (a move
+        // off a lost node) for as long as the checkpoint takes to fetch, unrecorded and in
+        // that server's memory only: nothing is given back meanwhile.
+        if self
+            .snapshot()
+            .iter()
+            .any(|r| r.state() == SandboxState::Resuming && self.acted_on_elsewhere(r))
+        {
+            return;
+        }
         let grace = self.cfg.admission_grace.as_millis() as u64;
         for (node_id, status) in self.nodes.statuses() {
             let Some(status) = status else { continue };
