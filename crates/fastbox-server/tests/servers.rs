@@ -645,16 +645,36 @@ fn the_leader_takes_over_a_snapshot_of_a_server_that_died() {
     });
     until("b sees it", || b.lc.get_snapshot(&snapshot).is_ok());
     a.crash();
+    let crashed = Instant::now();
+    // (Released once b took it over: a's dump, cut by the crash, never goes on.)
+    until("b took it over", || {
+        !node.calls_of(Verb::DiscardInterruptedSnapshot).is_empty()
+    });
     node.release(Verb::StageSnapshot);
 
-    until("ready through b", || {
-        b.lc.get_snapshot(&snapshot)
-            .is_ok_and(|s| s.status.state == SnapshotState::Ready)
-    });
+    while !b
+        .lc
+        .get_snapshot(&snapshot)
+        .is_ok_and(|s| s.status.state == SnapshotState::Ready)
+    {
+        assert!(
+            crashed.elapsed() < Duration::from_secs(30),
+            "not ready through b: {:?}\nb leads: {}, a alive to b: {}\n{:?}",
+            b.lc.get_snapshot(&snapshot),
+            b.cluster.is_leader(),
+            b.cluster.is_alive("a"),
+            node.calls()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(
         !node.calls_of(Verb::DiscardInterruptedSnapshot).is_empty(),
         "taken again from a clean start: {:?}",
         node.calls()
+    );
+    eprintln!(
+        "a crashed; b took its snapshot over and it was ready {:?} later",
+        crashed.elapsed()
     );
     b.cluster.leave();
 }
