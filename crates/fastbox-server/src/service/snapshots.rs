@@ -555,6 +555,9 @@ impl Lifecycle {
         match paused {
             Ok(report) => {
                 let _ = self.update(id, |r| {
+                    // Taken over meanwhile (this server passed for gone): the pause is the
+                    // other server's to record.
+                    self.still_acting(r)?;
                     r.placement = None;
                     r.paused_manifest = report.manifest.clone();
                     if r.state() == SandboxState::Pausing {
@@ -572,6 +575,7 @@ impl Lifecycle {
         tracing::warn!(sandbox = %id, error = %e, alive, "pause failed");
         if alive {
             let _ = self.update(id, |r| {
+                self.still_acting(r)?;
                 if r.state() == SandboxState::Pausing {
                     r.transition(SandboxState::Running, Some(PAUSE_FAILED), &e.to_string());
                 }
@@ -584,8 +588,13 @@ impl Lifecycle {
     }
 
     /// A sandbox whose pause or resume lost its processes: `Failed`, and whatever it held
-    /// (its kept slot, its checkpoint) is removed.
+    /// (its kept slot, its checkpoint) is removed. Nothing, when another server acts on it.
     async fn fail_paused(self: &Arc<Self>, id: &str, message: &str) {
+        // Another server's operation (it took this one over): not this server's to end.
+        if self.record(id).is_ok_and(|r| self.acted_on_elsewhere(&r)) {
+            tracing::warn!(sandbox = %id, message, "another server acts on it: its failure is not recorded here");
+            return;
+        }
         let _ = self.update(id, |r| {
             if !r.state().is_final() && r.state() != SandboxState::Stopping {
                 r.transition(SandboxState::Failed, Some(PROCESS_LOST), message);
