@@ -1315,7 +1315,8 @@ impl Fastlet {
     /// when its processes are alive (it is routable again); otherwise the caller fails and
     /// removes it. The instance's nft table was re-installed at start, so the egress policy
     /// is applied again; a sandbox whose policy cannot be applied is not adopted (fail
-    /// closed), nor is a sandbox whose memory was still being copied in ([`crate::transfers`]).
+    /// closed), nor is a sandbox whose memory a transfer of an earlier run was still copying
+    /// in ([`crate::transfers`]; one this run watches is adopted, its transfer goes on).
     pub fn adopt(
         &self,
         id: &str,
@@ -1328,7 +1329,11 @@ impl Fastlet {
             .lock()
             .expect("slot table lock")
             .claim(placement.slot);
-        if let Some(incomplete) = self.memory_incomplete(id, &placement.handle.dir) {
+        // A transfer this run watches goes on (a server that started asks about every
+        // sandbox on the node): only one the last run left is checked.
+        if !self.transfers.watches(id)
+            && let Some(incomplete) = self.memory_incomplete(id, &placement.handle.dir)
+        {
             tracing::warn!(sandbox = %id, why = incomplete, "its memory was still being copied in: not adopted");
             return Adoption::MemoryIncomplete;
         }

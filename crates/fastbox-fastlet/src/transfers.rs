@@ -177,6 +177,12 @@ impl Transfers {
         }
     }
 
+    /// Whether this run watches a memory transfer into sandbox `id` (its end, or its failure,
+    /// is handled here).
+    pub fn watches(&self, id: &str) -> bool {
+        self.lock().contains_key(id)
+    }
+
     /// How many transfers run.
     pub fn running(&self) -> usize {
         self.lock().len()
