@@ -452,6 +452,18 @@ impl FakeNode {
         wakers.into_iter().for_each(Waker::wake);
     }
 
+    /// The registration of this fake when its node API listens at `url` (plain HTTP, its
+    /// proxy named after its id).
+    pub fn registration(&self, url: String) -> crate::membership::Registration {
+        let id = self.node_id.clone();
+        crate::membership::Registration {
+            proxy_public: format!("{id}.nodes.test:8091"),
+            node_id: id,
+            url,
+            tls_pin: None,
+        }
+    }
+
     /// Lets the held calls of `verb` go on, and the later ones pass.
     pub fn release(&self, verb: Verb) {
         let mut s = self.lock();

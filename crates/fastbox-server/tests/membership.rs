@@ -137,24 +137,14 @@ impl Cluster {
         fake: Arc<FakeNode>,
         credential: &Credential,
     ) -> (Arc<FakeNode>, ControlClient, Registered) {
-        let id = fake.node_id().to_string();
         // The node API listens before the registration names it (the credential comes with
         // the answer): a listener first, the router once registered.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let registered = ControlClient::register(
-            &self.control,
-            None,
-            credential,
-            &Registration {
-                node_id: id.clone(),
-                url,
-                proxy_public: format!("{id}.nodes.test:8091"),
-                tls_pin: None,
-            },
-        )
-        .await
-        .expect("registered");
+        let registered =
+            ControlClient::register(&self.control, None, credential, &fake.registration(url))
+                .await
+                .expect("registered");
         let router = node_router(fake.clone(), registered.server_to_node.parse().unwrap());
         tokio::spawn(async move {
             axum::serve(listener, router.into_make_service())

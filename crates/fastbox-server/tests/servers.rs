@@ -403,9 +403,7 @@ fn register_and_serve(
     fake: &Arc<FakeNode>,
     credential: &fastbox_node_api::remote::Credential,
 ) -> fastbox_node_api::membership::Registered {
-    use fastbox_node_api::membership::Registration;
     use fastbox_node_api::remote::{ControlClient, node_router};
-    let id = fake.node_id().to_string();
     // The node API listens before the registration names it (the credential comes with the
     // answer): a listener first, the router once registered.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -416,12 +414,7 @@ fn register_and_serve(
             control,
             None,
             credential,
-            &Registration {
-                node_id: id.clone(),
-                url,
-                proxy_public: format!("{id}.nodes.test:8091"),
-                tls_pin: None,
-            },
+            &fake.registration(url),
         ))
         .expect("registered");
     let router = node_router(fake.clone(), registered.server_to_node.parse().unwrap());
