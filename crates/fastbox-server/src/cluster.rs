@@ -152,7 +152,8 @@ impl Cluster {
             return false;
         }
         let Some(c) = self.backend.as_ref().and_then(|b| b.coordinator()) else {
-            return false;
+            // Alone: every other server is gone.
+            return true;
         };
         match c.claims(SERVERS) {
             Ok(claims) => !claims

@@ -1062,21 +1062,15 @@ impl Lifecycle {
     /// runs (`Failed` otherwise, or `Ready` when the node finished it), and deletions
     /// finish. A snapshot another server takes is left to it while it lives.
     pub async fn recover_snapshots(self: &Arc<Self>) {
-        let me = self.cluster.id();
         let all: Vec<SnapshotRecord> = self
             .snapshots
             .lock()
             .expect("snapshots lock")
             .values()
-            .filter(|s| {
-                s.state() != SnapshotState::Creating
-                    || s.taken_by
-                        .as_deref()
-                        .is_none_or(|by| by == me || self.cluster.is_gone(by))
-            })
             .cloned()
             .collect();
-        for snapshot in all {
+        // (Asked of the store outside the lock: the watch waits on it.)
+        for snapshot in all.into_iter().filter(|s| self.is_ours_to_recover(s)) {
             self.recover_snapshot(snapshot).await;
         }
     }
@@ -1085,7 +1079,7 @@ impl Lifecycle {
     /// recovered as that server's restart would.
     pub(super) async fn take_over_snapshots(self: &Arc<Self>) {
         let me = self.cluster.id().to_string();
-        let orphaned: Vec<SnapshotRecord> = self
+        let others: Vec<SnapshotRecord> = self
             .snapshots
             .lock()
             .expect("snapshots lock")
@@ -1096,18 +1090,20 @@ impl Lifecycle {
             })
             .cloned()
             .collect();
-        for snapshot in orphaned {
-            let gone = snapshot.taken_by.clone().unwrap_or_default();
-            if !self.cluster.is_gone(&gone) {
-                continue;
-            }
-            tracing::warn!(snapshot = %snapshot.id, server = %gone, "taking over a snapshot of a server that is gone");
-            let Ok(taken) = self.update_snapshot(&snapshot.id, |s| s.taken_by = Some(me.clone()))
-            else {
-                continue;
-            };
-            self.recover_snapshot(taken).await;
+        for snapshot in others.into_iter().filter(|s| self.is_ours_to_recover(s)) {
+            tracing::warn!(snapshot = %snapshot.id, server = ?snapshot.taken_by, "taking over a snapshot of a server that is gone");
+            self.recover_snapshot(snapshot).await;
         }
+    }
+
+    /// Whether this server recovers `snapshot`: anything but one another live server takes.
+    fn is_ours_to_recover(&self, snapshot: &SnapshotRecord) -> bool {
+        let me = self.cluster.id();
+        snapshot.state() != SnapshotState::Creating
+            || snapshot
+                .taken_by
+                .as_deref()
+                .is_none_or(|by| by == me || self.cluster.is_gone(by))
     }
 
     /// [`Lifecycle::recover_snapshots`] of one snapshot.
@@ -1121,6 +1117,16 @@ impl Lifecycle {
         };
         match snapshot.state() {
             SnapshotState::Creating => {
+                // This server's from now on (a leader that sees the server that took it
+                // gone does not take it over again).
+                let me = self.cluster.id().to_string();
+                if snapshot.taken_by.as_deref() != Some(me.as_str())
+                    && self
+                        .update_snapshot(&snapshot.id, |s| s.taken_by = Some(me))
+                        .is_err()
+                {
+                    return;
+                }
                 if node.has_snapshot(&snapshot.id).await {
                     let _ = self.update_snapshot(&snapshot.id, |s| {
                         s.transition(SnapshotState::Ready, None, "finished before a restart")
