@@ -624,11 +624,8 @@ impl Lifecycle {
         // restarted node must not hand it out), and it is recovered once the operation ended
         // ([`Lifecycle::recover_deferred`]). Running sandboxes are adopted whatever else
         // happens to them (an adoption changes nothing of theirs).
-        let in_flight = |r: &SandboxRecord| {
-            r.state() != SandboxState::Running
-                && (self.busy.lock().expect("busy lock").contains(&r.id)
-                    || self.acted_on_elsewhere(r))
-        };
+        let in_flight =
+            |r: &SandboxRecord| r.state() != SandboxState::Running && self.operation_in_flight(r);
         let on_node = |r: &SandboxRecord| self.node_name(r.node.as_deref()) == node_id;
         for record in self
             .snapshot()
@@ -650,6 +647,11 @@ impl Lifecycle {
     /// removal through it): it ends it, or the leader takes it over once that server is gone.
     pub(super) fn acted_on_elsewhere(&self, r: &SandboxRecord) -> bool {
         r.acting.as_deref().is_some_and(|a| a != self.cluster.id())
+    }
+
+    /// Whether an operation on `r` runs: a task of this server's, or another server's.
+    fn operation_in_flight(&self, r: &SandboxRecord) -> bool {
+        self.busy.lock().expect("busy lock").contains(&r.id) || self.acted_on_elsewhere(r)
     }
 
     /// Recovers the sandboxes [`Lifecycle::recover_node`] deferred whose operation ended.
