@@ -5,8 +5,8 @@
 //! - [`RedbBackend`], the embedded default: one redb file in the data directory, for one
 //!   machine, no service to run.
 //! - [`EtcdBackend`], for several servers sharing one state (`--state etcd://...`): etcd's
-//!   JSON gateway over HTTP(S), with failover across the members, user/password auth and
-//!   TLS with a CA of the operator's choice.
+//!   gRPC API, with failover across the members, user/password auth and TLS with a CA of
+//!   the operator's choice.
 //!
 //! Over etcd, values are sealed ([`SealedBackend`]): encrypted under a key only the servers
 //! hold, so etcd's operators and backups never see the tokens and credentials in them.

@@ -1,7 +1,12 @@
-//! A small client of etcd's JSON gateway (`/v3/...`, etcd 3.4 and later): calls go to one
-//! member and move to the next when it cannot be reached or has no leader, until the
-//! operation's deadline; a user/password login is renewed when etcd drops its token.
+//! A small gRPC client of etcd (etcd 3.4 and later): calls go to one member and move to the
+//! next when it cannot be reached or has no leader, until the operation's deadline; a
+//! user/password login is renewed when etcd drops its token.
+//!
+//! Requests and answers are etcd's messages in their JSON form ([`super::proto`] writes
+//! them as protobuf). The calls run on a small runtime of the client's own, so a caller
+//! blocks on them from any thread, inside a tokio runtime or not.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,8 +14,17 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
-use serde_json::{Value, json};
+use bytes::{Buf, BufMut};
+use http::uri::PathAndQuery;
+use serde_json::Value;
+use tokio::runtime::{Handle, Runtime};
+use tokio_stream::StreamExt;
+use tonic::client::Grpc;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder, Streaming};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Request, Status};
 
+use super::proto::{self, Field};
 use crate::StateError;
 use crate::url::EtcdTarget;
 
@@ -18,6 +32,10 @@ use crate::url::EtcdTarget;
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// The pause before trying the members again once each has failed.
 const ROUND_PAUSE: Duration = Duration::from_millis(200);
+/// How long a stream may take to open when it has no idle limit of its own.
+const STREAM_OPEN_TIMEOUT: Duration = Duration::from_secs(30);
+/// The largest answer taken (a range of every record of a large table).
+const MAX_ANSWER: usize = 512 * 1024 * 1024;
 
 /// How the etcd client connects.
 #[derive(Debug, Clone)]
@@ -42,6 +60,58 @@ impl Default for EtcdOptions {
     }
 }
 
+/// The etcd calls the store makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Method {
+    Range,
+    Txn,
+    Compact,
+    LeaseGrant,
+    LeaseRevoke,
+    /// A stream; a call sends one keep-alive and reads one answer.
+    LeaseKeepAlive,
+    Authenticate,
+    /// A stream of the whole keyspace.
+    Snapshot,
+    /// A stream of changes.
+    Watch,
+}
+
+impl Method {
+    fn path(self) -> &'static str {
+        match self {
+            Self::Range => "/etcdserverpb.KV/Range",
+            Self::Txn => "/etcdserverpb.KV/Txn",
+            Self::Compact => "/etcdserverpb.KV/Compact",
+            Self::LeaseGrant => "/etcdserverpb.Lease/LeaseGrant",
+            Self::LeaseRevoke => "/etcdserverpb.Lease/LeaseRevoke",
+            Self::LeaseKeepAlive => "/etcdserverpb.Lease/LeaseKeepAlive",
+            Self::Authenticate => "/etcdserverpb.Auth/Authenticate",
+            Self::Snapshot => "/etcdserverpb.Maintenance/Snapshot",
+            Self::Watch => "/etcdserverpb.Watch/Watch",
+        }
+    }
+
+    /// The schemas of its request and of its answer.
+    fn messages(self) -> (&'static [Field], &'static [Field]) {
+        match self {
+            Self::Range => (&proto::RANGE_REQUEST, &proto::RANGE_RESPONSE),
+            Self::Txn => (&proto::TXN_REQUEST, &proto::TXN_RESPONSE),
+            Self::Compact => (&proto::COMPACTION_REQUEST, &proto::HEADER_ONLY),
+            Self::LeaseGrant => (&proto::LEASE_GRANT_REQUEST, &proto::LEASE_GRANT_RESPONSE),
+            Self::LeaseRevoke => (&proto::LEASE_ID, &proto::HEADER_ONLY),
+            Self::LeaseKeepAlive => (&proto::LEASE_ID, &proto::LEASE_KEEP_ALIVE_RESPONSE),
+            Self::Authenticate => (&proto::AUTHENTICATE_REQUEST, &proto::AUTHENTICATE_RESPONSE),
+            Self::Snapshot => (&proto::SNAPSHOT_REQUEST, &proto::SNAPSHOT_RESPONSE),
+            Self::Watch => (&proto::WATCH_REQUEST, &proto::WATCH_RESPONSE),
+        }
+    }
+
+    fn is_stream(self) -> bool {
+        matches!(self, Self::LeaseKeepAlive | Self::Snapshot | Self::Watch)
+    }
+}
+
 /// What became of one call.
 pub(super) struct Answer {
     pub body: Value,
@@ -52,7 +122,7 @@ pub(super) struct Answer {
 /// Runs `wait`, a blocking wait; on a worker of a multi-threaded tokio runtime, after handing
 /// the worker's other tasks to another thread.
 pub fn off_worker<T>(wait: impl FnOnce() -> T) -> T {
-    use tokio::runtime::{Handle, RuntimeFlavor};
+    use tokio::runtime::RuntimeFlavor;
     match Handle::try_current() {
         Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
             tokio::task::block_in_place(wait)
@@ -61,9 +131,12 @@ pub fn off_worker<T>(wait: impl FnOnce() -> T) -> T {
     }
 }
 
-pub(super) struct GatewayClient {
-    agent: ureq::Agent,
-    bases: Vec<String>,
+pub(super) struct EtcdClient {
+    /// The client's own runtime (None once dropped).
+    runtime: Option<Runtime>,
+    handle: Handle,
+    /// A connection to each member, made when first used.
+    channels: Vec<Channel>,
     /// The member calls go to first (the last one that answered).
     current: AtomicUsize,
     target: EtcdTarget,
@@ -86,24 +159,60 @@ enum Attempt {
     Fatal(String),
 }
 
-impl GatewayClient {
+impl Attempt {
+    fn into_error(self, target: &EtcdTarget) -> StateError {
+        match self {
+            Self::Fatal(message) => StateError::Failed(message),
+            Self::Full(message) => StateError::Full(message),
+            Self::Retry { reason, .. } => {
+                StateError::Unavailable(format!("etcd {target}: {reason}"))
+            }
+            Self::Reauthenticate => {
+                StateError::Unavailable(format!("etcd {target}: login refused"))
+            }
+        }
+    }
+}
+
+impl EtcdClient {
     pub fn new(target: EtcdTarget, options: &EtcdOptions) -> Result<Self, StateError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("etcd-client")
+            .enable_all()
+            .build()
+            .map_err(|e| StateError::Failed(format!("cannot start the etcd client: {e}")))?;
         let scheme = if target.tls { "https" } else { "http" };
-        let bases = target
+        let tls = if target.tls {
+            Some(tls_config(options)?)
+        } else {
+            None
+        };
+        let _entered = runtime.enter();
+        let channels = target
             .members
             .iter()
-            .map(|m| format!("{scheme}://{m}"))
-            .collect();
-        let mut config = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(CALL_TIMEOUT))
-            .timeout_connect(Some(Duration::from_secs(2)));
-        if target.tls {
-            config = config.tls_config(tls_config(options)?);
-        }
+            .map(|member| {
+                let mut endpoint = Endpoint::from_shared(format!("{scheme}://{member}"))
+                    .map_err(|e| StateError::Failed(format!("etcd member {member}: {e}")))?
+                    .connect_timeout(CALL_TIMEOUT)
+                    .tcp_nodelay(true)
+                    .http2_keep_alive_interval(Duration::from_secs(10))
+                    .keep_alive_timeout(Duration::from_secs(5))
+                    .keep_alive_while_idle(true);
+                if let Some(tls) = &tls {
+                    endpoint = endpoint
+                        .tls_config(tls.clone())
+                        .map_err(|e| StateError::Failed(format!("etcd TLS settings: {e}")))?;
+                }
+                Ok(endpoint.connect_lazy())
+            })
+            .collect::<Result<Vec<_>, StateError>>()?;
+        drop(_entered);
         Ok(Self {
-            agent: config.build().new_agent(),
-            bases,
+            handle: runtime.handle().clone(),
+            runtime: Some(runtime),
+            channels,
             current: AtomicUsize::new(0),
             target,
             token: Mutex::new(None),
@@ -115,22 +224,30 @@ impl GatewayClient {
         &self.target
     }
 
-    /// Posts `body` to `path`, moving across the members until one answers or the deadline
-    /// passes. On a worker of a multi-threaded tokio runtime the wait hands the worker's
-    /// other tasks to another thread first, so the server's proxies go on meanwhile.
-    pub fn call(&self, path: &str, body: &Value) -> Result<Answer, StateError> {
-        off_worker(|| self.call_blocking(path, body))
+    /// Calls `method` with `body`, moving across the members until one answers or the
+    /// deadline passes. On a worker of a multi-threaded tokio runtime the wait hands the
+    /// worker's other tasks to another thread first, so the server's proxies go on
+    /// meanwhile.
+    pub fn call(&self, method: Method, body: &Value) -> Result<Answer, StateError> {
+        off_worker(|| self.call_blocking(method, body))
     }
 
-    /// [`GatewayClient::call`] on the calling thread as it is.
-    pub fn call_blocking(&self, path: &str, body: &Value) -> Result<Answer, StateError> {
+    /// [`EtcdClient::call`] on the calling thread as it is.
+    pub fn call_blocking(&self, method: Method, body: &Value) -> Result<Answer, StateError> {
+        let (request, answer) = method.messages();
+        let request = proto::encode(request, body)?;
         let deadline = Instant::now() + self.timeout;
         let mut retried = false;
         let mut failures = 0usize;
         loop {
-            let member = self.current.load(Ordering::Relaxed) % self.bases.len();
-            let last = match self.attempt(member, path, body) {
-                Ok(body) => return Ok(Answer { body, retried }),
+            let member = self.current.load(Ordering::Relaxed) % self.channels.len();
+            let last = match self.attempt(member, method, &request) {
+                Ok(bytes) => {
+                    return Ok(Answer {
+                        body: proto::decode(answer, &bytes)?,
+                        retried,
+                    });
+                }
                 Err(Attempt::Fatal(message)) => return Err(StateError::Failed(message)),
                 Err(Attempt::Full(message)) => return Err(StateError::Full(message)),
                 Err(Attempt::Reauthenticate) => {
@@ -144,7 +261,7 @@ impl GatewayClient {
                     retried |= maybe_applied;
                     failures += 1;
                     self.current.store(member + 1, Ordering::Relaxed);
-                    if failures.is_multiple_of(self.bases.len()) {
+                    if failures.is_multiple_of(self.channels.len()) {
                         std::thread::sleep(ROUND_PAUSE);
                     }
                     format!("{}: {reason}", self.target.members[member])
@@ -159,122 +276,152 @@ impl GatewayClient {
         }
     }
 
-    /// Posts `body` to the streaming `path` of one member and hands each JSON message of the
+    /// Opens the stream `method` on one member with `body` and hands each message of the
     /// answer to `each`, with no deadline (a snapshot of a large keyspace takes a while);
     /// with `idle`, a read waiting longer than that fails the stream.
     pub fn stream(
         &self,
-        path: &str,
+        method: Method,
         body: &Value,
         idle: Option<Duration>,
         mut each: impl FnMut(&Value) -> Result<(), StateError>,
     ) -> Result<(), StateError> {
-        let unavailable = |e: String| StateError::Unavailable(format!("etcd {}: {e}", self.target));
-        let member = self.current.load(Ordering::Relaxed) % self.bases.len();
+        let (request, answer) = method.messages();
+        let request = proto::encode(request, body)?;
+        let member = self.current.load(Ordering::Relaxed) % self.channels.len();
         // The next stream goes to the next member (a failed one is not asked again at once).
-        let rotate = || {
-            self.current.store(member + 1, Ordering::Relaxed);
-        };
-        let token = match self.token(member) {
-            Ok(token) => token,
-            Err(Attempt::Fatal(message)) => return Err(StateError::Failed(message)),
-            Err(Attempt::Full(message)) => return Err(StateError::Full(message)),
-            Err(Attempt::Retry { reason, .. }) => return Err(unavailable(reason)),
-            Err(Attempt::Reauthenticate) => return Err(unavailable("login refused".into())),
-        };
-        let mut request = self
-            .agent
-            .post(format!("{}{path}", self.bases[member]))
-            .config()
-            .timeout_global(None)
-            .timeout_per_read(idle)
-            .build();
-        if let Some(token) = &token {
-            request = request.header("Authorization", token);
-        }
-        let response = request.send_json(body).map_err(|e| {
-            rotate();
-            unavailable(e.to_string())
-        })?;
-        let status = response.status().as_u16();
-        let reader = response.into_body().into_reader();
-        for message in serde_json::Deserializer::from_reader(reader).into_iter::<Value>() {
-            let message = message.map_err(|e| {
+        let rotate = || self.current.store(member + 1, Ordering::Relaxed);
+        let fail = |attempt: Attempt| {
+            if matches!(attempt, Attempt::Retry { .. }) {
                 rotate();
-                unavailable(format!("reading the stream: {e}"))
-            })?;
-            if let Some(error) = message.get("error") {
-                let text = error
-                    .get("message")
-                    .or(Some(error))
-                    .and_then(Value::as_str)
-                    .unwrap_or("an error");
-                return Err(StateError::Failed(format!("etcd: {text}")));
             }
-            if status != 200 {
-                return Err(StateError::Failed(format!(
-                    "etcd: HTTP {status}: {message}"
-                )));
-            }
-            each(&message)?;
-        }
-        Ok(())
-    }
-
-    fn attempt(&self, member: usize, path: &str, body: &Value) -> Result<Value, Attempt> {
-        let token = self.token(member)?;
-        let mut request = self.agent.post(format!("{}{path}", self.bases[member]));
-        if let Some(token) = &token {
-            request = request.header("Authorization", token);
-        }
-        self.send(request, body)
-    }
-
-    /// Sends one request and sorts its answer.
-    fn send(
-        &self,
-        request: ureq::RequestBuilder<ureq::typestate::WithBody>,
-        body: &Value,
-    ) -> Result<Value, Attempt> {
-        let mut response = match request.send_json(body) {
-            Ok(response) => response,
-            Err(e) => {
-                // Refused connections cannot have applied anything; a timeout or a
-                // connection cut after sending might have.
-                let refused = matches!(&e, ureq::Error::Io(io)
-                    if io.kind() == std::io::ErrorKind::ConnectionRefused)
-                    || matches!(e, ureq::Error::ConnectionFailed | ureq::Error::HostNotFound);
-                return Err(Attempt::Retry {
-                    reason: e.to_string(),
-                    maybe_applied: !refused,
-                });
-            }
+            attempt.into_error(&self.target)
         };
-        let status = response.status().as_u16();
-        let text = response
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| Attempt::Retry {
-                reason: format!("reading the answer: {e}"),
-                maybe_applied: true,
-            })?;
-        let value: Value = serde_json::from_str(&text).map_err(|_| Attempt::Retry {
-            reason: format!("HTTP {status}: {}", truncate(&text)),
-            maybe_applied: status >= 500,
-        })?;
-        let error = value
-            .get("error")
-            .or_else(|| value.get("message"))
-            .and_then(Value::as_str)
-            .filter(|_| status != 200 || value.get("code").is_some());
-        match error {
-            None if status == 200 => Ok(value),
-            None => Err(Attempt::Fatal(format!(
-                "HTTP {status}: {}",
-                truncate(&text)
-            ))),
-            Some(message) => Err(classify(value.get("code").and_then(Value::as_u64), message)),
+        let token = self.token(member).map_err(fail)?;
+        let open = self.open(
+            member,
+            method,
+            request,
+            token,
+            idle.unwrap_or(STREAM_OPEN_TIMEOUT),
+        );
+        let mut stream = self.run(open).and_then(|opened| opened).map_err(fail)?;
+        loop {
+            let (back, next) = self
+                .run(async move {
+                    let next = match idle {
+                        Some(idle) => tokio::time::timeout(idle, stream.message())
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(Status::unavailable(format!("nothing came for {idle:?}")))
+                            }),
+                        None => stream.message().await,
+                    };
+                    (stream, next)
+                })
+                .map_err(fail)?;
+            stream = back;
+            match next {
+                Ok(Some(bytes)) => each(&proto::decode(answer, &bytes)?)?,
+                Ok(None) => return Ok(()),
+                Err(status) => return Err(fail(sort(&status))),
+            }
         }
+    }
+
+    /// One call of `method` to `member`: the answer's bytes.
+    fn attempt(&self, member: usize, method: Method, request: &[u8]) -> Result<Vec<u8>, Attempt> {
+        let token = self.token(member)?;
+        if method.is_stream() {
+            let open = self.open(member, method, request.to_vec(), token, CALL_TIMEOUT);
+            let mut stream = self.run(open)??;
+            return self.run(within(CALL_TIMEOUT, async move {
+                match stream.message().await {
+                    Ok(Some(bytes)) => Ok(bytes),
+                    Ok(None) => Err(Attempt::Retry {
+                        reason: "the stream ended without an answer".into(),
+                        maybe_applied: true,
+                    }),
+                    Err(status) => Err(sort(&status)),
+                }
+            }))?;
+        }
+        self.unary(member, method, self.request(request.to_vec(), token)?)
+    }
+
+    /// Calls `method`, not a stream, on `member`: the answer's bytes.
+    fn unary(
+        &self,
+        member: usize,
+        method: Method,
+        request: Request<Vec<u8>>,
+    ) -> Result<Vec<u8>, Attempt> {
+        let mut grpc = self.grpc(member);
+        self.run(within(CALL_TIMEOUT, async move {
+            grpc.ready().await.map_err(not_connected)?;
+            grpc.unary(request, PathAndQuery::from_static(method.path()), RawCodec)
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(|status| sort(&status))
+        }))?
+    }
+
+    /// Opens stream `method` on `member`, sending `request` (and nothing after it, the
+    /// sending side left open as etcd's streams expect).
+    fn open(
+        &self,
+        member: usize,
+        method: Method,
+        request: Vec<u8>,
+        token: Option<String>,
+        limit: Duration,
+    ) -> impl Future<Output = Result<Streaming<Vec<u8>>, Attempt>> + Send + 'static {
+        let mut grpc = self.grpc(member);
+        let request = self.request(request, token).map(|request| {
+            request.map(|first| tokio_stream::once(first).chain(tokio_stream::pending()))
+        });
+        async move {
+            let request = request?;
+            within(limit, async {
+                grpc.ready().await.map_err(not_connected)?;
+                grpc.streaming(request, PathAndQuery::from_static(method.path()), RawCodec)
+                    .await
+                    .map(tonic::Response::into_inner)
+                    .map_err(|status| sort(&status))
+            })
+            .await
+        }
+    }
+
+    fn grpc(&self, member: usize) -> Grpc<Channel> {
+        Grpc::new(self.channels[member].clone()).max_decoding_message_size(MAX_ANSWER)
+    }
+
+    /// `body` as a request, with the login token when there is one.
+    fn request(&self, body: Vec<u8>, token: Option<String>) -> Result<Request<Vec<u8>>, Attempt> {
+        let mut request = Request::new(body);
+        if let Some(token) = token {
+            let value = token.parse().map_err(|_| {
+                Attempt::Fatal("etcd login: the token is not a header value".into())
+            })?;
+            request.metadata_mut().insert("token", value);
+        }
+        Ok(request)
+    }
+
+    /// Runs `work` on the client's runtime and waits for it here.
+    fn run<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = T> + Send + 'static,
+    ) -> Result<T, Attempt> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.handle.spawn(async move {
+            let _ = tx.send(work.await);
+        });
+        rx.recv().map_err(|_| Attempt::Retry {
+            reason: "the etcd client stopped".into(),
+            maybe_applied: true,
+        })
     }
 
     /// The login token to send (None without auth), logging in through `member` first when
@@ -286,13 +433,14 @@ impl GatewayClient {
         if let Some(token) = self.token.lock().expect("token lock").clone() {
             return Ok(Some(token));
         }
-        let request = self
-            .agent
-            .post(format!("{}/v3/auth/authenticate", self.bases[member]));
-        let answer = self.send(
-            request,
-            &json!({"name": user, "password": self.target.password.clone().unwrap_or_default()}),
-        )?;
+        let (request, answer) = Method::Authenticate.messages();
+        let login = serde_json::json!({
+            "name": user,
+            "password": self.target.password.clone().unwrap_or_default(),
+        });
+        let login = proto::encode(request, &login).map_err(|e| Attempt::Fatal(e.to_string()))?;
+        let bytes = self.unary(member, Method::Authenticate, Request::new(login))?;
+        let answer = proto::decode(answer, &bytes).map_err(|e| Attempt::Fatal(e.to_string()))?;
         let token = answer
             .get("token")
             .and_then(Value::as_str)
@@ -303,11 +451,94 @@ impl GatewayClient {
     }
 }
 
+impl Drop for EtcdClient {
+    fn drop(&mut self) {
+        // Dropped on a runtime's thread too: its calls are abandoned, not waited for.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// Passes messages through as the bytes [`proto`] makes and reads.
+#[derive(Clone, Copy)]
+struct RawCodec;
+
+impl Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = Self;
+    type Decoder = Self;
+
+    fn encoder(&mut self) -> Self {
+        Self
+    }
+
+    fn decoder(&mut self) -> Self {
+        Self
+    }
+}
+
+impl Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = Status;
+
+    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
+        let mut bytes = vec![0; src.remaining()];
+        src.copy_to_slice(&mut bytes);
+        Ok(Some(bytes))
+    }
+}
+
+/// `call`'s outcome, or a retry once `limit` has passed without one.
+async fn within<T>(
+    limit: Duration,
+    call: impl Future<Output = Result<T, Attempt>>,
+) -> Result<T, Attempt> {
+    tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+        Err(Attempt::Retry {
+            reason: format!("no answer within {limit:?}"),
+            maybe_applied: true,
+        })
+    })
+}
+
+/// A connection that could not be made: nothing was sent.
+fn not_connected(error: tonic::transport::Error) -> Attempt {
+    Attempt::Retry {
+        reason: error.to_string(),
+        maybe_applied: false,
+    }
+}
+
+/// Sorts a failed call: a connection that could not be made sent nothing; anything else is
+/// what etcd (or the way to it) answered.
+fn sort(status: &Status) -> Attempt {
+    let message = status.message();
+    let unconnected = status.code() == tonic::Code::Unavailable
+        && (message.contains("connect") || message.contains("Connection refused"));
+    if unconnected {
+        return Attempt::Retry {
+            reason: message.to_string(),
+            maybe_applied: false,
+        };
+    }
+    classify(status.code(), message)
+}
+
 /// Sorts an etcd error (gRPC code and message) into retry, login again, or give up.
-fn classify(code: Option<u64>, message: &str) -> Attempt {
-    const UNAVAILABLE: u64 = 14;
-    const DEADLINE_EXCEEDED: u64 = 4;
-    const UNAUTHENTICATED: u64 = 16;
+fn classify(code: tonic::Code, message: &str) -> Attempt {
+    use tonic::Code;
     let transient = [
         "no leader",
         "leader changed",
@@ -322,11 +553,10 @@ fn classify(code: Option<u64>, message: &str) -> Attempt {
     if message.contains("invalid auth token") || message.contains("user name is empty") {
         return Attempt::Reauthenticate;
     }
-    if message.contains("authentication failed") || code == Some(UNAUTHENTICATED) {
+    if message.contains("authentication failed") || code == Code::Unauthenticated {
         return Attempt::Fatal(format!("etcd login refused: {message}"));
     }
-    if code == Some(UNAVAILABLE)
-        || code == Some(DEADLINE_EXCEEDED)
+    if matches!(code, Code::Unavailable | Code::DeadlineExceeded)
         || transient.iter().any(|t| message.contains(t))
     {
         return Attempt::Retry {
@@ -340,53 +570,31 @@ fn classify(code: Option<u64>, message: &str) -> Attempt {
     Attempt::Fatal(format!("etcd: {message}"))
 }
 
-fn truncate(text: &str) -> String {
-    text.chars().take(200).collect()
-}
-
-fn tls_config(options: &EtcdOptions) -> Result<ureq::tls::TlsConfig, StateError> {
-    use ureq::tls::{Certificate, ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig};
+fn tls_config(options: &EtcdOptions) -> Result<ClientTlsConfig, StateError> {
     let read = |path: &PathBuf| {
         std::fs::read(path).map_err(|e| StateError::Failed(format!("{}: {e}", path.display())))
     };
-    let bad = |path: &PathBuf, e: ureq::Error| {
-        StateError::Failed(format!("{}: not usable PEM: {e}", path.display()))
-    };
-    let mut builder = TlsConfig::builder();
-    if let Some(ca) = &options.ca {
-        let pem = read(ca)?;
-        let mut roots = Vec::new();
-        for item in ureq::tls::parse_pem(&pem) {
-            if let PemItem::Certificate(cert) = item.map_err(|e| bad(ca, e))? {
-                roots.push(cert);
+    let mut tls = ClientTlsConfig::new();
+    match &options.ca {
+        Some(ca) => {
+            let pem = read(ca)?;
+            if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+                return Err(StateError::Failed(format!(
+                    "{}: no certificate in it",
+                    ca.display()
+                )));
             }
+            tls = tls.ca_certificate(Certificate::from_pem(pem));
         }
-        if roots.is_empty() {
-            return Err(StateError::Failed(format!(
-                "{}: no certificate in it",
-                ca.display()
-            )));
-        }
-        builder = builder.root_certs(RootCerts::new_with_certs(&roots));
+        None => tls = tls.with_native_roots(),
     }
     if let Some((cert, key)) = &options.client_cert {
-        let pem = read(cert)?;
-        let chain = ureq::tls::parse_pem(&pem)
-            .filter_map(|item| match item {
-                Ok(PemItem::Certificate(c)) => Some(Ok(c)),
-                Ok(_) => None,
-                Err(e) => Some(Err(e)),
-            })
-            .collect::<Result<Vec<Certificate<'static>>, _>>()
-            .map_err(|e| bad(cert, e))?;
-        let key_pem = read(key)?;
-        let key_der = PrivateKey::from_pem(&key_pem).map_err(|e| bad(key, e))?;
-        builder = builder.client_cert(Some(ClientCert::new_with_certs(&chain, key_der)));
+        tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
     }
-    Ok(builder.build())
+    Ok(tls)
 }
 
-/// base64 of `bytes`, as the gateway carries keys and values.
+/// base64 of `bytes`, as etcd's JSON form carries keys and values.
 pub(super) fn b64(bytes: &[u8]) -> String {
     B64.encode(bytes)
 }
@@ -396,7 +604,7 @@ pub(super) fn unb64(value: &Value) -> Result<Vec<u8>, StateError> {
         .map_err(|e| StateError::Failed(format!("etcd sent bad base64: {e}")))
 }
 
-/// An int64 of the gateway's JSON (a string, a number, or absent for 0).
+/// An int64 of etcd's JSON form (a string, a number, or absent for 0).
 pub(super) fn int(value: Option<&Value>) -> u64 {
     match value {
         Some(Value::String(s)) => s.parse().unwrap_or(0),
@@ -407,35 +615,40 @@ pub(super) fn int(value: Option<&Value>) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]
     fn errors_sort_into_retries_logins_and_failures() {
         assert!(matches!(
-            classify(Some(14), "etcdserver: no leader"),
+            classify(tonic::Code::from(14), "etcdserver: no leader"),
             Attempt::Retry { .. }
         ));
         assert!(matches!(
-            classify(Some(2), "etcdserver: request timed out"),
+            classify(tonic::Code::from(2), "etcdserver: request timed out"),
             Attempt::Retry { .. }
         ));
         assert!(matches!(
-            classify(Some(3), "etcdserver: invalid auth token"),
+            classify(tonic::Code::from(3), "etcdserver: invalid auth token"),
             Attempt::Reauthenticate
         ));
         assert!(matches!(
             classify(
-                Some(3),
+                tonic::Code::InvalidArgument,
                 "etcdserver: authentication failed, invalid user ID or password"
             ),
             Attempt::Fatal(_)
         ));
         assert!(matches!(
-            classify(Some(7), "etcdserver: permission denied"),
+            classify(tonic::Code::from(7), "etcdserver: permission denied"),
             Attempt::Fatal(_)
         ));
         assert!(matches!(
-            classify(Some(8), "etcdserver: mvcc: database space exceeded"),
+            classify(
+                tonic::Code::from(8),
+                "etcdserver: mvcc: database space exceeded"
+            ),
             Attempt::Full(_)
         ));
     }

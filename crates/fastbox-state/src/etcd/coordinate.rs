@@ -5,10 +5,10 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::EtcdBackend;
-use super::client::{b64, int, unb64};
+use super::client::{Method, b64, int, unb64};
 use crate::{CLUSTER_TABLE, Coordinator, Entry, Holder, LeaseId, Revision, StateError};
 
-/// An id of the gateway's JSON (a string of an int64).
+/// An id of etcd's JSON form (a string of an int64).
 fn lease_id(value: Option<&Value>) -> LeaseId {
     match value {
         Some(Value::String(s)) => s.parse().unwrap_or(0),
@@ -20,7 +20,7 @@ fn lease_id(value: Option<&Value>) -> LeaseId {
 impl Coordinator for EtcdBackend {
     fn grant(&self, ttl: Duration) -> Result<LeaseId, StateError> {
         let answer = self.client.call(
-            "/v3/lease/grant",
+            Method::LeaseGrant,
             &json!({"TTL": ttl.as_secs().max(1).to_string()}),
         )?;
         match lease_id(answer.body.get("ID")) {
@@ -35,15 +35,14 @@ impl Coordinator for EtcdBackend {
     fn keep_alive(&self, lease: LeaseId) -> Result<bool, StateError> {
         let answer = self
             .client
-            .call("/v3/lease/keepalive", &json!({"ID": lease.to_string()}))?;
-        let result = answer.body.get("result").unwrap_or(&answer.body);
-        Ok(int(result.get("TTL")) > 0)
+            .call(Method::LeaseKeepAlive, &json!({"ID": lease.to_string()}))?;
+        Ok(int(answer.body.get("TTL")) > 0)
     }
 
     fn revoke(&self, lease: LeaseId) -> Result<(), StateError> {
         match self
             .client
-            .call("/v3/lease/revoke", &json!({"ID": lease.to_string()}))
+            .call(Method::LeaseRevoke, &json!({"ID": lease.to_string()}))
         {
             Ok(_) => Ok(()),
             Err(StateError::Failed(message)) if message.contains("not found") => Ok(()),
@@ -54,7 +53,7 @@ impl Coordinator for EtcdBackend {
     fn claim(&self, name: &str, value: &[u8], lease: LeaseId) -> Result<Holder, StateError> {
         let key = b64(self.claim_key(name).as_bytes());
         let answer = self.client.call(
-            "/v3/kv/txn",
+            Method::Txn,
             &json!({
                 "compare": [{"key": key, "target": "CREATE", "create_revision": "0", "result": "EQUAL"}],
                 "success": [{"request_put": {"key": key, "value": b64(value), "lease": lease.to_string()}}],
@@ -90,7 +89,7 @@ impl Coordinator for EtcdBackend {
             None => end.push(0),
         }
         let answer = self.client.call(
-            "/v3/kv/range",
+            Method::Range,
             &json!({"key": b64(start.as_bytes()), "range_end": b64(&end)}),
         )?;
         let strip = format!("{}/{CLUSTER_TABLE}/", self.client.target().prefix);
@@ -115,10 +114,10 @@ impl Coordinator for EtcdBackend {
     }
 
     fn compact(&self, revision: Revision) -> Result<(), StateError> {
-        match self.client.call(
-            "/v3/kv/compaction",
-            &json!({"revision": revision.to_string()}),
-        ) {
+        match self
+            .client
+            .call(Method::Compact, &json!({"revision": revision.to_string()}))
+        {
             Ok(_) => Ok(()),
             // Compacted as far already (by another server, or etcd's own auto-compaction).
             Err(StateError::Failed(message)) if message.contains("compacted") => Ok(()),
@@ -128,7 +127,7 @@ impl Coordinator for EtcdBackend {
 
     fn revision(&self) -> Result<Revision, StateError> {
         let answer = self.client.call(
-            "/v3/kv/range",
+            Method::Range,
             &json!({"key": b64(self.client.target().prefix.as_bytes()), "count_only": true}),
         )?;
         Ok(int(answer.body.pointer("/header/revision")))

@@ -9,6 +9,7 @@
 mod batch;
 mod client;
 mod coordinate;
+mod proto;
 mod watch;
 
 use std::sync::Arc;
@@ -17,8 +18,8 @@ use serde_json::{Value, json};
 
 pub use batch::WriteCounts;
 use batch::{Batcher, Write};
+use client::{EtcdClient, Method, b64, int, unb64};
 pub use client::{EtcdOptions, off_worker};
-use client::{GatewayClient, b64, int, unb64};
 
 use crate::url::EtcdTarget;
 use crate::{
@@ -26,7 +27,7 @@ use crate::{
 };
 
 pub struct EtcdBackend {
-    client: Arc<GatewayClient>,
+    client: Arc<EtcdClient>,
     batcher: Batcher,
 }
 
@@ -34,11 +35,11 @@ impl EtcdBackend {
     /// Connects to `target` and checks that it answers (a range read of the prefix).
     pub fn connect(target: EtcdTarget, options: EtcdOptions) -> Result<Self, StateError> {
         let backend = Self {
-            client: Arc::new(GatewayClient::new(target, &options)?),
+            client: Arc::new(EtcdClient::new(target, &options)?),
             batcher: Batcher::default(),
         };
         backend.client.call(
-            "/v3/kv/range",
+            Method::Range,
             &json!({"key": b64(backend.client.target().prefix.as_bytes()), "count_only": true}),
         )?;
         Ok(backend)
@@ -57,13 +58,12 @@ impl EtcdBackend {
         let mut written = 0u64;
         let mut last_remaining = None;
         self.client
-            .stream("/v3/maintenance/snapshot", &json!({}), None, |message| {
-                let result = message.get("result").unwrap_or(message);
-                let blob = unb64(result.get("blob").unwrap_or(&Value::Null))?;
+            .stream(Method::Snapshot, &json!({}), None, |message| {
+                let blob = unb64(message.get("blob").unwrap_or(&Value::Null))?;
                 out.write_all(&blob)
                     .map_err(|e| StateError::Failed(format!("writing the snapshot: {e}")))?;
                 written += blob.len() as u64;
-                last_remaining = Some(int(result.get("remaining_bytes")));
+                last_remaining = Some(int(message.get("remaining_bytes")));
                 Ok(())
             })?;
         match last_remaining {
@@ -216,7 +216,7 @@ impl StateBackend for EtcdBackend {
         let mut end = prefix.clone().into_bytes();
         *end.last_mut().expect("prefix ends in /") += 1;
         let answer = self.client.call(
-            "/v3/kv/range",
+            Method::Range,
             &json!({"key": b64(prefix.as_bytes()), "range_end": b64(&end)}),
         )?;
         self.entries(&answer.body, &prefix)
@@ -226,7 +226,7 @@ impl StateBackend for EtcdBackend {
         let full = self.key(table, key);
         let answer = self
             .client
-            .call("/v3/kv/range", &json!({"key": b64(full.as_bytes())}))?;
+            .call(Method::Range, &json!({"key": b64(full.as_bytes())}))?;
         let prefix = self.table_prefix(table);
         Ok(self.entries(&answer.body, &prefix)?.pop())
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::client::{GatewayClient, b64, int, unb64};
+use super::client::{EtcdClient, Method, b64, int, unb64};
 use crate::{Entry, Revision, StateError, Watch, WatchEvent};
 
 /// A stream with nothing to read this long is opened again (a member cut off without a
@@ -17,7 +17,7 @@ const IDLE: Duration = Duration::from_secs(15);
 /// The pause before following again after a failure.
 const RETRY: Duration = Duration::from_millis(300);
 
-pub(super) fn start(client: Arc<GatewayClient>, from: Revision) -> Result<Watch, StateError> {
+pub(super) fn start(client: Arc<EtcdClient>, from: Revision) -> Result<Watch, StateError> {
     let (tx, rx) = mpsc::channel();
     let stop = Arc::new(AtomicBool::new(false));
     let stopped = stop.clone();
@@ -32,7 +32,7 @@ pub(super) fn start(client: Arc<GatewayClient>, from: Revision) -> Result<Watch,
 }
 
 /// Follows the changes from `from` until `stop` is set or the receiver is gone.
-fn follow(client: &GatewayClient, from: Revision, tx: &Sender<WatchEvent>, stop: &AtomicBool) {
+fn follow(client: &EtcdClient, from: Revision, tx: &Sender<WatchEvent>, stop: &AtomicBool) {
     let prefix = format!("{}/", client.target().prefix);
     let mut end = prefix.clone().into_bytes();
     *end.last_mut().expect("prefix ends in /") += 1;
@@ -44,13 +44,11 @@ fn follow(client: &GatewayClient, from: Revision, tx: &Sender<WatchEvent>, stop:
             "range_end": b64(&end),
             "start_revision": next.to_string(),
         }});
-        let outcome = client.stream("/v3/watch", &body, Some(IDLE), |message| {
+        let outcome = client.stream(Method::Watch, &body, Some(IDLE), |message| {
             if stop.load(Ordering::Relaxed) {
                 return Err(StateError::Failed("stopped".into()));
             }
-            let Some(result) = message.get("result") else {
-                return Ok(());
-            };
+            let result = message;
             let compacted = int(result.get("compact_revision"));
             if compacted > 0 || result.get("canceled").and_then(Value::as_bool) == Some(true) {
                 // The history from `next` is gone: the receiver reads everything again,
