@@ -5,7 +5,11 @@
 # serially and at concurrency 10. After each bench it prints the server's own view of the
 # creates (`fastbox_create_phase_seconds`: admit, intent, start), as means.
 #
-#   scripts/bench-state.sh [--rounds R] [--n N] [--out DIR]
+#   scripts/bench-state.sh [--rounds R] [--n N] [--n10 N] [--out DIR]
+#
+# --n creates per bench (60), --n10 those at concurrency 10 (as many: each burst of ten is
+# one sample of the machine's load, so more of them steady the median). It ends with what
+# etcd adds at the median in each round, and the median of those.
 #
 # Needs what scripts/setup.sh installs (etcd in .deps/etcd, CRIU, the static execd) and a
 # release build (`cargo build --release -p fastbox-cli`). Everything it starts goes when it
@@ -16,13 +20,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/lib.sh
 [ -f .deps/env ] && source .deps/env
 
-rounds=2 n=60 out=""
+rounds=2 n=60 n10="" out=""
 while [ $# -gt 0 ]; do
     case $1 in
         --rounds) rounds=$2; shift 2 ;;
         --n) n=$2; shift 2 ;;
+        --n10) n10=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
-        *) echo "usage: $0 [--rounds R] [--n N] [--out DIR]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--rounds R] [--n N] [--n10 N] [--out DIR]" >&2; exit 2 ;;
     esac
 done
 bin=target/release/fastbox
@@ -128,7 +133,8 @@ run_store() {
     for c in 1 10; do
         fb_log "round $round, $store, concurrency $c"
         "$bin" bench create --url "http://$api" --api-key "$key" --image fastbox/busybox \
-            --n "$n" --concurrency "$c" --batch-pause 1 --json \
+            --n "$([ "$c" = 10 ] && echo "${n10:-$n}" || echo "$n")" --concurrency "$c" \
+            --batch-pause 1 --json \
             >"$out/$store-r$round-c$c.json" 2>"$out/$store-r$round-c$c.err"
         python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("    bench: p50 %.1f ms, p90 %.1f, p99 %.1f, failures %s" % (d["p50_ms"], d["p90_ms"], d["p99_ms"], d["failures"]))' \
             "$out/$store-r$round-c$c.json"
@@ -145,4 +151,14 @@ for round in $(seq 1 "$rounds"); do
     run_store redb "$round"
     run_store etcd "$round"
 done
+python3 - "$out" "$rounds" <<'EOF'
+import json, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+for c in (1, 10):
+    p50 = lambda store, r: json.load(open(f"{out}/{store}-r{r}-c{c}.json"))["p50_ms"]
+    added = [p50("etcd", r) - p50("redb", r) for r in range(1, rounds + 1)]
+    print(f"    concurrency {c}: etcd adds at the median " +
+          ", ".join(f"{a:+.1f}" for a in added) +
+          f" ms by round; the median of those {statistics.median(added):+.1f} ms")
+EOF
 fb_log "results (bench create --json) in $out"
