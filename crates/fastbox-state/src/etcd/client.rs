@@ -199,7 +199,7 @@ impl EtcdClient {
                     .tcp_nodelay(true)
                     .http2_keep_alive_interval(Duration::from_secs(10))
                     .keep_alive_timeout(Duration::from_secs(5))
-                    .keep_alive_while_idle(true);
+                    .keep_alive_while_idle(false);
                 if let Some(tls) = &tls {
                     endpoint = endpoint
                         .tls_config(tls.clone())
@@ -292,18 +292,27 @@ impl EtcdClient {
         // The next stream goes to the next member (a failed one is not asked again at once).
         let rotate = || self.current.store(member + 1, Ordering::Relaxed);
         let fail = |attempt: Attempt| {
-            if matches!(attempt, Attempt::Retry { .. }) {
-                rotate();
+            match attempt {
+                Attempt::Retry { .. } => rotate(),
+                // The next stream (or call) logs in again.
+                Attempt::Reauthenticate => *self.token.lock().expect("token lock") = None,
+                _ => {}
             }
             attempt.into_error(&self.target)
         };
         let token = self.token(member).map_err(fail)?;
+        // A watch's sending side stays open while it is followed, as etcd's own clients
+        // keep it; a snapshot's ends after its one request. Either is cancelled when this
+        // returns.
+        let (sending, rest) = tokio::sync::mpsc::channel(1);
+        let _sending = (method == Method::Watch).then_some(sending);
         let open = self.open(
             member,
             method,
             request,
             token,
             idle.unwrap_or(STREAM_OPEN_TIMEOUT),
+            rest,
         );
         let mut stream = self.run(open).and_then(|opened| opened).map_err(fail)?;
         loop {
@@ -333,7 +342,9 @@ impl EtcdClient {
     fn attempt(&self, member: usize, method: Method, request: &[u8]) -> Result<Vec<u8>, Attempt> {
         let token = self.token(member)?;
         if method.is_stream() {
-            let open = self.open(member, method, request.to_vec(), token, CALL_TIMEOUT);
+            // One request, then the sending side ends: etcd answers it, then closes.
+            let (_, rest) = tokio::sync::mpsc::channel(1);
+            let open = self.open(member, method, request.to_vec(), token, CALL_TIMEOUT, rest);
             let mut stream = self.run(open)??;
             return self.run(within(CALL_TIMEOUT, async move {
                 match stream.message().await {
@@ -366,8 +377,9 @@ impl EtcdClient {
         }))?
     }
 
-    /// Opens stream `method` on `member`, sending `request` (and nothing after it, the
-    /// sending side left open as etcd's streams expect).
+    /// Opens stream `method` on `member`, sending `request` and nothing after it. The
+    /// sending side ends when the sender of `rest` is dropped: a stream is cancelled (etcd
+    /// told, its watcher gone) once that side has ended and its answers are dropped.
     fn open(
         &self,
         member: usize,
@@ -375,10 +387,13 @@ impl EtcdClient {
         request: Vec<u8>,
         token: Option<String>,
         limit: Duration,
+        rest: tokio::sync::mpsc::Receiver<Vec<u8>>,
     ) -> impl Future<Output = Result<Streaming<Vec<u8>>, Attempt>> + Send + 'static {
         let mut grpc = self.grpc(member);
         let request = self.request(request, token).map(|request| {
-            request.map(|first| tokio_stream::once(first).chain(tokio_stream::pending()))
+            request.map(|first| {
+                tokio_stream::once(first).chain(tokio_stream::wrappers::ReceiverStream::new(rest))
+            })
         });
         async move {
             let request = request?;
@@ -521,19 +536,25 @@ fn not_connected(error: tonic::transport::Error) -> Attempt {
     }
 }
 
-/// Sorts a failed call: a connection that could not be made sent nothing; anything else is
-/// what etcd (or the way to it) answered.
+/// Sorts a failed call. A status with a source came from the way to etcd (a connection
+/// refused, reset or gone), not from etcd: a connection that could not be made sent
+/// nothing, any other may have sent the request. A status etcd sent is sorted by its code
+/// and message.
 fn sort(status: &Status) -> Attempt {
-    let message = status.message();
-    let unconnected = status.code() == tonic::Code::Unavailable
-        && (message.contains("connect") || message.contains("Connection refused"));
-    if unconnected {
-        return Attempt::Retry {
-            reason: message.to_string(),
-            maybe_applied: false,
-        };
+    use std::error::Error;
+    let Some(source) = status.source() else {
+        return classify(status.code(), status.message());
+    };
+    let mut unconnected = false;
+    let mut cause: Option<&(dyn Error + 'static)> = Some(source);
+    while let Some(error) = cause {
+        unconnected |= error.is::<tonic::ConnectError>();
+        cause = error.source();
     }
-    classify(status.code(), message)
+    Attempt::Retry {
+        reason: format!("{}: {source}", status.message()),
+        maybe_applied: !unconnected,
+    }
 }
 
 /// Sorts an etcd error (gRPC code and message) into retry, login again, or give up.
@@ -650,6 +671,39 @@ mod tests {
                 "etcdserver: mvcc: database space exceeded"
             ),
             Attempt::Full(_)
+        ));
+    }
+
+    #[test]
+    fn failures_on_the_way_are_retried_and_only_unmade_connections_count_as_unsent() {
+        let io = |kind| Box::new(std::io::Error::new(kind, "on the way"));
+        let refused = Status::from_error(Box::new(tonic::ConnectError(io(
+            std::io::ErrorKind::ConnectionRefused,
+        ))));
+        assert!(matches!(
+            sort(&refused),
+            Attempt::Retry {
+                maybe_applied: false,
+                ..
+            }
+        ));
+        let reset = Status::from_error(io(std::io::ErrorKind::ConnectionReset));
+        assert!(matches!(
+            sort(&reset),
+            Attempt::Retry {
+                maybe_applied: true,
+                ..
+            }
+        ));
+        // etcd's own answer, whatever its words: it may have committed.
+        let lost =
+            Status::unavailable("etcdserver: request timed out, possibly due to connection lost");
+        assert!(matches!(
+            sort(&lost),
+            Attempt::Retry {
+                maybe_applied: true,
+                ..
+            }
         ));
     }
 

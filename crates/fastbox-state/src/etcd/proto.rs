@@ -298,8 +298,10 @@ fn encode_field(field: &Field, value: &Value, out: &mut Vec<u8>) -> Result<(), S
             varint(index, out);
         }
         Kind::Bytes => {
-            let bytes = B64
-                .decode(value.as_str().unwrap_or_default())
+            let bytes = value
+                .as_str()
+                .map(|text| B64.decode(text))
+                .ok_or_else(|| bad(format!("{name} is not a string: {value}")))?
                 .map_err(|e| bad(format!("{name} is not base64: {e}")))?;
             length_delimited(field.number, &bytes, out);
         }
@@ -483,6 +485,7 @@ mod tests {
         assert!(encode(&RANGE_REQUEST, &json!({"kee": "eA=="})).is_err());
         assert!(encode(&RANGE_REQUEST, &json!({"limit": "ten"})).is_err());
         assert!(encode(&TXN_REQUEST, &json!({"compare": {}})).is_err());
+        assert!(encode(&RANGE_REQUEST, &json!({"key": 7})).is_err());
         assert!(decode(&RANGE_RESPONSE, &[0x12, 5, 1]).is_err(), "truncated");
     }
 }
