@@ -643,15 +643,18 @@ mod tests {
     #[test]
     fn errors_sort_into_retries_logins_and_failures() {
         assert!(matches!(
-            classify(tonic::Code::from(14), "etcdserver: no leader"),
+            classify(tonic::Code::Unavailable, "etcdserver: no leader"),
             Attempt::Retry { .. }
         ));
         assert!(matches!(
-            classify(tonic::Code::from(2), "etcdserver: request timed out"),
+            classify(tonic::Code::Unknown, "etcdserver: request timed out"),
             Attempt::Retry { .. }
         ));
         assert!(matches!(
-            classify(tonic::Code::from(3), "etcdserver: invalid auth token"),
+            classify(
+                tonic::Code::InvalidArgument,
+                "etcdserver: invalid auth token"
+            ),
             Attempt::Reauthenticate
         ));
         assert!(matches!(
@@ -662,12 +665,15 @@ mod tests {
             Attempt::Fatal(_)
         ));
         assert!(matches!(
-            classify(tonic::Code::from(7), "etcdserver: permission denied"),
+            classify(
+                tonic::Code::PermissionDenied,
+                "etcdserver: permission denied"
+            ),
             Attempt::Fatal(_)
         ));
         assert!(matches!(
             classify(
-                tonic::Code::from(8),
+                tonic::Code::ResourceExhausted,
                 "etcdserver: mvcc: database space exceeded"
             ),
             Attempt::Full(_)
